@@ -1,0 +1,26 @@
+# Two entry points for a fresh clone (README.md):
+#   make demo   set up .venv, then profile a small GPT-2-shaped model and print the report
+#   make test   set up .venv, then run the test suite (CPU; Triton kernels under its interpreter)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU wheel of this release lies on the development and CI machines' disk. On a GPU machine
+# that already has torch, override it: make demo TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test lint
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[all,dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/trainprof demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check trainprof fused_layers benchmarks examples tests
