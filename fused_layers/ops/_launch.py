@@ -1,0 +1,83 @@
+"""Launch heuristics shared by the op launchers: flat blocks, row tiles, persistent grids.
+
+Triton's autotuner needs a GPU to time candidates, and CI runs these kernels under the CPU
+interpreter, so block sizes come from the fixed rules below; each rule says why.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+# Elementwise ops: 4096 elements and 8 warps is 16 elements per thread, i.e. two 16-byte
+# vector loads per input for bf16; blocks this large keep launch and tail costs small next to
+# the bytes each program moves, which is what decides the speed of a memory-bound op.
+FLAT_BLOCK = 4096
+FLAT_WARPS = 8
+
+# Norms: a row up to this width is held in registers in one block (one read of x); wider rows
+# take the looped path that walks the row in chunks of LOOP_BLOCK (re-reading it, from L2).
+# 16384 fp32 values over 16 warps is 32 registers per thread for x: no spills.
+MAX_FUSED_WIDTH = 16384
+LOOP_BLOCK = 4096
+# Narrow rows are packed into one 2-D tile of about this many elements per program, so each
+# program still moves some 8-16 KiB of bf16: one 1024-wide row alone is too little work.
+TILE_ELEMENTS = 4096
+
+
+def flat_config(n_elements: int) -> tuple[int, int, int]:
+    """Return (grid size, BLOCK, num_warps) for a flat elementwise kernel over ``n_elements``."""
+    block = min(FLAT_BLOCK, max(16, triton.next_power_of_2(n_elements)))
+    num_warps = FLAT_WARPS if block >= FLAT_BLOCK else 4
+    return triton.cdiv(n_elements, block), block, num_warps
+
+
+def row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
+    """Return (ROWS, BLOCK_N, num_warps) for a norm whose row fits one block (width <= MAX_FUSED_WIDTH)."""
+    block_n = max(16, triton.next_power_of_2(width))
+    rows = max(1, min(TILE_ELEMENTS // block_n, triton.next_power_of_2(max(n_rows, 1))))
+    # About 16 fp32 values per thread (rows * block_n / (32 * warps)); 4 warps at least so
+    # small tiles still hide latency, 16 at most so wide rows keep several programs per SM.
+    num_warps = min(16, max(4, rows * block_n // 512))
+    return rows, block_n, num_warps
+
+
+def loop_warps() -> int:
+    """num_warps for the looped (wide-row) kernels: 8 warps over LOOP_BLOCK is 16 values per thread."""
+    return 8
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def persistent_programs(work_items: int, num_warps: int, device: torch.device) -> int:
+    """Number of programs for a persistent backward kernel that strides over ``work_items``.
+
+    Each program keeps its own fp32 partial sums of dweight/dbias in registers over all the
+    rows it visits and writes them once, so the partials cost (programs x N) floats instead of
+    a second pass over dy and x. About 32 resident warps per SM are enough to keep HBM busy;
+    more programs would only grow the partial buffer that torch then sums.
+    """
+    if device.type == "cuda":
+        slots = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        slots *= max(1, 32 // num_warps)
+    else:
+        # Triton's CPU interpreter runs programs one after another: few programs, less overhead.
+        slots = 4
+    return max(1, min(work_items, slots))
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """View ``x`` as (rows, width) with unit column stride; copies only when it must.
+
+    A row-strided view (e.g. a slice of a wider buffer) keeps its row stride and is not copied.
+    """
+    width = x.shape[-1]
+    x2d = x.reshape(-1, width)
+    if x2d.stride(-1) != 1 and x2d.numel() > 0:
+        x2d = x2d.contiguous()
+    return x2d

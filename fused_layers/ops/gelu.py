@@ -1,0 +1,131 @@
+"""GELU, tanh or erf form: one flat Triton kernel forward, one backward, one autograd.Function."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fused_layers.ops._dispatch import cuda_extension, resolve_backend
+from fused_layers.ops._launch import flat_config
+
+_APPROXIMATIONS = ("tanh", "none")
+
+
+@triton.jit
+def _gelu_value(x, APPROX_TANH: tl.constexpr):
+    """GELU of an fp32 block."""
+    if APPROX_TANH:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no libdevice tanh (the CPU interpreter lacks it)
+        # and no cancellation in 1 + tanh(z) for large negative x.
+        return x * tl.sigmoid(2.0 * inner)
+    else:
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_value_and_grad(x, APPROX_TANH: tl.constexpr):
+    """(GELU(x), dGELU/dx) of an fp32 block."""
+    if APPROX_TANH:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        s = tl.sigmoid(2.0 * inner)
+        # d/dx [x * sigmoid(2 z)] = s + x * 2 s (1 - s) * dz/dx
+        dinner = 0.7978845608028654 * (1.0 + 0.134145 * x * x)
+        return x * s, s + 2.0 * x * s * (1.0 - s) * dinner
+    else:
+        cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        # x * standard normal pdf(x)
+        return x * cdf, cdf + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)
+
+
+@triton.jit
+def _gelu_fwd_kernel(
+    x_ptr,  # (n_elements,) contiguous, input dtype
+    y_ptr,  # (n_elements,) contiguous, input dtype
+    n_elements,
+    BLOCK: tl.constexpr,
+    APPROX_TANH: tl.constexpr,
+):
+    # int64 offsets: tensors past 2**31 elements are common at these widths
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offsets, _gelu_value(x, APPROX_TANH).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_bwd_kernel(
+    x_ptr,  # (n_elements,) contiguous, input dtype
+    dy_ptr,  # (n_elements,) contiguous, grad dtype
+    dx_ptr,  # (n_elements,) contiguous, input dtype
+    n_elements,
+    BLOCK: tl.constexpr,
+    APPROX_TANH: tl.constexpr,
+):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    _, dgelu = _gelu_value_and_grad(x, APPROX_TANH)
+    tl.store(dx_ptr + offsets, (dy * dgelu).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _gelu_forward(x: Tensor, approximate: str) -> Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.numel() == 0:
+        return y
+    grid, block, num_warps = flat_config(x.numel())
+    _gelu_fwd_kernel[(grid,)](
+        x, y, x.numel(), BLOCK=block, APPROX_TANH=approximate == "tanh", num_warps=num_warps
+    )
+    return y
+
+
+def _gelu_backward(x: Tensor, dy: Tensor, approximate: str) -> Tensor:
+    dy = dy.contiguous()
+    dx = torch.empty_like(x)
+    if x.numel() == 0:
+        return dx
+    grid, block, num_warps = flat_config(x.numel())
+    _gelu_bwd_kernel[(grid,)](
+        x, dy, dx, x.numel(), BLOCK=block, APPROX_TANH=approximate == "tanh", num_warps=num_warps
+    )
+    return dx
+
+
+class GELUFunction(torch.autograd.Function):
+    """GELU with Triton forward and backward; saves only x (the backward recomputes from it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, approximate: str) -> Tensor:
+        x = x.contiguous()
+        y = _gelu_forward(x, approximate)
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return _gelu_backward(x, dy, ctx.approximate), None
+
+
+def gelu(x: Tensor, approximate: str = "tanh", backend: str | None = None) -> Tensor:
+    """GELU of ``x``, like ``F.gelu(x, approximate=approximate)``.
+
+    ``approximate`` is "tanh" (GPT-2's NewGELU) or "none" (the erf form). ``backend`` is
+    None (``DEFAULT_BACKEND["gelu"]``), "triton", "torch" or "cuda". Computes in fp32 and
+    returns the input's dtype and shape (contiguous).
+    """
+    if approximate not in _APPROXIMATIONS:
+        raise ValueError(f"gelu: approximate must be one of {_APPROXIMATIONS}, got {approximate!r}")
+    choice = resolve_backend("gelu", backend, x)
+    if choice == "torch":
+        return F.gelu(x, approximate=approximate)
+    if choice == "cuda":
+        return cuda_extension().gelu(x, approximate)
+    return GELUFunction.apply(x, approximate)

@@ -1,0 +1,282 @@
+"""RMSNorm over the last dim with Llama's casting: Triton forward and backward, one autograd.Function.
+
+Matches Hugging Face ``LlamaRMSNorm``: the variance and inverse RMS are fp32, the normalised
+row is rounded to the input dtype, and only then multiplied by the weight, in the dtype torch
+promotes (weight, input) to. Rows wider than ``MAX_FUSED_WIDTH`` take a looped path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fused_layers.ops import _launch
+from fused_layers.ops._dispatch import resolve_backend
+
+
+@triton.jit
+def _rms_norm_fwd_fused(
+    x_ptr,  # (M, N) input dtype, row stride x_row_stride, unit column stride
+    y_ptr,  # (M, N) contiguous, promote(weight, input) dtype
+    w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
+    rstd_ptr,  # (M,) fp32
+    x_row_stride,
+    M,
+    N,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+    x_f32 = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x_f32 * x_f32, axis=1) / N + eps)
+    # Llama rounds x * rstd to the input dtype before the weight multiply
+    y = (x_f32 * rstd[:, None]).to(x.dtype).to(tl.float32)
+    if HAS_WEIGHT:
+        y = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] * y
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _rms_norm_fwd_looped(
+    x_ptr,  # (M, N) input dtype, row stride x_row_stride, unit column stride
+    y_ptr,  # (M, N) contiguous, promote(weight, input) dtype
+    w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
+    rstd_ptr,  # (M,) fp32
+    x_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+):
+    # One program per row, two walks over it (sum of squares, output); the second reads from L2.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    y_row = y_ptr + row * N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0)
+        y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+        if HAS_WEIGHT:
+            y = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) * y
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _rms_norm_bwd_fused(
+    x_ptr,  # (M, N) input dtype, row stride x_row_stride
+    dy_ptr,  # (M, N) grad dtype, row stride dy_row_stride
+    dx_ptr,  # (M, N) contiguous, input dtype
+    w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
+    rstd_ptr,  # (M,) fp32
+    dw_partial_ptr,  # (num_programs, N) fp32; unused unless COMPUTE_DW
+    x_row_stride,
+    dy_row_stride,
+    M,
+    N,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+):
+    # Persistent: program p handles row tiles p, p + P, ... and keeps its dweight sum in
+    # registers, writing one (N,) partial row at the end.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for tile in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        x_hat = x.to(tl.float32) * rstd[:, None]
+        if HAS_WEIGHT:
+            wdy = dy * w[None, :]
+        else:
+            wdy = dy
+        c = tl.sum(x_hat * wdy, axis=1) / N
+        dx = (wdy - x_hat * c[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            # the weight saw x_hat rounded to the input dtype (Llama casting)
+            dw_acc += tl.sum(dy * x_hat.to(x.dtype).to(tl.float32), axis=0)
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+
+
+@triton.jit
+def _rms_norm_bwd_looped(
+    x_ptr,  # (M, N) input dtype, row stride x_row_stride
+    dy_ptr,  # (M, N) grad dtype, row stride dy_row_stride
+    dx_ptr,  # (M, N) contiguous, input dtype
+    w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
+    rstd_ptr,  # (M,) fp32
+    dw_partial_ptr,  # (num_programs, N) fp32, zero-filled; unused unless COMPUTE_DW
+    x_row_stride,
+    dy_row_stride,
+    M,
+    N,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+):
+    # Persistent over rows; the dweight partial sums live in this program's own row of the
+    # partial buffer (no other program touches it: no atomics).
+    pid = tl.program_id(0)
+    dw_row = dw_partial_ptr + pid * N
+    for row in range(pid, M, tl.num_programs(0)):
+        x_row = x_ptr + tl.cast(row, tl.int64) * x_row_stride
+        dy_row = dy_ptr + tl.cast(row, tl.int64) * dy_row_stride
+        dx_row = dx_ptr + tl.cast(row, tl.int64) * N
+        rstd = tl.load(rstd_ptr + row)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
+            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                dy = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            acc += x * rstd * dy
+        c = tl.sum(acc, axis=0) / N
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
+            x = tl.load(x_row + cols, mask=col_mask, other=0.0)
+            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            x_hat = x.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                wdy = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            else:
+                wdy = dy
+            dx = (wdy - x_hat * c) * rstd
+            tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+            if COMPUTE_DW:
+                x_normed = x_hat.to(x.dtype).to(tl.float32)
+                tl.store(dw_row + cols, tl.load(dw_row + cols, mask=col_mask) + dy * x_normed, mask=col_mask)
+
+
+def _rms_norm_forward(x2d: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """Launch the forward on (M, N) rows; returns y (M, N) and fp32 rstd (M,)."""
+    n_rows, width = x2d.shape
+    out_dtype = torch.promote_types(weight.dtype, x2d.dtype) if weight is not None else x2d.dtype
+    y = torch.empty((n_rows, width), dtype=out_dtype, device=x2d.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x2d.device)
+    if n_rows == 0:
+        return y, rstd
+    w_arg = weight if weight is not None else x2d  # never read when HAS_WEIGHT is False
+    if width <= _launch.MAX_FUSED_WIDTH:
+        rows, block_n, num_warps = _launch.row_tile(n_rows, width)
+        _rms_norm_fwd_fused[(triton.cdiv(n_rows, rows),)](
+            x2d, y, w_arg, rstd, x2d.stride(0), n_rows, width, eps,
+            ROWS=rows, BLOCK_N=block_n, HAS_WEIGHT=weight is not None, num_warps=num_warps,
+        )  # fmt: skip
+    else:
+        _rms_norm_fwd_looped[(n_rows,)](
+            x2d, y, w_arg, rstd, x2d.stride(0), width, eps,
+            BLOCK_N=_launch.LOOP_BLOCK, HAS_WEIGHT=weight is not None, num_warps=_launch.loop_warps(),
+        )  # fmt: skip
+    return y, rstd
+
+
+def _rms_norm_backward(
+    x2d: Tensor, dy2d: Tensor, weight: Tensor | None, rstd: Tensor, compute_dw: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Launch the backward; returns dx (M, N) and dweight summed to (N,) fp32 (or None)."""
+    n_rows, width = x2d.shape
+    dx = torch.empty((n_rows, width), dtype=x2d.dtype, device=x2d.device)
+    if n_rows == 0:
+        return dx, torch.zeros(width, dtype=torch.float32, device=x2d.device) if compute_dw else None
+    fused = width <= _launch.MAX_FUSED_WIDTH
+    if fused:
+        rows, block_n, num_warps = _launch.row_tile(n_rows, width)
+        programs = _launch.persistent_programs(triton.cdiv(n_rows, rows), num_warps, x2d.device)
+    else:
+        num_warps = _launch.loop_warps()
+        programs = _launch.persistent_programs(n_rows, num_warps, x2d.device)
+    # The fused kernel writes every partial row once; the looped one adds into them.
+    alloc = torch.empty if fused else torch.zeros
+    dw_partial = alloc((programs, width) if compute_dw else (1,), dtype=torch.float32, device=x2d.device)
+    w_arg = weight if weight is not None else x2d
+    common = dict(HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, num_warps=num_warps)
+    if fused:
+        _rms_norm_bwd_fused[(programs,)](
+            x2d, dy2d, dx, w_arg, rstd, dw_partial, x2d.stride(0), dy2d.stride(0), n_rows, width,
+            ROWS=rows, BLOCK_N=block_n, **common,
+        )  # fmt: skip
+    else:
+        _rms_norm_bwd_looped[(programs,)](
+            x2d, dy2d, dx, w_arg, rstd, dw_partial, x2d.stride(0), dy2d.stride(0), n_rows, width,
+            BLOCK_N=_launch.LOOP_BLOCK, **common,
+        )  # fmt: skip
+    return dx, dw_partial.sum(0) if compute_dw else None
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """Llama-style RMSNorm with Triton forward and backward; saves x and the fp32 rstd."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        x2d = _launch.as_rows(x)
+        y, rstd = _rms_norm_forward(x2d, weight, eps)
+        ctx.save_for_backward(x2d, weight, rstd)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor | None, None]:
+        x2d, weight, rstd = ctx.saved_tensors
+        compute_dw = weight is not None and ctx.needs_input_grad[1]
+        dx, dw = _rms_norm_backward(x2d, _launch.as_rows(dy), weight, rstd, compute_dw)
+        return dx.view(dy.shape), dw.to(weight.dtype) if dw is not None else None, None
+
+
+def _rms_norm_torch(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """The plain torch version, written as Hugging Face's LlamaRMSNorm.forward."""
+    input_dtype = x.dtype
+    x_f32 = x.to(torch.float32)
+    variance = x_f32.pow(2).mean(-1, keepdim=True)
+    x_normed = (x_f32 * torch.rsqrt(variance + eps)).to(input_dtype)
+    return weight * x_normed if weight is not None else x_normed
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, backend: str | None = None
+) -> Tensor:
+    """RMSNorm of ``x`` over its last dim, like Hugging Face ``LlamaRMSNorm``.
+
+    ``x_normed = (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``, then
+    ``weight * x_normed``: the result dtype is torch's promotion of weight and input.
+    ``weight`` is optional, of shape (N,). ``backend`` is None (``DEFAULT_BACKEND["rms_norm"]``),
+    "triton" or "torch"; "cuda" raises ValueError.
+    """
+    width = x.shape[-1]
+    if weight is not None and weight.shape != (width,):
+        raise ValueError(f"rms_norm: weight must have shape ({width},), got {tuple(weight.shape)}")
+    tensors = [t for t in (x, weight) if t is not None]
+    if resolve_backend("rms_norm", backend, *tensors) == "torch":
+        return _rms_norm_torch(x, weight, eps)
+    return RMSNormFunction.apply(x, weight, eps)

@@ -1,0 +1,132 @@
+"""Test setup shared by tests/ and tests/gpu/.
+
+Without CUDA, Triton kernels run under Triton's CPU interpreter, which must be switched on
+before any kernel is defined, i.e. before the first ``fused_layers`` import (importing torch
+to ask about CUDA is fine). Also provides ``op_case``: run one fused op and its float64
+reference on the same inputs and compare the output and every gradient.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# (atol, rtol) for outputs and gradients against a float64 reference computed from the same
+# (already rounded) inputs: about a few units of the dtype's last place at the values' scale.
+TOLERANCES = {
+    torch.float32: (2e-5, 1e-4),
+    torch.float16: (4e-3, 4e-3),
+    torch.bfloat16: (3e-2, 2e-2),
+}
+
+OPS = ("gelu_tanh", "gelu_erf", "layer_norm", "rms_norm", "geglu", "swiglu")
+
+
+def _reference(op: str, inputs: dict[str, torch.Tensor | None]) -> torch.Tensor:
+    """The op written plainly in torch; called on float64 copies."""
+    import torch.nn.functional as F
+
+    x = inputs["x"]
+    if op == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if op == "gelu_erf":
+        return F.gelu(x)
+    if op == "layer_norm":
+        return F.layer_norm(x, (x.shape[-1],), inputs.get("weight"), inputs.get("bias"), 1e-5)
+    if op == "rms_norm":
+        x_normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        w = inputs.get("weight")
+        return w * x_normed if w is not None else x_normed
+    if op == "geglu":
+        return F.gelu(x, approximate="tanh") * inputs["b"]
+    if op == "swiglu":
+        return F.silu(x) * inputs["b"]
+    raise ValueError(op)
+
+
+def _ours(op: str, inputs: dict[str, torch.Tensor | None], backend: str | None) -> torch.Tensor:
+    from fused_layers.ops import geglu, gelu, layer_norm, rms_norm, swiglu
+
+    x = inputs["x"]
+    if op == "gelu_tanh":
+        return gelu(x, "tanh", backend=backend)
+    if op == "gelu_erf":
+        return gelu(x, "none", backend=backend)
+    if op == "layer_norm":
+        return layer_norm(x, inputs.get("weight"), inputs.get("bias"), 1e-5, backend=backend)
+    if op == "rms_norm":
+        return rms_norm(x, inputs.get("weight"), 1e-6, backend=backend)
+    if op == "geglu":
+        return geglu(x, inputs["b"], "tanh", backend=backend)
+    if op == "swiglu":
+        return swiglu(x, inputs["b"], backend=backend)
+    raise ValueError(op)
+
+
+def run_op_case(
+    op: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str = "cpu",
+    *,
+    weight: bool = True,
+    bias: bool = True,
+    layout: str = "contiguous",
+    backend: str | None = "triton",
+) -> None:
+    """Check ``op`` on fresh random inputs of ``shape`` against float64: output and all gradients.
+
+    ``layout`` "transposed" builds x as the transpose of a (W, ..., rows) tensor; "strided"
+    takes x as every other column of a twice-as-wide buffer (a non-unit column stride) and
+    "row_strided" as the left half of one (a row stride larger than the width).
+    """
+    width = shape[-1]
+
+    def make(s: tuple[int, ...]) -> torch.Tensor:
+        if layout == "transposed":
+            return torch.randn(s[::-1], device=device).to(dtype).permute(*reversed(range(len(s))))
+        if layout == "strided":
+            return torch.randn(*s[:-1], 2 * s[-1], device=device).to(dtype)[..., ::2]
+        if layout == "row_strided":
+            return torch.randn(*s[:-1], 2 * s[-1], device=device).to(dtype)[..., : s[-1]]
+        return torch.randn(s, device=device).to(dtype)
+
+    inputs: dict[str, torch.Tensor | None] = {"x": make(shape)}
+    if op in ("geglu", "swiglu"):
+        inputs["b"] = make(shape)
+    if op in ("layer_norm", "rms_norm") and weight:
+        inputs["weight"] = (1 + 0.5 * torch.randn(width, device=device)).to(dtype)
+    if op == "layer_norm" and bias:
+        inputs["bias"] = torch.randn(width, device=device).to(dtype)
+    if layout != "contiguous" and shape[0] > 0 and width > 1:
+        assert not inputs["x"].is_contiguous()
+    leaves = {k: v.detach().requires_grad_() for k, v in inputs.items() if v is not None}
+    leaves64 = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    out = _ours(op, leaves, backend)
+    ref = _reference(op, leaves64)
+    assert out.shape == ref.shape and out.dtype == dtype
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), ref.detach(), atol=atol, rtol=rtol)
+    dy = torch.randn(shape, device=device).to(dtype)
+    names = list(leaves)
+    grads = torch.autograd.grad(out, [leaves[k] for k in names], dy)
+    grads64 = torch.autograd.grad(ref, [leaves64[k] for k in names], dy.double())
+    for name, grad, grad64 in zip(names, grads, grads64, strict=True):
+        assert grad.dtype == leaves[name].dtype and grad.shape == leaves[name].shape, name
+        # dweight/dbias sum over rows: scale the tolerance by the row count's square root
+        rows = out.numel() // max(width, 1)
+        scale = max(1.0, rows**0.5) if name in ("weight", "bias") else 1.0
+        torch.testing.assert_close(
+            grad.double(), grad64, atol=atol * scale, rtol=rtol, msg=lambda m, n=name: f"grad of {n}: {m}"
+        )
+
+
+@pytest.fixture
+def op_case():
+    """``run_op_case`` as a fixture, for tests/test_ops.py and tests/gpu/test_ops_gpu.py."""
+    return run_op_case

@@ -1,0 +1,164 @@
+"""fused_layers.ops against float64 torch references: outputs and every gradient.
+
+Runs on the CPU under Triton's interpreter (tests/conftest.py switches it on), so shapes keep
+few rows; the GPU versions of these checks are in tests/gpu/test_ops_gpu.py.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from conftest import OPS, TOLERANCES
+
+from fused_layers.ops import _dispatch, _launch, geglu, gelu, layer_norm, rms_norm, swiglu
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+WIDTHS = (1, 7, 127, 1000, 4097)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_op_matches_float64(op_case, op, dtype, width):
+    op_case(op, (3, width), dtype)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("layout", ["transposed", "strided", "row_strided"])
+def test_non_contiguous_input(op_case, op, layout):
+    op_case(op, (5, 127), torch.float32, layout=layout)
+    op_case(op, (5, 127), torch.bfloat16, layout=layout)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_leading_shape(op_case, op):
+    op_case(op, (2, 3, 100), torch.float32)
+    op_case(op, (2, 3, 100), torch.float16, layout="transposed")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(0, 64), (2, 0, 64)])
+def test_zero_rows(op_case, op, shape):
+    op_case(op, shape, torch.float32)
+
+
+@pytest.mark.parametrize("weight, bias", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm_optional_affine(op_case, weight, bias, dtype):
+    op_case("layer_norm", (4, 1000), dtype, weight=weight, bias=bias)
+
+
+def test_rms_norm_without_weight(op_case):
+    op_case("rms_norm", (4, 1000), torch.float32, weight=False)
+    op_case("rms_norm", (4, 1000), torch.bfloat16, weight=False)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [1000, 4097])
+def test_looped_path_forced(op_case, monkeypatch, op, dtype, width):
+    """Rows wider than the fused limit walk the row in chunks: force it with a tiny limit."""
+    monkeypatch.setattr(_launch, "MAX_FUSED_WIDTH", 64)
+    monkeypatch.setattr(_launch, "LOOP_BLOCK", 256)
+    op_case(op, (5, width), dtype)
+    op_case(op, (5, width), dtype, layout="row_strided", weight=False)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_looped_path_wide_rows(op_case, op):
+    """A real 70,000-wide row, past MAX_FUSED_WIDTH, with the default chunk size."""
+    assert 70000 > _launch.MAX_FUSED_WIDTH
+    op_case(op, (2, 70000), torch.float32)
+    op_case(op, (2, 70000), torch.bfloat16)
+
+
+@pytest.mark.parametrize("op", ["gelu_tanh", "gelu_erf", "geglu", "swiglu"])
+def test_elementwise_wide(op_case, op):
+    """Elementwise ops are flat: a wide row spans many programs, with no width limit."""
+    op_case(op, (1, 70001), torch.bfloat16)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torch_backend(op_case, op):
+    op_case(op, (3, 127), torch.float32, backend="torch")
+    op_case(op, (3, 127), torch.bfloat16, backend="torch")
+
+
+def test_backend_errors():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="no CUDA C\\+\\+ version"):
+        rms_norm(x, backend="cuda")
+    with pytest.raises(ValueError, match="no CUDA C\\+\\+ version"):
+        swiglu(x, x, backend="cuda")
+    with pytest.raises(ValueError, match="no CUDA C\\+\\+ version"):
+        geglu(x, x, backend="cuda")
+    with pytest.raises(ValueError, match="unknown backend"):
+        gelu(x, backend="numpy")
+    with pytest.raises(ValueError, match="approximate"):
+        gelu(x, approximate="sigmoid")
+    with pytest.raises(ValueError, match="share shape"):
+        swiglu(x, x[:, :4])
+    with pytest.raises(ValueError, match="weight must have shape"):
+        layer_norm(x, torch.ones(7))
+    assert set(_dispatch.DEFAULT_BACKEND) == {"gelu", "layer_norm", "rms_norm", "geglu", "swiglu"}
+
+
+def test_cpu_fallback_warns_once(monkeypatch):
+    """Off CUDA and without the interpreter, every op runs its torch version; one warning per process."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_dispatch, "_warned_fallback", False)
+    x = torch.randn(3, 16, requires_grad=True)
+    w = torch.randn(16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [gelu(x), layer_norm(x, w), rms_norm(x, w), geglu(x, x), swiglu(x, x), gelu(x, backend="cuda")]
+    assert len([c for c in caught if "not on a CUDA device" in str(c.message)]) == 1
+    for out in outs:  # torch versions: autograd graph of torch ops, not our Functions
+        assert "Function" not in type(out.grad_fn).__name__ or "Backward" in type(out.grad_fn).__name__
+    torch.testing.assert_close(outs[0], torch.nn.functional.gelu(x, approximate="tanh"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight_dtype", ["same", "float32"])
+def test_rms_norm_matches_llama(dtype, weight_dtype):
+    """Output bit-for-bit (up to a rare last-place difference) and gradients close to LlamaRMSNorm."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    width = 1000
+    module = LlamaRMSNorm(width, eps=1e-6)
+    with torch.no_grad():
+        module.weight.copy_(1 + 0.5 * torch.randn(width))
+    module.to(dtype if weight_dtype == "same" else torch.float32)
+    x = torch.randn(2, 3, width).to(dtype).requires_grad_()
+    x_ours = x.detach().clone().requires_grad_()
+    w_ours = module.weight.detach().clone().requires_grad_()
+    ref = module(x)
+    out = rms_norm(x_ours, w_ours, eps=1e-6, backend="triton")
+    assert out.dtype == ref.dtype
+    diff = (out.float() - ref.float()).abs()
+    # fp32: rsqrt and the row sum may differ in the last place (reduction order), so a few
+    # ulps; fp16/bf16: rounding to the input dtype hides that, so at most one ulp, rarely.
+    # Triton's CPU interpreter (3.9) truncates fp32 -> bf16 casts instead of rounding to
+    # nearest even as the GPU does, so under it bf16 gets two roundings' worth of slack and no
+    # bit-equality check; tests/gpu/test_ops_gpu.py checks that on the GPU.
+    interpreted_bf16 = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    ulps = 4 if ref.dtype == torch.float32 and dtype == torch.float32 else 1
+    eps_in = torch.finfo(dtype).eps  # x_normed is rounded to the input dtype
+    bound = (ulps * torch.finfo(ref.dtype).eps + (2 * eps_in if interpreted_bf16 else 0)) * ref.float().abs()
+    assert bool((diff <= bound).all()), f"max diff {diff.max().item()}"
+    if dtype != torch.float32 and not interpreted_bf16:
+        assert (diff == 0).float().mean().item() >= 0.99
+    dy = torch.randn_like(ref)
+    ref.backward(dy)
+    out.backward(dy)
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(x_ours.grad, x.grad, atol=atol, rtol=rtol)
+    torch.testing.assert_close(w_ours.grad, module.weight.grad, atol=atol * 3, rtol=rtol)
