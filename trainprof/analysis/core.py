@@ -1,0 +1,137 @@
+"""`analyze()`: load traces, run each question's module per trace, merge into one `Analysis`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from trainprof.analysis.distributed import rank_table, straggler_finding
+from trainprof.analysis.idle import host_bound_finding, idle_breakdown, verdict
+from trainprof.analysis.kernels import top_kernels_finding
+from trainprof.analysis.launch import launch_finding, launch_stats
+from trainprof.analysis.memory import peak_memory_per_step
+from trainprof.analysis.result import SEVERITY_ORDER, Analysis, Finding
+from trainprof.analysis.steps import step_breakdown
+from trainprof.analysis.syncs import find_sync_points, join_sync_sites, sync_findings
+from trainprof.analysis.timeline import build_timeline
+from trainprof.trace import Trace, load_traces
+
+
+def analyze(path_or_traces: str | Path | Sequence[Trace], sync_sites: list[dict] | None = None) -> Analysis:
+    """Answer why the profiled steps are slow.
+
+    `path_or_traces`: a trace file (.json/.json.gz), a folder of them (one per rank), or loaded `Trace`s.
+    `sync_sites`: captured sync sites (DEVELOPING.md contract) applied to every trace, overriding the
+    `<worker>.syncsites.json` files found beside the traces.
+    Raises `trainprof.trace.TraceLoadError` on unreadable input.
+    """
+    if isinstance(path_or_traces, (str, Path)):
+        traces = load_traces(path_or_traces)
+    else:
+        traces = list(path_or_traces)
+        if not traces or not all(isinstance(t, Trace) for t in traces):
+            raise TypeError("analyze() takes a path or a non-empty list of trainprof.trace.Trace")
+
+    all_steps: list[dict] = []
+    findings: list[Finding] = []
+    per_trace: list[dict] = []
+    steps_by_rank: dict[int, list[dict]] = {}
+    for position, trace in enumerate(traces):
+        steps, trace_findings, info = _analyze_one(trace, sync_sites)
+        all_steps.extend(steps)
+        findings.extend(trace_findings)
+        per_trace.append(info)
+        steps_by_rank[trace.rank if trace.rank is not None else position] = steps
+
+    ranks = rank_table(steps_by_rank) if len(traces) > 1 else []
+    straggler = straggler_finding(ranks) if ranks else None
+    if straggler is not None:
+        findings.append(straggler)
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
+    summary = _summary(all_steps, per_trace, straggler)
+    trace_info = {
+        "files": [str(t.path) for t in traces],
+        "traces": per_trace,
+        "ranks": ranks,
+        "step_count": len({s["step"] for s in all_steps}),
+    }
+    return Analysis(trace=trace_info, steps=all_steps, findings=findings, summary=summary)
+
+
+def _analyze_one(trace: Trace, sync_sites: list[dict] | None) -> tuple[list[dict], list[Finding], dict]:
+    timeline = build_timeline(trace)
+    steps = step_breakdown(timeline)
+    n = len(steps)
+
+    points = find_sync_points(timeline)
+    sites = sync_sites if sync_sites is not None else trace.sync_sites
+    matched_sites = join_sync_sites(points, sites) if sites else 0
+    step_index = {s["step"]: i for i, s in enumerate(steps)}
+    for step in steps:
+        step["sync_count"] = 0
+        step["sync_blocked_ms"] = 0.0
+    for point in points:
+        step = steps[step_index[point.step]]
+        step["sync_count"] += 1
+        step["sync_blocked_ms"] = round(step["sync_blocked_ms"] + point.blocked_us / 1e3, 4)
+
+    launch_per_step, launch_totals = launch_stats(timeline)
+    idle_per_step, cpu_holders = idle_breakdown(timeline, np.array([p.end_us for p in points]))
+    peaks = peak_memory_per_step(timeline)
+    for step, launch, idle, peak in zip(steps, launch_per_step, idle_per_step, peaks, strict=False):
+        step.update(launch)
+        step.update(idle)
+        step["peak_memory_bytes"] = peak
+
+    tiny_pct = 100.0 * launch_totals["tiny_kernel_count"] / max(launch_totals["kernel_count"], 1)
+    trace_verdict = verdict(steps, tiny_pct)
+    mean_step_ms = trace_verdict["step_ms"]
+    findings = sync_findings(points, n, trace.rank, mean_step_ms)
+    for maybe in (
+        launch_finding(trace_verdict, launch_totals, steps, trace.rank),
+        host_bound_finding(trace_verdict, cpu_holders, steps, trace.rank),
+        top_kernels_finding(timeline, trace.rank),
+    ):
+        if maybe is not None:
+            findings.append(maybe)
+    known_peaks = [p for p in peaks if p is not None]
+    info = {
+        "file": str(trace.path),
+        "worker": trace.worker,
+        "rank": trace.rank,
+        "device": (trace.device_properties[0].get("name") if trace.device_properties else None),
+        "steps": [s["step"] for s in steps],
+        "has_step_annotations": timeline.has_step_annotations,
+        "sync_sites_file": str(trace.sync_sites_path) if trace.sync_sites_path else None,
+        "sync_sites_matched": matched_sites,
+        "verdict": trace_verdict,
+        "peak_memory_bytes": max(known_peaks) if known_peaks else None,
+        "launch": {k: v for k, v in launch_totals.items()},
+        "gpu_idle_cpu_holders": cpu_holders,
+    }
+    return steps, findings, info
+
+
+def _summary(steps: list[dict], per_trace: list[dict], straggler: Finding | None) -> dict:
+    n = max(len(steps), 1)
+    verdicts = [t["verdict"]["verdict"] for t in per_trace]
+    if straggler is not None:
+        headline = f"straggler: rank {straggler.rank}"
+    else:
+        headline = max(set(verdicts), key=verdicts.count) if verdicts else "unknown"
+    peaks = [t["peak_memory_bytes"] for t in per_trace if t["peak_memory_bytes"] is not None]
+    return {
+        "verdict": headline,
+        "verdict_by_trace": {
+            (f"rank {t['rank']}" if t["rank"] is not None else t["worker"]): v
+            for t, v in zip(per_trace, verdicts, strict=False)
+        },
+        "mean_step_ms": round(sum(s["duration_ms"] for s in steps) / n, 4),
+        "gpu_busy_pct": round(sum(s["gpu_busy_pct"] for s in steps) / n, 2),
+        "syncs_per_step": round(sum(s["sync_count"] for s in steps) / n, 3),
+        "kernels_per_step": round(sum(s["kernel_count"] for s in steps) / n, 1),
+        "peak_memory_bytes": max(peaks) if peaks else None,
+        "straggler_rank": straggler.rank if straggler is not None else None,
+    }

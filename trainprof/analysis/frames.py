@@ -1,0 +1,159 @@
+"""Who called it: user frames and op chains from the nesting of python_function / cpu_op events."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+from trainprof.trace import Trace
+
+_PY_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+# Frames from these top-level packages are library code, never "the user's line".
+LIBRARY_PACKAGES = frozenset(
+    {
+        "torch",
+        "transformers",
+        "accelerate",
+        "trainprof",
+        "triton",
+        "numpy",
+        "deepspeed",
+        "lightning",
+        "pytorch_lightning",
+        "torchvision",
+        "torchaudio",
+        "peft",
+        "datasets",
+        "apex",
+        "torchao",
+        "functorch",
+    }
+)
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+# python_function names of the profiler's own frames (its stop/exit path synchronizes the device).
+PROFILER_FILES = ("torch/profiler/", "torch/autograd/profiler")
+
+
+@dataclass(frozen=True)
+class PyFrame:
+    """A parsed `python_function` event name: `file(line): function`."""
+
+    file: str
+    line: int
+    function: str
+
+
+def parse_py_frame(name: str) -> PyFrame | None:
+    """Parse `make_traces.py(50): gpt2_loop`; None for `<built-in ...>`, `nn.Module: ...` and the like."""
+    if name.startswith("<") or name.startswith("nn.Module:"):
+        return None
+    match = _PY_FRAME.match(name)
+    if match is None:
+        return None
+    return PyFrame(match.group(1), int(match.group(2)), match.group(3))
+
+
+def is_user_file(file: str) -> bool:
+    """True for the user's code: not site-packages, stdlib, `<frozen ...>`, or a known library."""
+    path = file.replace("\\", "/")
+    if path.startswith("<") or "site-packages/" in path or "dist-packages/" in path:
+        return False
+    if "/lib/python3" in path:  # an absolute path into the interpreter's stdlib
+        return False
+    # The profiler writes library paths relative to their sys.path entry: `torch/nn/modules/module.py`.
+    top = path.lstrip("./").split("/", 1)[0]
+    top = top[:-3] if top.endswith(".py") else top
+    return top not in LIBRARY_PACKAGES and top not in _STDLIB
+
+
+def is_profiler_file(file: str) -> bool:
+    """True for frames of torch.profiler itself."""
+    return any(marker in file for marker in PROFILER_FILES)
+
+
+class UserFrameIndex:
+    """For every frame event of a thread, the innermost enclosing user `python_function` (or -1).
+
+    Computed in one pass over the thread's nested frames (parents precede children), so attributing
+    thousands of kernel launches to user code costs a bisect each.
+    """
+
+    def __init__(self, trace: Trace, thread: int):
+        self.frames = trace.frames(thread)
+        names = trace.names
+        user_name: dict[int, PyFrame | None] = {}
+        ancestor = [-1] * len(self.frames.parent)
+        top_op = [-1] * len(self.frames.parent)
+        categories = self.frames.categories
+        name_ids = self.frames.name_ids.tolist()
+        for i, parent in enumerate(self.frames.parent):
+            frame = None
+            if categories[i] == "python_function":
+                nid = name_ids[i]
+                if nid not in user_name:
+                    parsed = parse_py_frame(names[nid])
+                    user_name[nid] = parsed if parsed is not None and is_user_file(parsed.file) else None
+                frame = user_name[nid]
+            ancestor[i] = i if frame is not None else (ancestor[parent] if parent >= 0 else -1)
+            inherited = top_op[parent] if parent >= 0 else -1
+            top_op[i] = inherited if inherited >= 0 else (i if categories[i] == "cpu_op" else -1)
+        self._ancestor = ancestor
+        self._top_op = top_op
+        self._names = names
+        self._user_name = user_name
+
+    def user_frame(self, start_us: float, end_us: float) -> PyFrame | None:
+        """The innermost user frame enclosing [start_us, end_us] on this thread."""
+        i = self.frames.innermost(start_us, end_us)
+        if i < 0:
+            return None
+        a = self._ancestor[i]
+        return None if a < 0 else self._user_name[int(self.frames.name_ids[a])]
+
+    def top_op(self, start_us: float, end_us: float) -> str | None:
+        """The outermost cpu_op enclosing [start_us, end_us] (e.g. `aten::pow` for a kernel it launched)."""
+        i = self.frames.innermost(start_us, end_us)
+        if i < 0 or self._top_op[i] < 0:
+            return None
+        return self._names[int(self.frames.name_ids[self._top_op[i]])]
+
+
+@dataclass
+class CallContext:
+    """What enclosed one CPU call: cpu_op chain, annotations, python frames (outermost first)."""
+
+    ops: list[str]
+    annotations: list[str]
+    python: list[str]
+    user: PyFrame | None
+
+    @property
+    def op_chain(self) -> str | None:
+        """`aten::item -> aten::_local_scalar_dense`, or None without an enclosing cpu_op."""
+        return " -> ".join(self.ops) if self.ops else None
+
+    @property
+    def in_profiler(self) -> bool:
+        """True when the call comes from torch.profiler's own code (its exit synchronize)."""
+        return any(is_profiler_file(p) for p in self.python)
+
+
+def call_context(trace: Trace, thread: int, start_us: float, end_us: float) -> CallContext:
+    """The enclosing frames of a CPU call on `thread` spanning [start_us, end_us]."""
+    frames = trace.frames(thread)
+    ops, annotations, python = [], [], []
+    user = None
+    for i in frames.chain(frames.innermost(start_us, end_us)):
+        category = frames.categories[i]
+        name = trace.names[int(frames.name_ids[i])]
+        if category == "cpu_op":
+            ops.append(name)
+        elif category == "user_annotation":
+            annotations.append(name)
+        else:
+            python.append(name)
+            parsed = parse_py_frame(name)
+            if parsed is not None and is_user_file(parsed.file):
+                user = parsed
+    return CallContext(ops, annotations, python, user)

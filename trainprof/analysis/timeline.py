@@ -1,0 +1,128 @@
+"""The facts every analysis needs from one trace: step windows, GPU busy time, kernel <-> launch joins."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainprof.analysis.intervals import Coverage
+from trainprof.trace import EventTable, Trace
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def is_launch_call(name: str) -> bool:
+    """cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel(Ex), cudaGraphLaunch, ..."""
+    return name.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch"))
+
+
+def is_comm_kernel(name: str) -> bool:
+    """NCCL (and friends) collective kernels."""
+    lowered = name.lower()
+    return "nccl" in lowered or "rccl" in lowered
+
+
+@dataclass
+class StepWindow:
+    """One profiled step: the CPU span of its `ProfilerStep#N` annotation (µs)."""
+
+    number: int
+    start_us: float
+    end_us: float
+
+    @property
+    def duration_us(self) -> float:
+        """Length of the step window."""
+        return self.end_us - self.start_us
+
+
+@dataclass
+class Timeline:
+    """Shared, precomputed views of one trace (built once by `build_timeline`)."""
+
+    trace: Trace
+    steps: list[StepWindow]
+    has_step_annotations: bool
+    calls: EventTable  # cuda_runtime + cuda_driver, sorted by start
+    kernels: EventTable
+    gpu_busy: Coverage  # union of kernels, memcpys, memsets
+    kernel_call: np.ndarray  # per kernel: index into `calls` of its launch, -1 if unmatched
+    kernel_step: np.ndarray  # per kernel: index into `steps` (by launch time), -1 outside steps
+    kernel_is_comm: np.ndarray
+    call_is_launch: np.ndarray
+
+    def step_of(self, t_us) -> np.ndarray:
+        """Index into `steps` of the window holding each time, -1 outside every step."""
+        starts = np.array([s.start_us for s in self.steps])
+        ends = np.array([s.end_us for s in self.steps])
+        t = np.asarray(t_us, dtype=np.float64)
+        k = np.searchsorted(starts, t, side="right") - 1
+        kc = np.clip(k, 0, None)
+        return np.where((k >= 0) & (t <= ends[kc]), k, -1)
+
+
+def build_timeline(trace: Trace) -> Timeline:
+    """Step windows (ProfilerStep#N, else the whole trace as step 0) and the kernel/launch joins."""
+    ev = trace.events
+    annotations = ev["user_annotation"]
+    steps = []
+    for i in range(len(annotations)):
+        match = _STEP_NAME.match(trace.names[int(annotations.name[i])])
+        if match:
+            start = float(annotations.start_us[i])
+            steps.append(StepWindow(int(match.group(1)), start, start + float(annotations.dur_us[i])))
+    has_steps = bool(steps)
+    if not steps:
+        starts = [t.start_us[0] for t in ev.values() if len(t)]
+        ends = [t.end_us.max() for t in ev.values() if len(t)]
+        steps = [StepWindow(0, float(min(starts)), float(max(ends)))]
+    steps.sort(key=lambda s: s.start_us)
+
+    runtime, driver = ev["cuda_runtime"], ev["cuda_driver"]
+    calls = EventTable.from_columns(
+        np.concatenate((runtime.start_us, driver.start_us)),
+        np.concatenate((runtime.dur_us, driver.dur_us)),
+        np.concatenate((runtime.thread, driver.thread)),
+        np.concatenate((runtime.name, driver.name)),
+        np.concatenate((runtime.correlation, driver.correlation)),
+        np.concatenate((runtime.value, driver.value)),
+    )
+    call_is_launch = trace.names_matching(is_launch_call)[calls.name] if len(calls) else np.zeros(0, bool)
+
+    kernels = ev["kernel"]
+    kernel_call = _join_correlation(kernels.correlation, calls.correlation)
+    gpu = [ev["kernel"], ev["gpu_memcpy"], ev["gpu_memset"]]
+    gpu_busy = Coverage(np.concatenate([t.start_us for t in gpu]), np.concatenate([t.end_us for t in gpu]))
+    timeline = Timeline(
+        trace,
+        steps,
+        has_steps,
+        calls,
+        kernels,
+        gpu_busy,
+        kernel_call,
+        np.zeros(0, dtype=np.int64),
+        trace.names_matching(is_comm_kernel)[kernels.name],
+        call_is_launch,
+    )
+    # A kernel belongs to the step whose CPU code launched it (its GPU run may spill past the window).
+    launched_at = (
+        np.where(kernel_call >= 0, calls.start_us[np.clip(kernel_call, 0, None)], kernels.start_us)
+        if len(kernels) and len(calls)
+        else kernels.start_us
+    )
+    timeline.kernel_step = timeline.step_of(launched_at)
+    return timeline
+
+
+def _join_correlation(gpu_corr: np.ndarray, call_corr: np.ndarray) -> np.ndarray:
+    """For each GPU correlation id, the index of the call with the same id (-1 if none)."""
+    if len(gpu_corr) == 0 or len(call_corr) == 0:
+        return np.full(len(gpu_corr), -1, dtype=np.int64)
+    order = np.argsort(call_corr, kind="stable")
+    sorted_corr = call_corr[order]
+    pos = np.clip(np.searchsorted(sorted_corr, gpu_corr), 0, len(sorted_corr) - 1)
+    found = (sorted_corr[pos] == gpu_corr) & (gpu_corr >= 0)
+    return np.where(found, order[pos], -1)
