@@ -1,0 +1,74 @@
+"""Sync-site capture without CUDA: frame selection, explicit-sync wrappers, the warning hook."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+from trainprof.capture.syncs import SyncCapture, innermost_user_frame, is_library_file
+
+SITE = "/usr/lib/python3.11/site-packages"
+
+
+def test_innermost_user_frame_skips_library_frames():
+    stack = [
+        ("/home/me/train.py", 80, "<module>"),
+        ("/home/me/train.py", 45, "train"),
+        (f"{SITE}/transformers/trainer.py", 2100, "training_step"),
+        (f"{SITE}/torch/_tensor.py", 500, "item"),
+        ("<frozen importlib._bootstrap>", 1, "_call"),
+    ]
+    assert innermost_user_frame(stack) == ("/home/me/train.py", 45, "train")
+    assert innermost_user_frame(stack[2:]) is None
+
+
+def test_library_files():
+    assert is_library_file(torch.__file__)
+    assert is_library_file(warnings.__file__)
+    assert is_library_file(f"{SITE}/accelerate/accelerator.py")
+    assert is_library_file("<frozen runpy>")
+    assert not is_library_file(__file__)
+    import trainprof.demo
+
+    assert is_library_file(sys.modules["trainprof.session"].__file__)
+    assert not is_library_file(trainprof.demo.__file__)  # the demo's loop is user code
+
+
+def test_explicit_wrapper_records_site_only_when_active():
+    capture = SyncCapture()
+    calls = []
+    wrapped = capture._explicit_wrapper("torch.cuda.synchronize", lambda: calls.append(1))
+    wrapped()
+    assert capture.sites == [] and calls == [1]
+    capture.active, capture.step_num = True, 7
+    line = sys._getframe().f_lineno + 1
+    wrapped()
+    (site,) = capture.take_sites()
+    assert (site.step, site.call, site.file, site.line) == (7, "torch.cuda.synchronize", __file__, line)
+    assert site.function == "test_explicit_wrapper_records_site_only_when_active"
+    assert site.to_dict()["stack"][-1] == {"file": __file__, "line": line, "function": site.function}
+    assert capture.sites == []
+
+
+def test_activate_patches_and_deactivate_restores():
+    original_sync, original_show = torch.cuda.synchronize, warnings.showwarning
+    filters = list(warnings.filters)
+    capture = SyncCapture()
+    capture.activate(step_num=4)
+    try:
+        assert torch.cuda.synchronize.__wrapped__ is original_sync
+        line = sys._getframe().f_lineno + 1
+        warnings.warn("called a synchronizing CUDA operation (Triggered)", UserWarning, stacklevel=1)
+        with warnings.catch_warnings(record=True) as others:
+            warnings.simplefilter("always")
+            warnings.warn("something else", UserWarning, stacklevel=1)
+        assert len(others) == 1  # other warnings are not swallowed
+    finally:
+        capture.deactivate()
+    assert torch.cuda.synchronize is original_sync and warnings.showwarning is original_show
+    assert warnings.filters == filters
+    (site,) = capture.take_sites()
+    assert (site.step, site.call, site.line, site.file) == (4, "implicit", line, __file__)
+    capture.deactivate()  # idempotent

@@ -1,0 +1,76 @@
+"""`trainprof analyze` on the checked-in real traces and on bad input, as a user runs it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "traces"
+PATHOLOGIES = TRACES / "gpt2_pathologies"
+
+
+def trainprof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainprof", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared fixtures not present")
+def test_analyze_json_prints_one_object():
+    (trace_file,) = PATHOLOGIES.glob("*.pt.trace.json.gz")
+    result = trainprof("analyze", str(trace_file), "--json")
+    assert result.returncode == 0, result.stderr
+    analysis = json.loads(result.stdout)  # exactly one JSON object, nothing else on stdout
+    assert set(analysis) >= {"trace", "steps", "findings"}
+    assert analysis["findings"] and all({"kind", "title", "severity", "op", "where", "count", "per_step",
+                                         "cost_ms", "fix"} <= set(f) for f in analysis["findings"])
+    assert all({"step", "duration_ms", "gpu_busy_pct", "kernel_count", "sync_count"} <= set(s)
+               for s in analysis["steps"])
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared fixtures not present")
+def test_analyze_folder_prints_the_report():
+    result = trainprof("analyze", str(PATHOLOGIES))
+    assert result.returncode == 0, result.stderr
+    assert "trainprof" in result.stdout and "Top findings" in result.stdout
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_analyze_does_not_import_torch():
+    code = ("import sys, trainprof.cli, trainprof.analysis, trainprof.report.console; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _bad_inputs(tmp: Path) -> dict[str, Path]:
+    (tmp / "empty.json").write_text("")
+    (tmp / "notjson.json").write_text("this is not json {")
+    (tmp / "other.json").write_text(json.dumps({"hello": "world"}))
+    (tmp / "list.json").write_text("[1, 2, 3]")
+    events = [{"ph": "X", "name": "x", "ts": 1, "dur": 2}] * 500
+    full = gzip.compress(json.dumps({"traceEvents": events}).encode())
+    (tmp / "truncated.pt.trace.json.gz").write_bytes(full[: len(full) // 2])
+    (tmp / "empty_folder").mkdir()
+    return {
+        "missing": tmp / "missing.pt.trace.json",
+        **{p.name: p for p in tmp.iterdir()},
+    }
+
+
+def test_bad_input_exits_2_with_one_line_naming_the_file(tmp_path):
+    for name, path in _bad_inputs(tmp_path).items():
+        result = trainprof("analyze", str(path), "--json")
+        assert result.returncode == 2, (name, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("trainprof: error: "), (name, result.stderr)
+        assert path.name in lines[0], (name, lines[0])
+        assert result.stdout == ""
+
+
+def test_usage_errors_exit_2():
+    assert trainprof().returncode == 2
+    assert trainprof("nonsense").returncode == 2

@@ -1,0 +1,226 @@
+"""The session around real small CPU loops: schedule, step detection, outputs, robustness."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.optim.optimizer as torch_optimizer
+
+import trainprof
+from trainprof.capture.syncs import SYNC_WARNING_RE
+from trainprof.config import SessionConfig
+from trainprof.session import Session, worker_name
+
+FAST = {"console": False, "tensorboard_scalars": False}  # outputs not under test stay off
+
+
+def _model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _forward_backward(model) -> torch.Tensor:
+    loss = model(torch.randn(16, 32)).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def _profiler_steps(trace_file: Path) -> list[int]:
+    with gzip.open(trace_file, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"ProfilerStep#(\d+)", n)))
+
+
+def _assert_clean_exit() -> None:
+    assert not torch_optimizer._global_optimizer_post_hooks
+    assert not torch.autograd._profiler_enabled()
+    assert warnings.showwarning is _ORIGINAL_SHOWWARNING
+    assert not getattr(torch.cuda.synchronize, "__wrapped__", None)
+
+
+_ORIGINAL_SHOWWARNING = warnings.showwarning
+
+
+def test_optimizer_loop_is_profiled_without_step_calls(tmp_path):
+    model, optimizer = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=2, **FAST) as sess:
+        for _ in range(6):
+            loss = _forward_backward(model)
+            optimizer.step()
+            optimizer.zero_grad()
+            loss.item()
+
+    run_dir = tmp_path / "run"
+    traces = sorted(run_dir.glob("*.pt.trace.json.gz"))
+    assert [t.name for t in traces] == [t.name for t in sess.trace_files] and len(traces) == 1
+    assert _profiler_steps(traces[0]) == [2, 3] == SessionConfig(wait=1, warmup=1, active=2).recorded_steps()
+    assert sess.steps_ended == 6
+    assert (run_dir / f"{sess.worker}.syncsites.json").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary) >= {"trace", "steps", "findings"}
+    assert summary == json.loads(trainprof.report.json.dumps(sess.analysis.to_dict()))
+    assert [s["step"] for s in summary["steps"]] == [2, 3]
+    assert (run_dir / "report.md").read_text().startswith("# trainprof report")
+    assert sess.findings and sess.summary
+    _assert_clean_exit()
+
+
+def test_tensorboard_scalars_and_console(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    model, optimizer = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1):
+        for _ in range(3):
+            _forward_backward(model)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert list((tmp_path / "run").glob("events.out.tfevents.*"))
+    out = capsys.readouterr().out
+    assert "trainprof" in out and ("Top findings" in out or "No findings" in out)
+
+
+def test_manual_steps_without_optimizer(tmp_path):
+    model, _ = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=2,
+                           analyze=False) as sess:
+        for _ in range(5):
+            with torch.no_grad():
+                model(torch.randn(16, 32))
+            sess.step()
+    assert sess.steps_ended == 5
+    assert _profiler_steps(sess.trace_files[0]) == [2, 3]
+
+
+@pytest.mark.parametrize("order", ["optimizer_first", "session_first"])
+def test_optimizer_and_manual_step_count_each_step_once(tmp_path, order):
+    model, optimizer = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=2,
+                           analyze=False) as sess:
+        for _ in range(5):
+            _forward_backward(model)
+            if order == "optimizer_first":
+                optimizer.step()
+                sess.step()
+            else:
+                sess.step()
+                optimizer.step()
+            optimizer.zero_grad()
+    assert sess.steps_ended == 5
+    assert _profiler_steps(sess.trace_files[0]) == [2, 3]
+    _assert_clean_exit()
+
+
+def test_sync_sites_captured_during_recorded_steps_only(tmp_path):
+    """The implicit-sync path without CUDA: the warning sync debug mode would emit, raised by hand."""
+    model, optimizer = _model_and_optimizer()
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # outside the recorded steps nothing is captured nor shown
+        with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=2,
+                               analyze=False) as sess:
+            for _ in range(5):
+                _forward_backward(model)
+                lines.append(_line_of_next_statement())
+                warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+                optimizer.step()
+                optimizer.zero_grad()
+    sites = json.loads((tmp_path / "run" / f"{sess.worker}.syncsites.json").read_text())
+    assert sites["worker"] == sess.worker and sites["version"] == 1
+    assert [(s["step"], s["call"], s["line"]) for s in sites["sites"]] == [
+        (2, "implicit", lines[2]), (3, "implicit", lines[3])]
+    site = sites["sites"][0]
+    assert site["file"] == __file__
+    assert site["function"] == "test_sync_sites_captured_during_recorded_steps_only"
+    assert site["stack"][-1]["file"] == __file__ and site["stack"][-1]["line"] == lines[2]
+
+
+def _line_of_next_statement() -> int:
+    import sys
+
+    return sys._getframe(1).f_lineno + 1
+
+
+@pytest.mark.parametrize("where", ["export", "analysis"])
+def test_failure_inside_trainprof_warns_once_and_training_goes_on(tmp_path, monkeypatch, where):
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if where == "export":
+        monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", lambda *a, **k: broken)
+    else:
+        monkeypatch.setattr(importlib.import_module("trainprof.analysis"), "analyze", broken)
+    model, optimizer = _model_and_optimizer()
+    done = 0
+    with pytest.warns(RuntimeWarning, match="trainprof") as caught:
+        with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=1,
+                               repeat=2, **FAST) as sess:
+            for _ in range(8):
+                _forward_backward(model)
+                optimizer.step()
+                optimizer.zero_grad()
+                done += 1
+    assert done == 8
+    assert len([w for w in caught if "trainprof" in str(w.message)]) == 1
+    assert sess.steps_ended == 3  # stepped aside at the end of the first window
+    assert not (tmp_path / "run" / "summary.json").exists()
+    _assert_clean_exit()
+
+
+def test_user_exception_propagates_and_hooks_are_removed(tmp_path):
+    model, optimizer = _model_and_optimizer()
+    with pytest.raises(ValueError, match="bad batch"):
+        with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=3, **FAST):
+            for step in range(6):
+                _forward_backward(model)
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == 2:  # inside the recorded window: capture hooks are installed
+                    assert warnings.showwarning is not _ORIGINAL_SHOWWARNING
+                    raise ValueError("bad batch")
+    _assert_clean_exit()
+    assert not any(SYNC_WARNING_RE.pattern in str(f[1] and f[1].pattern) for f in warnings.filters)
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_worker_name_carries_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    assert re.fullmatch(r"rank3_[A-Za-z0-9-]+_\d+", worker_name())
+    model, optimizer = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1,
+                           analyze=False) as sess:
+        for _ in range(3):
+            _forward_backward(model)
+            optimizer.step()
+    assert sess.trace_files[0].name.startswith(sess.worker + ".") and sess.worker.startswith("rank3_")
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert worker_name().startswith("rank1_")
+    monkeypatch.delenv("LOCAL_RANK")
+    assert "rank" not in worker_name().split("_")[0] or not worker_name().startswith("rank")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"active": 0}, "active"), ({"wait": -1}, "wait"), ({"repeat": 1.5}, "repeat"),
+     ({"run_name": "a/b"}, "run_name")],
+)
+def test_config_is_checked_once(options, message):
+    with pytest.raises(ValueError, match=message):
+        SessionConfig(**options)
+
+
+def test_session_rejects_unknown_options():
+    with pytest.raises(TypeError, match="bogus"):
+        trainprof.session(bogus=1)
+
+
+def test_default_run_name_is_timestamped():
+    assert re.fullmatch(r"run-\d{8}-\d{6}", Session().run_dir.name)

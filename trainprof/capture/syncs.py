@@ -1,0 +1,266 @@
+"""Live capture of the call sites of synchronizing calls, during recorded steps only.
+
+A trace names the function a sync happened in but not the line (see DEVELOPING.md), so the session
+records, while the loop runs, where each sync was called:
+
+- implicit syncs (`.item()`, `.cpu()`, boolean-mask indexing, pageable copies, ...): CUDA's sync
+  debug mode "warn" turns each into a Python warning; a `warnings.showwarning` hook records the
+  Python stack at that moment and swallows the warning, so the user's console is not flooded;
+- explicit syncs (`torch.cuda.synchronize`, `Event.synchronize`, `Stream.synchronize`), which the
+  debug mode does not flag: thin wrappers record them.
+
+Everything is installed by `SyncCapture.activate()` and undone by `deactivate()`; nothing stays
+installed outside the recorded steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import sysconfig
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The text of the warning that `torch.cuda.set_sync_debug_mode("warn")` emits per synchronizing op.
+SYNC_WARNING_RE = re.compile(r"called a synchronizing CUDA operation")
+# Emitted once when the debug mode is switched on.
+_PROTOTYPE_WARNING_RE = re.compile(r"Synchronization debug mode is a prototype feature")
+
+_FrameTuple = tuple[str, int, str]  # (file, line, function)
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose frames are never the user's: torch, HF libraries, trainprof, stdlib, site-packages."""
+    roots: set[str] = set()
+    for name in ("torch", "transformers", "accelerate", "trainprof"):
+        try:
+            spec = importlib.util.find_spec(name)  # top-level: locates without importing
+        except (ImportError, ValueError):
+            spec = None
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            roots.add(os.path.realpath(location))
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    return tuple(sorted(root.rstrip(os.sep) + os.sep for root in roots))
+
+
+_LIBRARY_ROOTS: tuple[str, ...] | None = None
+_LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+# Files inside the trainprof package that are user code: the demo's training loop.
+_USER_FILES_IN_PACKAGE = ("demo.py",)
+_PATH_CACHE: dict[str, bool] = {}
+
+
+def is_library_file(path: str) -> bool:
+    """True when `path` belongs to torch, transformers, accelerate, trainprof, the stdlib or any
+    installed package (site-packages), or is a frozen/builtin module; False for the user's code."""
+    cached = _PATH_CACHE.get(path)
+    if cached is not None:
+        return cached
+    global _LIBRARY_ROOTS
+    if _LIBRARY_ROOTS is None:
+        _LIBRARY_ROOTS = _library_roots()
+    if path.startswith("<frozen") or path.startswith("<built-in"):
+        verdict = True
+    elif any(marker in path for marker in _LIBRARY_MARKERS):
+        verdict = True
+    else:
+        real = os.path.realpath(path) if os.path.isabs(path) else path
+        verdict = real.startswith(_LIBRARY_ROOTS)
+        if verdict and real.endswith(_USER_FILES_IN_PACKAGE) and f"{os.sep}trainprof{os.sep}" in real:
+            verdict = False
+    _PATH_CACHE[path] = verdict
+    return verdict
+
+
+def innermost_user_frame(
+    stack: Iterable[_FrameTuple], is_library: Callable[[str], bool] = is_library_file
+) -> _FrameTuple | None:
+    """The innermost frame of the user's code in a stack ordered outermost -> innermost, or None."""
+    for frame in reversed(list(stack)):
+        if not is_library(frame[0]):
+            return frame
+    return None
+
+
+def current_stack(skip: int = 1) -> list[_FrameTuple]:
+    """The calling thread's Python stack, outermost -> innermost, without the `skip` innermost frames.
+
+    Walks frames directly rather than `traceback.extract_stack()`, which reads source lines.
+    """
+    frame = sys._getframe(skip)
+    stack: list[_FrameTuple] = []
+    while frame is not None:
+        code = frame.f_code
+        stack.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    stack.reverse()
+    return stack
+
+
+def _trim_capture_frames(stack: list[_FrameTuple]) -> list[_FrameTuple]:
+    """Drop the innermost frames that are the warnings machinery or this module itself."""
+    warnings_file = os.path.realpath(warnings.__file__)
+    this_file = os.path.realpath(__file__)
+    end = len(stack)
+    while end > 0 and os.path.realpath(stack[end - 1][0]) in (warnings_file, this_file):
+        end -= 1
+    return stack[:end]
+
+
+@dataclass
+class SyncSite:
+    """One synchronizing call, as written to `<worker>.syncsites.json`."""
+
+    step: int
+    call: str
+    file: str | None
+    line: int | None
+    function: str | None
+    stack: list[_FrameTuple] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of DEVELOPING.md's captured-sync-sites contract."""
+        return {
+            "step": self.step,
+            "call": self.call,
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "stack": [{"file": f, "line": n, "function": fn} for f, n, fn in self.stack],
+        }
+
+
+class SyncCapture:
+    """Records synchronizing calls while active; `sites` holds them in the order they happened."""
+
+    def __init__(self) -> None:
+        self.sites: list[SyncSite] = []
+        self.step_num = 0
+        self.active = False
+        self._lock = threading.Lock()
+        self._local = threading.local()  # .in_explicit: inside a wrapped explicit sync
+        self._undo: list[Callable[[], None]] = []
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def record(self, call: str, stack: list[_FrameTuple]) -> SyncSite:
+        """Record one synchronizing call with its stack (outermost -> innermost)."""
+        user = innermost_user_frame(stack)
+        site = SyncSite(
+            step=self.step_num,
+            call=call,
+            file=user[0] if user else None,
+            line=user[1] if user else None,
+            function=user[2] if user else None,
+            stack=stack,
+        )
+        with self._lock:
+            self.sites.append(site)
+        return site
+
+    def take_sites(self) -> list[SyncSite]:
+        """Return the sites recorded so far and forget them."""
+        with self._lock:
+            sites, self.sites = self.sites, []
+        return sites
+
+    def _explicit_wrapper(self, call: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        capture = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not capture.active or getattr(capture._local, "in_explicit", False):
+                return original(*args, **kwargs)
+            capture.record(call, current_stack(skip=2))
+            # A sync debug warning raised by the explicit call itself is the same sync: ignore it.
+            capture._local.in_explicit = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                capture._local.in_explicit = False
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__name__ = getattr(original, "__name__", call)
+        wrapper.__doc__ = getattr(original, "__doc__", None)
+        return wrapper
+
+    def _showwarning(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        capture = self
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+            text = str(message)
+            if SYNC_WARNING_RE.search(text):
+                if capture.active and not getattr(capture._local, "in_explicit", False):
+                    capture.record("implicit", _trim_capture_frames(current_stack(skip=2)))
+                return  # swallowed: one per sync would flood the console
+            if _PROTOTYPE_WARNING_RE.search(text):
+                return
+            original(message, category, filename, lineno, file, line)
+
+        return showwarning
+
+    # -- install / remove -------------------------------------------------------------------
+
+    def activate(self, step_num: int) -> None:
+        """Install the hooks (idempotent) and record from profiler step `step_num` on."""
+        self.step_num = step_num
+        if self.active:
+            return
+        import torch
+
+        self.active = True
+        self._patch(torch.cuda, "synchronize", "torch.cuda.synchronize")
+        self._patch(getattr(torch.cuda, "Event", None), "synchronize", "Event.synchronize")
+        self._patch(getattr(torch.cuda, "Stream", None), "synchronize", "Stream.synchronize")
+
+        previous_showwarning = warnings.showwarning
+        warnings.showwarning = self._showwarning(previous_showwarning)
+        self._undo.append(lambda: setattr(warnings, "showwarning", previous_showwarning))
+        # "always": the default filter shows a warning once per code location; every sync counts.
+        for pattern in (SYNC_WARNING_RE.pattern, _PROTOTYPE_WARNING_RE.pattern):
+            warnings.filterwarnings("always", message=f".*{pattern}")
+            entry = warnings.filters[0]
+            self._undo.append(lambda entry=entry: _remove_filter(entry))
+
+        if torch.cuda.is_available():
+            previous_mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+            self._undo.append(lambda: torch.cuda.set_sync_debug_mode(previous_mode))
+
+    def _patch(self, owner: Any, attribute: str, call: str) -> None:
+        original = getattr(owner, attribute, None) if owner is not None else None
+        if original is None:
+            return
+        setattr(owner, attribute, self._explicit_wrapper(call, original))
+        self._undo.append(lambda: setattr(owner, attribute, original))
+
+    def deactivate(self) -> None:
+        """Remove every hook and restore the sync debug mode; safe to call more than once."""
+        self.active = False
+        failures = []
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as exc:  # keep undoing the rest
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+
+def _remove_filter(entry: tuple[Any, ...]) -> None:
+    try:
+        warnings.filters.remove(entry)
+    except ValueError:
+        return
+    mutated = getattr(warnings, "_filters_mutated", None)
+    mutated = mutated or getattr(warnings, "_filters_mutated_lock_held", None)
+    if mutated is not None:
+        mutated()

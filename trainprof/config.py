@@ -1,0 +1,97 @@
+"""The profiling schedule and options of a session, checked once.
+
+Importing this module imports no torch: `trainprof` is imported by the CLI, which never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class SessionConfig:
+    """What a `trainprof.session` records, when, and what it writes.
+
+    A step is one `optimizer.step()` (or one `Session.step()` call). The schedule is torch's:
+    after `skip_first` steps, each cycle waits `wait` steps, warms up `warmup` steps (profiling on,
+    results dropped) and records `active` steps; `repeat` cycles (0 = until the loop ends).
+    """
+
+    log_dir: str | os.PathLike[str] = "log"
+    """Folder for all runs; `tensorboard --logdir <log_dir>` shows them."""
+
+    run_name: str | None = None
+    """Subfolder of `log_dir` for this run; default `run-YYYYmmdd-HHMMSS` (local time at start)."""
+
+    wait: int = 1
+    """Steps per cycle with the profiler off, before warmup (the first steps are often atypical)."""
+
+    warmup: int = 1
+    """Steps per cycle with the profiler on but results dropped (its own start-up cost)."""
+
+    active: int = 3
+    """Steps per cycle that are recorded into a trace; at least 1."""
+
+    repeat: int = 1
+    """Number of wait/warmup/active cycles; 0 keeps cycling until the loop ends (one trace each)."""
+
+    skip_first: int = 0
+    """Steps ignored once at the very start, before the first cycle."""
+
+    record_shapes: bool = True
+    """Record operator input shapes (needed to name the op behind a finding)."""
+
+    profile_memory: bool = True
+    """Record tensor allocations and frees (peak memory)."""
+
+    with_stack: bool = True
+    """Record Python call stacks in the trace (`python_function` events)."""
+
+    capture_syncs: bool = True
+    """During recorded steps, capture the exact file and line of every synchronizing call."""
+
+    analyze: bool = True
+    """Analyse each trace as it is written, and write summary.json and report.md at exit."""
+
+    console: bool = True
+    """Print a short summary of the findings at exit."""
+
+    tensorboard_scalars: bool = True
+    """Write per-step scalars (step time, GPU busy, syncs, kernels) for TensorBoard, if installed."""
+
+    def __post_init__(self) -> None:
+        for name in ("wait", "warmup", "active", "repeat", "skip_first"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"SessionConfig.{name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"SessionConfig.{name} must be >= 0, got {value}")
+        if self.active < 1:
+            raise ValueError(f"SessionConfig.active must be >= 1, got {self.active}")
+        if self.run_name is not None and (not self.run_name or os.sep in self.run_name):
+            raise ValueError(f"SessionConfig.run_name must be a plain folder name, got {self.run_name!r}")
+
+    @property
+    def cycle_steps(self) -> int:
+        """Steps in one wait/warmup/active cycle."""
+        return self.wait + self.warmup + self.active
+
+    def recorded_steps(self) -> list[int] | None:
+        """The profiler step numbers that end up in traces; None when `repeat == 0` (unbounded)."""
+        if self.repeat == 0:
+            return None
+        first = self.skip_first + self.wait + self.warmup
+        return [
+            first + cycle * self.cycle_steps + i for cycle in range(self.repeat) for i in range(self.active)
+        ]
+
+    def resolved_run_name(self) -> str:
+        """`run_name`, or a timestamped default such as `run-20261121-233000`."""
+        return self.run_name or time.strftime("run-%Y%m%d-%H%M%S")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """All field names (used to split `session(**options)`)."""
+        return [f.name for f in fields(cls)]

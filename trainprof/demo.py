@@ -1,0 +1,38 @@
+"""The demo behind `trainprof demo` / `make demo`: a small GPT-2-shaped model, trained for a few
+steps under a session, with two habits common in real loops that the report should point at.
+
+This file's loop counts as user code for sync capture (see trainprof.capture.syncs).
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainprof.session import Session, session
+
+
+def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) -> Session:
+    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1024, n_positions=128)
+    model = GPT2LMHeadModel(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    losses = []
+    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
+    with session(log_dir=log_dir, run_name=run_name, wait=1, warmup=1, active=3) as sess:
+        for _ in range(steps):
+            batch = torch.randint(0, config.vocab_size, (8, 128))
+            ids = batch.to(device)  # habit: a pageable host-to-device copy (blocks the CPU on a GPU)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if grad_norm.item() > 100.0:  # habit: a sync to look at the gradient norm
+                continue
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())  # habit: a sync each step, for logging
+    return sess
