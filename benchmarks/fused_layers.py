@@ -1,0 +1,322 @@
+"""How fast are fused_layers' ops against torch eager, the Hugging Face modules they replace,
+torch.compile and Liger-Kernel, in bf16, forward and forward+backward?
+
+Needs a CUDA device. Times with ``triton.testing.do_bench`` (median, after warm-up), and reports
+ms and achieved bytes/s over the fewest bytes each op must move, as a fraction of a large
+device-to-device copy measured in the same run. Writes ``OUT.json`` and ``OUT.md`` and prints a
+compact table last.
+
+    python benchmarks/fused_layers.py --out log/fused_layers_bench          # full run
+    python benchmarks/fused_layers.py --quick --out /tmp/bench               # smoke run
+
+Bytes counted (bf16, 2 bytes an element, weights negligible): forward reads the inputs and
+writes the output; backward reads the inputs and dy and writes each input's gradient; the
+forward+backward figure is their sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# This script shares its name with the package it measures. Run as a file, its own folder is
+# sys.path[0] and would shadow that package; the repository root belongs there instead.
+if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+NORM_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
+ELEMENTWISE_SHAPES = NORM_SHAPES + [(16384, 16384), (8192, 11008)]
+QUICK_SHAPES = [(8192, 1024), (2048, 4096)]
+OPS = ("layer_norm", "rms_norm", "gelu", "geglu", "swiglu")
+OTHERS = ("eager", "hf", "compile", "liger")  # what "ours" must not be slower than
+FWD_BAR, FWDBWD_BAR = 0.90, 0.80  # fractions of copy bandwidth
+EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
+
+
+def _eager_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    x_f32 = x.float()
+    return w * (x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + EPS["rms_norm"])).to(x.dtype)
+
+
+def _eager(op: str) -> Callable:
+    return {
+        "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, EPS["layer_norm"]),
+        "rms_norm": _eager_rms_norm,
+        "gelu": lambda x: F.gelu(x, approximate="tanh"),
+        "geglu": lambda a, b: F.gelu(a, approximate="tanh") * b,
+        "swiglu": lambda a, b: F.silu(a) * b,
+    }[op]
+
+
+def _hf(op: str, width: int, params: list[torch.Tensor]) -> tuple[Callable, list[torch.Tensor]]:
+    """The Hugging Face module the op replaces, sharing our weights; returns (fn, its parameters)."""
+    from transformers.activations import ACT2FN, NewGELUActivation
+
+    if op == "layer_norm":
+        module = torch.nn.LayerNorm(width, eps=EPS["layer_norm"]).to(params[0].device, torch.bfloat16)
+        with torch.no_grad():
+            module.weight.copy_(params[0])
+            module.bias.copy_(params[1])
+        return (lambda x, w, b: module(x)), list(module.parameters())
+    if op == "rms_norm":
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        module = LlamaRMSNorm(width, eps=EPS["rms_norm"]).to(params[0].device, torch.bfloat16)
+        with torch.no_grad():
+            module.weight.copy_(params[0])
+        return (lambda x, w: module(x)), list(module.parameters())
+    if op == "gelu":
+        module = NewGELUActivation()  # GPT-2's "gelu_new": the tanh formula in plain torch ops
+        return module, []
+    act = ACT2FN["gelu_pytorch_tanh" if op == "geglu" else "silu"]  # Gemma / Llama MLP gates
+    return (lambda a, b: act(a) * b), []
+
+
+def _liger(op: str) -> Callable | None:
+    """Liger-Kernel 0.8.5's Function for the op, or None where it has none (plain GELU)."""
+    if op == "layer_norm":
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+        return lambda x, w, b: LigerLayerNormFunction.apply(x, w, b, EPS["layer_norm"])
+    if op == "rms_norm":
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        # offset 0, Llama casting; in_place=False so dy is not overwritten between timed runs
+        return lambda x, w: LigerRMSNormFunction.apply(x, w, EPS["rms_norm"], 0.0, "llama", False)
+    if op == "geglu":
+        from liger_kernel.ops.geglu import LigerGELUMulFunction
+
+        return LigerGELUMulFunction.apply
+    if op == "swiglu":
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        return LigerSiLUMulFunction.apply
+    return None
+
+
+def _ours(op: str, backend: str) -> Callable:
+    from fused_layers.ops import geglu, gelu, layer_norm, rms_norm, swiglu
+
+    return {
+        "layer_norm": lambda x, w, b: layer_norm(x, w, b, EPS["layer_norm"], backend=backend),
+        "rms_norm": lambda x, w: rms_norm(x, w, EPS["rms_norm"], backend=backend),
+        "gelu": lambda x: gelu(x, "tanh", backend=backend),
+        "geglu": lambda a, b: geglu(a, b, "tanh", backend=backend),
+        "swiglu": lambda a, b: swiglu(a, b, backend=backend),
+    }[op]
+
+
+def _min_bytes(op: str, numel: int, pass_name: str) -> int:
+    n_inputs = 2 if op in ("geglu", "swiglu") else 1
+    fwd = (n_inputs + 1) * numel * 2  # inputs read, output written
+    bwd = (n_inputs + 1 + n_inputs) * numel * 2  # inputs and dy read, input grads written
+    return fwd if pass_name == "fwd" else fwd + bwd
+
+
+def _copy_bandwidth(do_bench: Callable, quick: bool) -> float:
+    """Bytes/s of ``y.copy_(x)`` over a large bf16 buffer (read + write), the ceiling we compare with."""
+    numel = (256 if quick else 1024) * 2**20  # 2 GiB per buffer in the full run: far past L2
+    x = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=100, return_mode="median")
+    return 2 * numel * 2 / (ms * 1e-3)
+
+
+def _contenders(op: str, width: int, params: list[torch.Tensor], cuda_error: str | None):
+    """Yield (name, fn-or-None, extra grad tensors, error-or-None) for one op and width."""
+    yield "eager", _eager(op), [], None
+    try:
+        fn, hf_params = _hf(op, width, params)
+        yield "hf", fn, hf_params, None
+    except Exception as exc:  # transformers missing or renamed: record, carry on
+        yield "hf", None, [], repr(exc)
+    yield "compile", torch.compile(_eager(op), dynamic=False), [], None
+    try:
+        liger = _liger(op)
+        if liger is not None:
+            yield "liger", liger, [], None
+    except ImportError as exc:
+        yield "liger", None, [], repr(exc)
+    yield "ours", _ours(op, "triton"), [], None
+    if op in ("gelu", "layer_norm"):
+        if cuda_error is None:
+            yield "ours_cuda", _ours(op, "cuda"), [], None
+        else:
+            yield "ours_cuda", None, [], cuda_error
+
+
+def _inputs(
+    op: str, shape: tuple[int, int], grad: bool, device: str = "cuda"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(args, parameters) in bf16 on the GPU; random data, never zeros."""
+    tokens, width = shape
+    make = lambda *s: torch.randn(*s, device=device, dtype=torch.bfloat16).requires_grad_(grad)
+    if op == "layer_norm":
+        params = [make(width), make(width)]
+        return [make(tokens, width)] + params, params
+    if op == "rms_norm":
+        params = [make(width)]
+        return [make(tokens, width)] + params, params
+    if op == "gelu":
+        return [make(tokens, width)], []
+    return [make(tokens, width), make(tokens, width)], []
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Time every (op, shape, pass, contender); returns the results object written to JSON."""
+    from triton.testing import do_bench
+
+    started = time.monotonic()
+    for name in ("cache_size_limit", "recompile_limit"):  # one static compile per shape and op
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 256)
+    try:
+        import fused_layers.cuda  # noqa: F401  (compiles the C++ extension)
+
+        cuda_error = None
+    except Exception as exc:
+        cuda_error = repr(exc)
+    warmup, rep = (5, 20) if args.quick else (25, 80)
+    copy_bps = _copy_bandwidth(do_bench, args.quick)
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "copy_tbps": copy_bps / 1e12,
+        "fused_layers_cuda_error": cuda_error,
+        "rows": [],
+    }
+    for op in OPS:
+        shapes = QUICK_SHAPES if args.quick else (NORM_SHAPES if "norm" in op else ELEMENTWISE_SHAPES)
+        for shape in shapes:
+            for pass_name in ("fwd", "fwd+bwd"):
+                grad = pass_name == "fwd+bwd"
+                inputs, params = _inputs(op, shape, grad)
+                dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16) if grad else None
+                nbytes = _min_bytes(op, shape[0] * shape[1], pass_name)
+                row = {"op": op, "shape": list(shape), "pass": pass_name, "min_bytes": nbytes, "results": {}}
+                for name, fn, extra, error in _contenders(op, shape[1], params, cuda_error):
+                    if error is None and name == "compile" and time.monotonic() - started > args.budget_s:
+                        error = "skipped: past --budget-s"
+                    if error is not None:
+                        row["results"][name] = {"error": error}
+                        continue
+                    try:
+                        ms = _time(do_bench, fn, inputs, dy, extra, warmup, rep)
+                        row["results"][name] = {"ms": ms, "tbps": nbytes / (ms * 1e-3) / 1e12}
+                    except Exception as exc:  # one contender failing must not end the run
+                        row["results"][name] = {"error": repr(exc)[:500]}
+                _judge(row, copy_bps)
+                result["rows"].append(row)
+                inputs = params = dy = None  # free this shape's buffers before the next
+                torch.cuda.empty_cache()
+                _write(result, args.out)  # after every row: a run cut short still leaves its numbers
+    return result
+
+
+def _time(
+    do_bench: Callable,
+    fn: Callable,
+    inputs: list[torch.Tensor],
+    dy: torch.Tensor | None,
+    extra_leaves: list[torch.Tensor],
+    warmup: int,
+    rep: int,
+) -> float:
+    """Median ms of ``fn(*inputs)``, or of ``fn(*inputs).backward(dy)`` when dy is given."""
+    if dy is None:
+        with torch.no_grad():
+            return do_bench(lambda: fn(*inputs), warmup=warmup, rep=rep, return_mode="median")
+    # grads are reset to None before each timed run, so no run accumulates into another's
+    leaves = [t for t in inputs if t.requires_grad] + extra_leaves
+    return do_bench(
+        lambda: fn(*inputs).backward(dy), warmup=warmup, rep=rep, grad_to_none=leaves, return_mode="median"
+    )
+
+
+def _judge(row: dict, copy_bps: float) -> None:
+    ours = row["results"].get("ours", {})
+    others = [r["tbps"] for name, r in row["results"].items() if name in OTHERS and "tbps" in r]
+    row["best_other_tbps"] = max(others) if others else None
+    if "tbps" not in ours:
+        row["ours_pct_copy"] = None
+        row["meets_bars"] = False
+        return
+    row["ours_pct_copy"] = 100 * ours["tbps"] * 1e12 / copy_bps
+    bar = FWD_BAR if row["pass"] == "fwd" else FWDBWD_BAR
+    row["meets_copy_bar"] = row["ours_pct_copy"] >= 100 * bar
+    row["meets_best_other"] = row["best_other_tbps"] is None or ours["tbps"] >= row["best_other_tbps"]
+    row["meets_bars"] = row["meets_copy_bar"] and row["meets_best_other"]
+
+
+def _table(result: dict) -> str:
+    names = ["eager", "hf", "compile", "liger", "ours", "ours_cuda"]
+    lines = [
+        f"device: {result['device']}  date: {result['date']}  torch {result['torch']}  triton "
+        f"{result['triton']}  copy: {result['copy_tbps']:.2f} TB/s (read+write)",
+        "TB/s over the fewest bytes; bars: fwd >= 90% / fwd+bwd >= 80% of copy, and >= best of "
+        "eager/hf/compile/liger",
+        "",
+        "| op | shape | pass | " + " | ".join(names) + " | ours % copy | copy bar | >= best |",
+        "|---|---|---|" + "---|" * len(names) + "---|---|---|",
+    ]
+    for row in result["rows"]:
+        cells = []
+        for name in names:
+            r = row["results"].get(name)
+            cells.append("-" if r is None else (f"{r['tbps']:.2f}" if "tbps" in r else "err"))
+        pct = row.get("ours_pct_copy")
+        lines.append(
+            f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | {row['pass']} | " + " | ".join(cells)
+            + f" | {'-' if pct is None else f'{pct:.0f}%'} | {'yes' if row.get('meets_copy_bar') else 'NO'}"
+            + f" | {'yes' if row.get('meets_best_other') else 'NO'} |"
+        )
+    errors = {
+        f"{row['op']}/{name}": r["error"][:200]
+        for row in result["rows"]
+        for name, r in row["results"].items()
+        if "error" in r
+    }
+    if errors:
+        lines += ["", "errors (first of each op/contender):"] + [f"- {k}: {v}" for k, v in errors.items()]
+    return "\n".join(lines)
+
+
+def _write(result: dict, out: str) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    path.with_suffix(".md").write_text(_table(result) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", default="log/fused_layers_bench", help="path stem: writes STEM.json and STEM.md"
+    )
+    parser.add_argument("--quick", action="store_true", help="two small shapes, short timing: a smoke run")
+    parser.add_argument(
+        "--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 330)),
+        help="past this many seconds, skip further torch.compile contenders (their compiles dominate)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/fused_layers.py needs a CUDA device (do_bench times with CUDA events)")
+    torch.manual_seed(0)
+    result = run(args)
+    _write(result, args.out)
+    print(_table(result))
+
+
+if __name__ == "__main__":
+    main()
