@@ -39,10 +39,11 @@ class EventTable:
     correlation: np.ndarray
     value: np.ndarray
 
-    @property
-    def end_us(self) -> np.ndarray:
-        """End times (start + duration)."""
-        return self.start_us + self.dur_us
+    end_us: np.ndarray = field(init=False, repr=False)
+    """End times (start + duration), computed once: analyses read them in loops."""
+
+    def __post_init__(self) -> None:
+        self.end_us = self.start_us + self.dur_us
 
     def __len__(self) -> int:
         return len(self.start_us)
