@@ -1,0 +1,28 @@
+"""Fused GELU, LayerNorm, RMSNorm and gated-MLP layers, and ``swap`` to put them into a model.
+
+Importing this package builds nothing and needs no GPU: the CUDA C++ extension
+(``fused_layers.cuda``) compiles on its first call only.
+"""
+
+from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm
+from fused_layers.ops.gated import geglu, swiglu
+from fused_layers.ops.gelu import gelu
+from fused_layers.ops.layer_norm import layer_norm
+from fused_layers.ops.rms_norm import rms_norm
+from fused_layers.swap import LeftModule, SwapRecord, swap, unswap
+
+__all__ = [
+    "FusedGELU",
+    "FusedGatedMLP",
+    "FusedLayerNorm",
+    "FusedRMSNorm",
+    "LeftModule",
+    "SwapRecord",
+    "geglu",
+    "gelu",
+    "layer_norm",
+    "rms_norm",
+    "swap",
+    "swiglu",
+    "unswap",
+]

@@ -1,0 +1,328 @@
+"""Swap a model's layers for fused ones: one table (source -> fused factory) and one walker.
+
+``swap(model)`` walks ``model.named_modules()`` once, replaces each module that a row of ``TABLE``
+matches, in place, keeping its Parameter objects (so optimizer state, device and dtype are
+unchanged), and returns a :class:`SwapRecord` of what it replaced and what it left and why.
+``unswap(model)`` puts the original modules back; ``with swap(model): ...`` does it on exit.
+
+Hugging Face classes are looked up in ``sys.modules`` only: a model that holds them has already
+imported them, and a process without transformers swaps the torch modules alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm
+
+__all__ = ["OPS", "TABLE", "LeftModule", "SwapRecord", "swap", "unswap"]
+
+logger = logging.getLogger(__name__)
+
+#: The ops ``swap`` knows, each the ``op`` of rows of ``TABLE``.
+OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp")
+
+#: Activation classes ("module:Class") -> the fused form: "tanh"/"none" (GELU) or "silu".
+#: Used for plain activation modules and for a gated MLP's ``act_fn``.
+ACTIVATIONS: dict[str, str | Callable[[nn.Module], str]] = {
+    "torch.nn:GELU": lambda module: module.approximate,
+    "torch.nn:SiLU": "silu",
+    "transformers.activations:GELUActivation": "none",
+    "transformers.activations:NewGELUActivation": "tanh",
+    "transformers.activations:GELUTanh": "tanh",
+    "transformers.activations:PytorchGELUTanh": "tanh",
+    "transformers.activations:FastGELUActivation": "tanh",
+    "transformers.activations:SiLUActivation": "silu",
+}
+
+_RECORDS_ATTR = "_fused_layers_swap_records"
+# Names of modules that are listed as left (no row) when nothing replaced them: norms and GELUs.
+_NEAR_MISS = re.compile(r"Norm|GELU|Gelu")
+
+
+class _Leave(Exception):
+    """Raised by a factory: the module looked like a match but must stay; the message says why."""
+
+
+def _resolve(spec: str) -> type | None:
+    """Return the class named by "module:Class", or None when its module is not imported or lacks it."""
+    module_name, _, class_name = spec.partition(":")
+    return getattr(sys.modules.get(module_name), class_name, None)
+
+
+def _is_plain(module: nn.Module, spec: str) -> bool:
+    """``module`` is an instance of ``spec`` whose class does not override ``forward``."""
+    cls = _resolve(spec)
+    return cls is not None and isinstance(module, cls) and type(module).forward is cls.forward
+
+
+def _activation_kind(module: nn.Module) -> str | None:
+    for spec, kind in ACTIVATIONS.items():
+        if _is_plain(module, spec):
+            return kind(module) if callable(kind) else kind
+    return None
+
+
+# ---- predicates ----------------------------------------------------------------------------------
+
+
+def _is_gelu(module: nn.Module) -> bool:
+    return _activation_kind(module) in ("tanh", "none")
+
+
+def _rms_eps(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def _looks_like_rms_norm(module: nn.Module) -> bool:
+    """An ``...RMSNorm`` with exactly one 1-D parameter ``weight``, an eps, and no submodules."""
+    params = list(module.named_parameters())
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and len(params) == 1
+        and params[0][0] == "weight"
+        and params[0][1].dim() == 1
+        and _rms_eps(module) is not None
+        and not list(module.children())
+    )
+
+
+def _looks_like_gated_mlp(module: nn.Module) -> bool:
+    """Llama-style: ``gate_proj``, ``up_proj``, ``down_proj`` Linears and an ``act_fn`` module."""
+    linears = ("gate_proj", "up_proj", "down_proj")
+    return all(isinstance(getattr(module, name, None), nn.Linear) for name in linears) and isinstance(
+        getattr(module, "act_fn", None), nn.Module
+    )
+
+
+# ---- factories: (module, backend) -> fused module, or raise _Leave(reason) -------------------------
+
+
+def _fused_layer_norm(module: nn.Module, backend: str | None) -> nn.Module:
+    if len(module.normalized_shape) != 1:
+        raise _Leave(
+            f"normalized_shape {tuple(module.normalized_shape)} spans more than the last dim; "
+            "the fused kernel normalises the last dim only"
+        )
+    return FusedLayerNorm.from_layer_norm(module, backend)
+
+
+def _fused_gelu(module: nn.Module, backend: str | None) -> nn.Module:
+    return FusedGELU(_activation_kind(module), backend)
+
+
+def _fused_rms_norm(module: nn.Module, backend: str | None) -> nn.Module:
+    return FusedRMSNorm(module.weight, _rms_eps(module), backend)
+
+
+def _fused_gated_mlp(module: nn.Module, backend: str | None) -> nn.Module:
+    extra = sorted(set(dict(module.named_children())) - {"gate_proj", "up_proj", "down_proj", "act_fn"})
+    if extra:
+        raise _Leave(f"extra submodules {extra} that the fused forward would skip")
+    activation = _activation_kind(module.act_fn)
+    if activation is None:
+        raise _Leave(f"act_fn {type(module.act_fn).__name__} has no fused gated kernel (SiLU or GELU only)")
+    return FusedGatedMLP(module.gate_proj, module.up_proj, module.down_proj, activation, backend)
+
+
+# Tolerances of the forward check: randn inputs, outputs of order 1.
+_CHECK_TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def _verified(factory: Callable[[nn.Module, str | None], nn.Module], width: Callable[[nn.Module], int]):
+    """Wrap ``factory``: build the fused module on the plain-torch backend, compare its forward with
+    the original's on a small seeded random input, and keep it only when they agree."""
+
+    def build(module: nn.Module, backend: str | None) -> nn.Module:
+        fused = factory(module, "torch")
+        param = next(module.parameters())
+        if param.device.type == "meta":
+            raise _Leave("parameters on the meta device: its forward cannot be checked")
+        # A private generator: the check must not move the caller's RNG streams.
+        generator = torch.Generator(device=param.device).manual_seed(0)
+        x = torch.randn(4, width(module), generator=generator, device=param.device, dtype=param.dtype)
+        with torch.no_grad():
+            expected, got = module(x), fused(x)
+        atol, rtol = _CHECK_TOLERANCE.get(param.dtype, (1e-2, 1e-2))
+        if not isinstance(expected, torch.Tensor) or expected.shape != got.shape:
+            raise _Leave("forward returns something other than one tensor of the input's shape")
+        if not torch.allclose(expected.float(), got.float(), atol=atol, rtol=rtol):
+            diff = (expected.float() - got.float()).abs().max().item()
+            raise _Leave(
+                f"forward differs from the fused op's reference (max abs diff {diff:.3g} on a random "
+                "input), e.g. a (1 + weight) scale or another variant"
+            )
+        fused.backend = backend
+        return fused
+
+    return build
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of ``TABLE``: modules matching ``source`` become ``factory(module, backend)``.
+
+    ``source`` is "module:Class" (instances of that class that keep its forward) or a predicate.
+    """
+
+    op: str
+    source: str | Callable[[nn.Module], bool]
+    factory: Callable[[nn.Module, str | None], nn.Module]
+
+    def matches(self, module: nn.Module) -> bool:
+        """Whether this row applies to ``module``."""
+        return _is_plain(module, self.source) if isinstance(self.source, str) else self.source(module)
+
+
+#: The swap table, first match wins.
+TABLE: tuple[Rule, ...] = (
+    Rule("layer_norm", "torch.nn:LayerNorm", _fused_layer_norm),
+    Rule("gelu", _is_gelu, _fused_gelu),
+    Rule("rms_norm", "transformers.models.llama.modeling_llama:LlamaRMSNorm", _fused_rms_norm),
+    Rule("rms_norm", _looks_like_rms_norm, _verified(_fused_rms_norm, lambda m: m.weight.shape[0])),
+    Rule("gated_mlp", _looks_like_gated_mlp, _verified(_fused_gated_mlp, lambda m: m.gate_proj.in_features)),
+)
+
+
+@dataclass(frozen=True)
+class LeftModule:
+    """A module ``swap`` looked at and did not replace."""
+
+    path: str
+    class_name: str
+    reason: str
+
+
+@dataclass
+class _Replacement:
+    path: str
+    parent: nn.Module
+    name: str
+    original: nn.Module
+    fused: nn.Module
+
+
+@dataclass
+class SwapRecord:
+    """What one ``swap`` call did.
+
+    ``replaced``: source class name -> count; ``replaced_paths``: module paths replaced, in walk
+    order; ``left``: modules that matched a row (or look like a norm/GELU) but stayed, with why.
+    Also a context manager: leaving the ``with`` block restores the original modules.
+    """
+
+    replaced: dict[str, int] = field(default_factory=dict)
+    replaced_paths: list[str] = field(default_factory=list)
+    left: list[LeftModule] = field(default_factory=list)
+    _replacements: list[_Replacement] = field(default_factory=list, repr=False)
+    _model: nn.Module | None = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        """One line: counts replaced per class and how many modules were left."""
+        counts = ", ".join(f"{name} x{count}" for name, count in sorted(self.replaced.items())) or "nothing"
+        return f"replaced {counts}; left {len(self.left)}"
+
+    def __enter__(self) -> SwapRecord:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._model is not None:
+            unswap(self._model, self)
+
+
+def _ancestors(path: str) -> Iterable[str]:
+    while "." in path:
+        path = path.rpartition(".")[0]
+        yield path
+
+
+def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None) -> SwapRecord:
+    """Replace ``model``'s layers by fused ones in place and return the record of what changed.
+
+    ``ops`` picks rows of ``TABLE`` by op name (``OPS``); ``backend`` is passed to every fused op
+    (None: each op's default). A module whose factory fails unexpectedly is left with a warning,
+    never half-replaced.
+    """
+    ops = tuple(ops)
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        raise ValueError(f"fused_layers.swap: unknown ops {unknown}; expected some of {OPS}")
+    record = SwapRecord(_model=model)
+    fused_by_original: dict[int, nn.Module] = {}  # a module registered under two paths gets one fused
+    counts: Counter[str] = Counter()
+    replaced: set[str] = set()
+    for path, module in list(model.named_modules(remove_duplicate=False)):
+        if any(ancestor in replaced for ancestor in _ancestors(path)):
+            continue  # inside a block that was replaced as a whole
+        class_name = type(module).__name__
+        rule = next((row for row in TABLE if row.matches(module)), None)
+        if rule is None:
+            if _NEAR_MISS.search(class_name) and not class_name.startswith("Fused"):
+                record.left.append(LeftModule(path, class_name, "no row in fused_layers.swap.TABLE"))
+            continue
+        if rule.op not in ops:
+            record.left.append(LeftModule(path, class_name, f"op {rule.op!r} not in ops"))
+            continue
+        if not path:
+            record.left.append(LeftModule(path, class_name, "the root module cannot be replaced in place"))
+            continue
+        fused = fused_by_original.get(id(module))
+        if fused is None:
+            try:
+                fused = rule.factory(module, backend)
+            except _Leave as reason:
+                record.left.append(LeftModule(path, class_name, str(reason)))
+                continue
+            except Exception as error:  # a failure must not stop the user's run: leave it, say so
+                warnings.warn(
+                    f"fused_layers.swap: left {path} ({class_name}): {error!r}", RuntimeWarning, stacklevel=2
+                )
+                record.left.append(LeftModule(path, class_name, f"fused factory failed: {error!r}"))
+                continue
+            fused_by_original[id(module)] = fused
+        parent_path, _, name = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        setattr(parent, name, fused)
+        record._replacements.append(_Replacement(path, parent, name, module, fused))
+        record.replaced_paths.append(path)
+        replaced.add(path)
+        counts[class_name] += 1
+    record.replaced = dict(counts)
+    model.__dict__.setdefault(_RECORDS_ATTR, []).append(record)
+    logger.info("fused_layers.swap: %s", record.summary())
+    return record
+
+
+def unswap(model: nn.Module, record: SwapRecord | None = None) -> None:
+    """Put back the original modules of ``record`` (default: of every ``swap`` on ``model``, newest first).
+
+    A slot whose module was changed after the swap is left as it is, with a warning.
+    """
+    records: list[SwapRecord] = model.__dict__.get(_RECORDS_ATTR, [])
+    chosen = list(reversed(records)) if record is None else [r for r in records if r is record]
+    for current in chosen:
+        for replacement in reversed(current._replacements):
+            slot = replacement.parent._modules.get(replacement.name)
+            if slot is replacement.fused:
+                setattr(replacement.parent, replacement.name, replacement.original)
+            else:
+                warnings.warn(
+                    f"fused_layers.unswap: {replacement.path} was changed after the swap; left as it is",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        records.remove(current)

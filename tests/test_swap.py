@@ -1,0 +1,271 @@
+"""fused_layers.swap on tiny GPT-2, Llama and BERT built from configs, and on plain torch modules.
+
+Runs the fused ops' Triton kernels (under TRITON_INTERPRET=1 without a GPU, set by conftest).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import fused_layers
+from fused_layers import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm, swap, unswap
+from fused_layers.ops._dispatch import resolve_backend
+
+transformers = pytest.importorskip("transformers")
+from transformers import activations  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
+
+VOCAB = 128
+SEQ = 16
+BATCH = 2
+TRAIN_STEPS = 20
+
+
+def _gpt2() -> nn.Module:
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _llama() -> nn.Module:
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _bert() -> nn.Module:
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+    )
+    return transformers.BertForMaskedLM(config)
+
+
+# family -> (builder, source classes whose every instance swap must replace)
+FAMILIES = {
+    "gpt2": (_gpt2, (nn.LayerNorm, activations.NewGELUActivation)),
+    "llama": (_llama, (LlamaRMSNorm, LlamaMLP)),
+    "bert": (_bert, (nn.LayerNorm, activations.GELUActivation)),
+}
+FUSED = (FusedLayerNorm, FusedGELU, FusedRMSNorm, FusedGatedMLP)
+
+
+def _build(family: str) -> nn.Module:
+    torch.manual_seed(0)
+    return FAMILIES[family][0]()
+
+
+def _batches(n: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(1, VOCAB, (BATCH, SEQ), generator=generator) for _ in range(n)]
+
+
+def _loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+def _classes(model: nn.Module) -> dict[str, type]:
+    return {path: type(module) for path, module in model.named_modules()}
+
+
+def test_triton_path_is_exercised():
+    x = torch.randn(4, 8)
+    expected = "triton" if (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") else "torch"
+    assert resolve_backend("layer_norm", None, x) == expected == "triton"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_swap_matches_logits_and_records_exactly(family):
+    model = _build(family).eval()
+    swapped = copy.deepcopy(model)
+    sources = FAMILIES[family][1]
+    expected_paths = {path for path, m in model.named_modules() if type(m) in sources}
+    keys_before = list(swapped.state_dict())
+
+    record = swap(swapped)
+
+    assert set(record.replaced_paths) == expected_paths
+    assert len(record.replaced_paths) == len(expected_paths)
+    assert sum(record.replaced.values()) == len(expected_paths)
+    assert set(record.replaced) == {cls.__name__ for cls in sources}
+    assert record.left == []
+    assert all(isinstance(swapped.get_submodule(path), FUSED) for path in expected_paths)
+    assert list(swapped.state_dict()) == keys_before
+    ids = _batches(1)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(swapped(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_curve_tracks_unswapped(family):
+    reference = _build(family).train()
+    fused = copy.deepcopy(reference)
+    swap(fused)
+    batches = _batches(2)
+    curves = {}
+    for name, model in (("reference", reference), ("fused", fused)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        # Two fixed batches in turn: a curve that falls well below ln(VOCAB) within 20 steps.
+        for step in range(TRAIN_STEPS):
+            ids = batches[step % len(batches)]
+            loss = _loss(model, ids)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        curves[name] = losses
+    diffs = [abs(a - b) for a, b in zip(curves["reference"], curves["fused"], strict=True)]
+    assert max(diffs) < 1e-3, (curves, diffs)
+    assert curves["fused"][-1] < 0.8 * curves["fused"][0]  # it learns
+    assert abs(curves["fused"][-1] - curves["reference"][-1]) / curves["reference"][-1] < 0.01
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unswap_and_context_manager_restore_originals(family):
+    model = _build(family)
+    classes = _classes(model)
+    params = {name: id(p) for name, p in model.named_parameters()}
+
+    record = swap(model)
+    assert record.replaced_paths
+    assert _classes(model) != classes
+    assert {name: id(p) for name, p in model.named_parameters()} == params  # same Parameter objects
+    unswap(model)
+    assert _classes(model) == classes
+    assert {name: id(p) for name, p in model.named_parameters()} == params
+
+    with swap(model) as record:
+        assert all(isinstance(model.get_submodule(path), FUSED) for path in record.replaced_paths)
+    assert _classes(model) == classes
+    unswap(model)  # nothing left to undo: a no-op
+    assert _classes(model) == classes
+
+
+class _StructuralRMSNorm(nn.Module):
+    """Another family's RMSNorm copied from Llama (eps attribute named ``eps``)."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class _OnePlusRMSNorm(_StructuralRMSNorm):
+    """Gemma's variant: scales by (1 + weight), which the fused rms_norm does not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (1.0 + self.weight) * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class _GatedMLP(nn.Module):
+    def __init__(self, act_fn: nn.Module, width: int = 16) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(width, 2 * width, bias=False)
+        self.up_proj = nn.Linear(width, 2 * width, bias=False)
+        self.down_proj = nn.Linear(2 * width, width, bias=False)
+        self.act_fn = act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_torch_modules_structural_matches_and_left_reasons():
+    torch.manual_seed(0)
+    shared = nn.LayerNorm(16)
+    model = nn.ModuleDict(
+        {
+            "ln": nn.LayerNorm(16, elementwise_affine=False),
+            "ln_nobias": nn.LayerNorm(16, bias=False),
+            "ln_2d": nn.LayerNorm((4, 16)),
+            "gelu_erf": nn.GELU(),
+            "gelu_tanh": nn.GELU(approximate="tanh"),
+            "fast_gelu": activations.FastGELUActivation(),
+            "quick_gelu": activations.QuickGELUActivation(),
+            "rms": _StructuralRMSNorm(16),
+            "one_plus_rms": _OnePlusRMSNorm(16),
+            "swiglu_mlp": _GatedMLP(nn.SiLU()),
+            "geglu_mlp": _GatedMLP(activations.GELUTanh()),
+            "relu_mlp": _GatedMLP(nn.ReLU()),
+            "a": nn.Sequential(shared),
+            "b": nn.Sequential(shared),
+        }
+    )
+    x = torch.randn(3, 4, 16)
+    with torch.no_grad():
+        expected = {name: model[name](x) for name in model}
+
+    record = swap(model)
+
+    left = {item.path: item for item in record.left}
+    assert set(left) == {"ln_2d", "quick_gelu", "one_plus_rms", "relu_mlp"}
+    assert "last dim" in left["ln_2d"].reason
+    assert "differs" in left["one_plus_rms"].reason
+    assert "ReLU" in left["relu_mlp"].reason
+    assert "TABLE" in left["quick_gelu"].reason
+    assert record.replaced == {
+        "LayerNorm": 4,
+        "GELU": 2,
+        "FastGELUActivation": 1,
+        "_StructuralRMSNorm": 1,
+        "_GatedMLP": 2,
+    }
+    assert model["a"][0] is model["b"][0]  # a module shared by two paths stays shared
+    assert model["gelu_tanh"].approximate == "tanh" and model["gelu_erf"].approximate == "none"
+    assert model["geglu_mlp"].activation == "tanh" and model["swiglu_mlp"].activation == "silu"
+    with torch.no_grad():
+        for name in model:
+            torch.testing.assert_close(model[name](x), expected[name], atol=1e-5, rtol=1e-4)
+    unswap(model)
+    assert type(model["rms"]) is _StructuralRMSNorm and model["a"][0] is shared
+
+
+def test_ops_subset_and_unknown_op():
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU())
+    record = swap(model, ops=("gelu",))
+    assert record.replaced == {"GELU": 1}
+    assert [(item.path, item.reason) for item in record.left] == [("1", "op 'layer_norm' not in ops")]
+    with pytest.raises(ValueError, match="unknown ops"):
+        swap(model, ops=("softmax",))
+
+
+def test_package_exports():
+    for name in ("gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "swap", "unswap", "SwapRecord"):
+        assert hasattr(fused_layers, name), name
