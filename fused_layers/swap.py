@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm
+from fused_layers.ops._dispatch import _CUDA_OPS
 
 __all__ = ["OPS", "TABLE", "LeftModule", "SwapRecord", "swap", "unswap"]
 
@@ -254,8 +255,8 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
     """Replace ``model``'s layers by fused ones in place and return the record of what changed.
 
     ``ops`` picks rows of ``TABLE`` by op name (``OPS``); ``backend`` is passed to every fused op
-    (None: each op's default). A module whose factory fails unexpectedly is left with a warning,
-    never half-replaced.
+    (None: each op's default; "cuda" applies to gelu and layer_norm, the others keep their
+    default). A module whose factory fails unexpectedly is left with a warning, never half-replaced.
     """
     ops = tuple(ops)
     unknown = sorted(set(ops) - set(OPS))
@@ -282,8 +283,10 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
             continue
         fused = fused_by_original.get(id(module))
         if fused is None:
+            # The CUDA C++ extension has gelu and layer_norm only; other ops keep their default.
+            rule_backend = None if backend == "cuda" and rule.op not in _CUDA_OPS else backend
             try:
-                fused = rule.factory(module, backend)
+                fused = rule.factory(module, rule_backend)
             except _Leave as reason:
                 record.left.append(LeftModule(path, class_name, str(reason)))
                 continue

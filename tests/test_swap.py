@@ -269,3 +269,12 @@ def test_ops_subset_and_unknown_op():
 def test_package_exports():
     for name in ("gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "swap", "unswap", "SwapRecord"):
         assert hasattr(fused_layers, name), name
+
+
+def test_cuda_backend_only_where_the_extension_has_the_op():
+    model = nn.ModuleDict(
+        {"ln": nn.LayerNorm(8), "rms": _StructuralRMSNorm(8), "mlp": _GatedMLP(nn.SiLU(), 8)}
+    )
+    swap(model, backend="cuda")  # builds nothing: the backend is only stored until a forward
+    assert model["ln"].backend == "cuda"
+    assert model["rms"].backend is None and model["mlp"].backend is None

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from fused_layers.cuda._build import CudaExtensionUnavailable, load_extension
 
-__all__ = ["CudaExtensionUnavailable", "gelu", "layer_norm"]
+__all__ = ["CudaExtensionUnavailable", "gelu", "layer_norm", "load_extension"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _GELU_APPROXIMATIONS = ("tanh", "none")
