@@ -150,7 +150,8 @@ def test_rms_norm_matches_llama(dtype, weight_dtype):
     # nearest even as the GPU does, so under it bf16 gets two roundings' worth of slack and no
     # bit-equality check; tests/gpu/test_ops_gpu.py checks that on the GPU.
     interpreted_bf16 = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    ulps = 4 if ref.dtype == torch.float32 and dtype == torch.float32 else 1
+    # fp16/bf16: a last-place difference in x_normed, times the weight, rounded again: 2 ulps
+    ulps = 4 if ref.dtype == torch.float32 and dtype == torch.float32 else 2
     eps_in = torch.finfo(dtype).eps  # x_normed is rounded to the input dtype
     bound = (ulps * torch.finfo(ref.dtype).eps + (2 * eps_in if interpreted_bf16 else 0)) * ref.float().abs()
     assert bool((diff <= bound).all()), f"max diff {diff.max().item()}"

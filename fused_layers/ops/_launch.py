@@ -11,36 +11,49 @@ import functools
 import torch
 import triton
 
-# Elementwise ops: 4096 elements and 8 warps is 16 elements per thread, i.e. two 16-byte
-# vector loads per input for bf16; blocks this large keep launch and tail costs small next to
-# the bytes each program moves, which is what decides the speed of a memory-bound op.
-FLAT_BLOCK = 4096
-FLAT_WARPS = 8
+# Elementwise ops: 1024 elements over 4 warps is 8 elements per thread, one 16-byte vector
+# load per input in bf16. Measured on an H200 (2026-11-21, swiglu/geglu bf16, 32768x4096 and
+# 8192x11008): 1024/4 reached 99-100% of copy bandwidth, 4096/8 1-2% less, 8192/4 12% less.
+FLAT_BLOCK = 1024
+FLAT_WARPS = 4
 
 # Norms: a row up to this width is held in registers in one block (one read of x); wider rows
 # take the looped path that walks the row in chunks of LOOP_BLOCK (re-reading it, from L2).
 # 16384 fp32 values over 16 warps is 32 registers per thread for x: no spills.
 MAX_FUSED_WIDTH = 16384
 LOOP_BLOCK = 4096
-# Narrow rows are packed into one 2-D tile of about this many elements per program, so each
-# program still moves some 8-16 KiB of bf16: one 1024-wide row alone is too little work.
-TILE_ELEMENTS = 4096
+# Narrow rows are packed into one 2-D tile of about this many elements per program (a 1024-wide
+# row alone is little work), and num_warps is set so each thread holds ELEMENTS_PER_THREAD fp32
+# values of it (clamped to 4..16 warps). Fewer, fuller warps won on an H200 (2026-11-21, bf16
+# sweep of tile 2048..16384 x 8..32 per thread): each row statistic is a cross-warp reduction,
+# and fewer warps make it cheaper. Forward at 2048 / 32: 3.95-4.08 TB/s at widths 1024-8192
+# against 3.48-3.94 at 4096 / 16; width 16384 was 3.73 in every setting.
+TILE_ELEMENTS = 2048
+ELEMENTS_PER_THREAD = 32
+# Backward: 4096 / 32 (4 warps at width <= 4096). At width 1024, 16 warps ran at a third of
+# the speed of 8; fewer warps again is the same direction, unmeasured as of this commit.
+BWD_TILE_ELEMENTS = 4096
+BWD_ELEMENTS_PER_THREAD = 32
+# Warps per SM the persistent backward grid aims to keep resident (see persistent_programs).
+RESIDENT_WARPS_PER_SM = 32
 
 
 def flat_config(n_elements: int) -> tuple[int, int, int]:
     """Return (grid size, BLOCK, num_warps) for a flat elementwise kernel over ``n_elements``."""
     block = min(FLAT_BLOCK, max(16, triton.next_power_of_2(n_elements)))
-    num_warps = FLAT_WARPS if block >= FLAT_BLOCK else 4
+    num_warps = FLAT_WARPS if block >= FLAT_BLOCK else min(FLAT_WARPS, 4)
     return triton.cdiv(n_elements, block), block, num_warps
 
 
-def row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
+def row_tile(n_rows: int, width: int, backward: bool = False) -> tuple[int, int, int]:
     """Return (ROWS, BLOCK_N, num_warps) for a norm whose row fits one block (width <= MAX_FUSED_WIDTH)."""
     block_n = max(16, triton.next_power_of_2(width))
-    rows = max(1, min(TILE_ELEMENTS // block_n, triton.next_power_of_2(max(n_rows, 1))))
-    # About 16 fp32 values per thread (rows * block_n / (32 * warps)); 4 warps at least so
-    # small tiles still hide latency, 16 at most so wide rows keep several programs per SM.
-    num_warps = min(16, max(4, rows * block_n // 512))
+    tile = BWD_TILE_ELEMENTS if backward else TILE_ELEMENTS
+    per_thread = BWD_ELEMENTS_PER_THREAD if backward else ELEMENTS_PER_THREAD
+    rows = max(1, min(tile // block_n, triton.next_power_of_2(max(n_rows, 1))))
+    # About per_thread fp32 values per thread (rows * block_n / (32 * warps)); 4 warps at least
+    # so small tiles still hide latency, 16 at most so wide rows keep several programs per SM.
+    num_warps = min(16, max(4, rows * block_n // (32 * per_thread)))
     return rows, block_n, num_warps
 
 
@@ -64,7 +77,7 @@ def persistent_programs(work_items: int, num_warps: int, device: torch.device) -
     """
     if device.type == "cuda":
         slots = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        slots *= max(1, 32 // num_warps)
+        slots *= max(1, RESIDENT_WARPS_PER_SM // num_warps)
     else:
         # Triton's CPU interpreter runs programs one after another: few programs, less overhead.
         slots = 4

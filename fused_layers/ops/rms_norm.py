@@ -97,13 +97,14 @@ def _rms_norm_bwd_fused(
     COMPUTE_DW: tl.constexpr,
 ):
     # Persistent: program p handles row tiles p, p + P, ... and keeps its dweight sum in
-    # registers, writing one (N,) partial row at the end.
+    # registers, writing one (N,) partial row at the end; the sum stays (ROWS, BLOCK_N) until
+    # then, as summing over the tile's rows every iteration is a cross-warp reduction.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     for tile in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
@@ -123,9 +124,9 @@ def _rms_norm_bwd_fused(
         tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             # the weight saw x_hat rounded to the input dtype (Llama casting)
-            dw_acc += tl.sum(dy * x_hat.to(x.dtype).to(tl.float32), axis=0)
+            dw_acc += dy * x_hat.to(x.dtype).to(tl.float32)
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+        tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -213,7 +214,7 @@ def _rms_norm_backward(
         return dx, torch.zeros(width, dtype=torch.float32, device=x2d.device) if compute_dw else None
     fused = width <= _launch.MAX_FUSED_WIDTH
     if fused:
-        rows, block_n, num_warps = _launch.row_tile(n_rows, width)
+        rows, block_n, num_warps = _launch.row_tile(n_rows, width, backward=True)
         programs = _launch.persistent_programs(triton.cdiv(n_rows, rows), num_warps, x2d.device)
     else:
         num_warps = _launch.loop_warps()

@@ -70,8 +70,10 @@ def test_rms_norm_matches_llama_cuda(dtype):
     out = rms_norm(x, module.weight, eps=1e-6, backend="triton")
     assert out.dtype == ref.dtype
     diff = (out.float() - ref.float()).abs()
-    ulps = 4 if dtype == torch.float32 else 1
-    assert bool((diff <= ulps * torch.finfo(dtype).eps * ref.float().abs()).all())
+    # a last-place difference in x_normed, times the weight, rounded again: two ulps at most
+    ulps = 4 if dtype == torch.float32 else 2
+    bound = ulps * torch.finfo(dtype).eps * ref.float().abs() + torch.finfo(dtype).tiny
+    assert bool((diff <= bound).all()), f"max diff {diff.max().item()}"
     if dtype != torch.float32:
         assert (diff == 0).float().mean().item() >= 0.99
 
