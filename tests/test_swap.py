@@ -148,7 +148,7 @@ def test_training_curve_tracks_unswapped(family):
             losses.append(loss.item())
         curves[name] = losses
     diffs = [abs(a - b) for a, b in zip(curves["reference"], curves["fused"], strict=True)]
-    assert max(diffs) < 1e-3, (curves, diffs)
+    assert max(diffs) < 1e-4, (curves, diffs)  # measured ~5e-7 in fp32
     assert curves["fused"][-1] < 0.8 * curves["fused"][0]  # it learns
     assert abs(curves["fused"][-1] - curves["reference"][-1]) / curves["reference"][-1] < 0.01
 

@@ -290,14 +290,20 @@ __global__ void __launch_bounds__(1024) layer_norm_forward_looped_kernel(
 }
 
 // ---------------------------------------------------------------------------------------------
-// LayerNorm backward, input gradient. With x_hat = (x - mean) * rstd and g = dy * weight:
-//   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))
+// LayerNorm backward. With x_hat = (x - mean) * rstd and g = dy * weight:
+//   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)),  dweight = sum_rows dy * x_hat,
+//   dbias = sum_rows dy.
 // x_hat is recomputed from the saved fp32 mean/rstd; the two row sums share one reduction.
 // ---------------------------------------------------------------------------------------------
+
+// Loads pack p of a row as x_hat and g; when acc_dw/acc_db are given (a thread's own shared-memory
+// accumulators, laid out [VEC][n_packs] so that a warp's lanes hit consecutive banks), adds
+// dy * x_hat and dy to them.
 template <typename T, int VEC>
 __device__ __forceinline__ void load_xhat_g(const T* __restrict__ dy_row, const T* __restrict__ x_row,
                                             const T* __restrict__ weight, int p, float mean, float rstd,
-                                            float (&xhat)[VEC], float (&g)[VEC]) {
+                                            float (&xhat)[VEC], float (&g)[VEC], float* acc_dw = nullptr,
+                                            float* acc_db = nullptr, int n_packs = 0) {
   using P = Pack<T, VEC>;
   const P d = reinterpret_cast<const P*>(dy_row)[p];
   const P in = reinterpret_cast<const P*>(x_row)[p];
@@ -305,6 +311,14 @@ __device__ __forceinline__ void load_xhat_g(const T* __restrict__ dy_row, const 
   for (int j = 0; j < VEC; ++j) {
     xhat[j] = (to_float(in.v[j]) - mean) * rstd;
     g[j] = to_float(d.v[j]);
+  }
+  if (acc_dw != nullptr) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc_dw[j * n_packs + p] += g[j] * xhat[j];
+  }
+  if (acc_db != nullptr) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc_db[j * n_packs + p] += g[j];
   }
   if (weight != nullptr) {
     const P w = reinterpret_cast<const P*>(weight)[p];
@@ -323,16 +337,38 @@ __device__ __forceinline__ void store_dx(const float (&xhat)[VEC], const float (
   reinterpret_cast<P*>(dx_row)[p] = out;
 }
 
+// Register path. With dweight_part/dbias_part set, the grid is persistent (a few blocks per SM
+// striding over rows): each thread sums dy * x_hat and dy for the columns it owns (the same ones
+// in every row) in dynamic shared memory, and at the end writes them as row
+// blockIdx.x * blockDim.y + threadIdx.y of the fp32 partials, which torch.sum reduces. Shared
+// memory, not registers, because x_hat and g already take 2 x PACKS x VEC registers per thread.
 template <typename T, int VEC, int PACKS>
-__global__ void __launch_bounds__(512) layer_norm_backward_dx_kernel(
-    const T* __restrict__ dy,        // [M, N]
-    const T* __restrict__ x,         // [M, N]
-    const T* __restrict__ weight,    // [N] or nullptr
-    const float* __restrict__ mean,  // [M]
-    const float* __restrict__ rstd,  // [M]
-    T* __restrict__ dx,              // [M, N]
+__global__ void __launch_bounds__(512, 1) layer_norm_backward_dx_kernel(
+    const T* __restrict__ dy,            // [M, N]
+    const T* __restrict__ x,             // [M, N]
+    const T* __restrict__ weight,        // [N] or nullptr
+    const float* __restrict__ mean,      // [M]
+    const float* __restrict__ rstd,      // [M]
+    T* __restrict__ dx,                  // [M, N]
+    float* __restrict__ dweight_part,    // [gridDim.x * blockDim.y, N] or nullptr
+    float* __restrict__ dbias_part,      // [gridDim.x * blockDim.y, N] or nullptr
     int64_t M, int N) {
+  extern __shared__ float partials_smem[];  // [2, blockDim.y, VEC, n_packs] when partials are wanted
   const int n_packs = N / VEC;
+  float* acc_dw = dweight_part != nullptr ? partials_smem + (size_t)threadIdx.y * N : nullptr;
+  float* acc_db = dbias_part != nullptr ? partials_smem + (size_t)(blockDim.y + threadIdx.y) * N : nullptr;
+  // Each thread zeroes, updates and reads back only its own entries: no __syncthreads needed.
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+    const int p = threadIdx.x + k * blockDim.x;
+    if (p < n_packs) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (acc_dw != nullptr) acc_dw[j * n_packs + p] = 0.0f;
+        if (acc_db != nullptr) acc_db[j * n_packs + p] = 0.0f;
+      }
+    }
+  }
   for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < M;
        row += (int64_t)gridDim.x * blockDim.y) {
     const float mu = mean[row];
@@ -344,7 +380,8 @@ __global__ void __launch_bounds__(512) layer_norm_backward_dx_kernel(
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (p < n_packs) {
-        load_xhat_g<T, VEC>(dy + row * N, x + row * N, weight, p, mu, rs, xhat[k], g[k]);
+        load_xhat_g<T, VEC>(dy + row * N, x + row * N, weight, p, mu, rs, xhat[k], g[k], acc_dw, acc_db,
+                            n_packs);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           sums.a += g[k][j];
@@ -359,6 +396,18 @@ __global__ void __launch_bounds__(512) layer_norm_backward_dx_kernel(
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (p < n_packs) store_dx<T, VEC>(xhat[k], g[k], rs, mean_g, mean_gx, dx + row * N, p);
+    }
+  }
+  const int64_t out_row = ((int64_t)blockIdx.x * blockDim.y + threadIdx.y) * N;
+#pragma unroll
+  for (int k = 0; k < PACKS; ++k) {
+    const int p = threadIdx.x + k * blockDim.x;
+    if (p < n_packs) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (dweight_part != nullptr) dweight_part[out_row + p * VEC + j] = acc_dw[j * n_packs + p];
+        if (dbias_part != nullptr) dbias_part[out_row + p * VEC + j] = acc_db[j * n_packs + p];
+      }
     }
   }
 }
@@ -400,10 +449,11 @@ __global__ void __launch_bounds__(512) layer_norm_backward_dx_looped_kernel(
 }
 
 // ---------------------------------------------------------------------------------------------
-// LayerNorm backward, weight and bias gradients: dweight = sum_rows dy * x_hat, dbias = sum_rows dy.
-// Persistent grid: blockIdx.x picks a tile of column packs (one pack per thread, so a warp reads
-// 512 contiguous bytes per row), blockIdx.y strides over rows; each thread keeps its VEC partial
-// sums in fp32 registers and writes one row of partials [gridDim.y, N], summed by torch.sum.
+// LayerNorm backward, weight and bias gradients on the looped path (or where the register path's
+// shared-memory accumulators would not fit): a second pass over dy and x. Persistent grid:
+// blockIdx.x picks a tile of column packs (one pack per thread, so a warp reads 512 contiguous
+// bytes per row), blockIdx.y strides over rows; each thread keeps its VEC partial sums in fp32
+// registers and writes one row of partials [gridDim.y, N], summed by torch.sum.
 // ---------------------------------------------------------------------------------------------
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) layer_norm_backward_dwdb_kernel(
@@ -601,35 +651,88 @@ void launch_layer_norm_forward(const torch::Tensor& x, const std::optional<torch
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+int max_shared_memory_optin() {
+  int device = 0;
+  int bytes = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+// Blocks for a persistent launch: as many as fit on the GPU at once, at most `needed`.
+template <typename Kernel>
+int persistent_blocks(Kernel kernel, int threads, size_t smem_bytes, int needed) {
+  if (smem_bytes > 48 * 1024) {
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+  }
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  TORCH_CHECK(per_sm > 0, "fused_layers.cuda: layer_norm backward does not fit on an SM (", threads,
+              " threads, ", smem_bytes, " bytes of shared memory)");
+  return std::max(1, std::min(needed, per_sm * sm_count()));
+}
+
+// Returns {dweight, dbias} in fp32 (empty when not asked for) and writes dx.
 template <typename T, int VEC>
-void launch_layer_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
-                                const std::optional<torch::Tensor>& weight, const torch::Tensor& mean,
-                                const torch::Tensor& rstd, torch::Tensor& dx, float* dweight_part,
-                                float* dbias_part, int row_chunks, int64_t M, int N) {
+std::vector<torch::Tensor> launch_layer_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
+                                                      const std::optional<torch::Tensor>& weight,
+                                                      const torch::Tensor& mean, const torch::Tensor& rstd,
+                                                      torch::Tensor& dx, bool need_dweight, bool need_dbias,
+                                                      int64_t M, int N) {
   // 512 threads at most: x_hat and g both live in registers (2 x PACKS x VEC floats per thread).
   const RowPlan plan = plan_rows(N / VEC, 512);
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
-  const int grid = row_blocks(M, plan);
+  const int threads = plan.threads_per_row * plan.rows_per_block;
   auto stream = c10::cuda::getCurrentCUDAStream();
+  auto f32 = x.options().dtype(at::kFloat);
+  auto empty = torch::empty({0}, f32);
   const T* w = data_or_null<T>(weight);
-#define FL_LN_BWD(...) \
-  __VA_ARGS__<<<grid, block, 0, stream>>>(data<T>(dy), data<T>(x), w, data<float>(mean), data<float>(rstd), \
-                                     data<T>(dx), M, N)
+  const bool partials = need_dweight || need_dbias;
+  const size_t smem = partials ? 2 * (size_t)plan.rows_per_block * N * sizeof(float) : 0;
+  const bool fused_partials = partials && plan.packs > 0 && smem <= (size_t)max_shared_memory_optin();
+  int grid = row_blocks(M, plan);
+  torch::Tensor dweight_part = empty;
+  torch::Tensor dbias_part = empty;
+#define FL_LN_BWD(...)                                                                                  \
+  do {                                                                                                  \
+    if (fused_partials) {                                                                               \
+      grid = persistent_blocks(__VA_ARGS__, threads, smem, grid);                                       \
+      if (need_dweight) dweight_part = torch::empty({(int64_t)grid * plan.rows_per_block, N}, f32);     \
+      if (need_dbias) dbias_part = torch::empty({(int64_t)grid * plan.rows_per_block, N}, f32);         \
+    }                                                                                                   \
+    __VA_ARGS__<<<grid, block, fused_partials ? smem : 0, stream>>>(                                   \
+        data<T>(dy), data<T>(x), w, data<float>(mean), data<float>(rstd), data<T>(dx),                 \
+        (fused_partials && need_dweight) ? data<float>(dweight_part) : nullptr,                         \
+        (fused_partials && need_dbias) ? data<float>(dbias_part) : nullptr, M, N);                      \
+  } while (0)
   switch (plan.packs) {
     case 1: FL_LN_BWD(layer_norm_backward_dx_kernel<T, VEC, 1>); break;
     case 2: FL_LN_BWD(layer_norm_backward_dx_kernel<T, VEC, 2>); break;
     case 4: FL_LN_BWD(layer_norm_backward_dx_kernel<T, VEC, 4>); break;
-    default: FL_LN_BWD(layer_norm_backward_dx_looped_kernel<T, VEC>); break;
+    default:
+      layer_norm_backward_dx_looped_kernel<T, VEC><<<grid, block, 0, stream>>>(
+          data<T>(dy), data<T>(x), w, data<float>(mean), data<float>(rstd), data<T>(dx), M, N);
+      break;
   }
 #undef FL_LN_BWD
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (dweight_part != nullptr || dbias_part != nullptr) {
-    const int threads = 256;
-    const dim3 grid2((N / VEC + threads - 1) / threads, row_chunks);
-    layer_norm_backward_dwdb_kernel<T, VEC><<<grid2, threads, 0, stream>>>(
-        data<T>(dy), data<T>(x), data<float>(mean), data<float>(rstd), dweight_part, dbias_part, M, N);
+  if (partials && !fused_partials) {
+    // Column tiles x row chunks: about 4 waves of blocks on the SMs, each chunk >= 8 rows.
+    const int col_threads = 256;
+    const int64_t col_tiles = (N / VEC + col_threads - 1) / col_threads;
+    const int64_t wanted = std::max<int64_t>(1, 4 * sm_count() / col_tiles);
+    const int row_chunks = (int)std::max<int64_t>(1, std::min<int64_t>({wanted, (M + 7) / 8, 1024}));
+    if (need_dweight) dweight_part = torch::empty({row_chunks, N}, f32);
+    if (need_dbias) dbias_part = torch::empty({row_chunks, N}, f32);
+    const dim3 grid2((unsigned)col_tiles, row_chunks);
+    layer_norm_backward_dwdb_kernel<T, VEC><<<grid2, col_threads, 0, stream>>>(
+        data<T>(dy), data<T>(x), data<float>(mean), data<float>(rstd),
+        need_dweight ? data<float>(dweight_part) : nullptr,
+        need_dbias ? data<float>(dbias_part) : nullptr, M, N);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  return {need_dweight ? dweight_part.sum(0) : empty, need_dbias ? dbias_part.sum(0) : empty};
 }
 
 // True when every pointer is 16-byte aligned and N splits into 16-byte packs.
@@ -709,29 +812,20 @@ std::vector<torch::Tensor> layer_norm_backward(torch::Tensor grad_output, torch:
   if (M == 0) {
     return {dx, need_dweight ? torch::zeros({N}, f32) : empty, need_dbias ? torch::zeros({N}, f32) : empty};
   }
-  // Enough column-tile x row-chunk blocks for ~4 waves of the SMs, each chunk >= 8 rows.
-  const int64_t col_tiles = (N + 255) / 256;
-  const int64_t wanted = std::max<int64_t>(1, 4 * sm_count() / std::max<int64_t>(col_tiles, 1));
-  const int row_chunks = (int)std::max<int64_t>(1, std::min<int64_t>({wanted, (M + 7) / 8, 1024}));
-  auto dweight_part = need_dweight ? torch::empty({row_chunks, N}, f32) : empty;
-  auto dbias_part = need_dbias ? torch::empty({row_chunks, N}, f32) : empty;
+  std::vector<torch::Tensor> dweight_dbias;
   dispatch_dtype(x, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int VEC = 16 / sizeof(T);
-    float* dw = need_dweight ? data<float>(dweight_part) : nullptr;
-    float* db = need_dbias ? data<float>(dbias_part) : nullptr;
-    const bool vec_ok =
-        can_vectorize<T>((int)N, {x.data_ptr(), grad_output.data_ptr(), dx.data_ptr(),
-                                  data_or_null<T>(weight)});
+    const bool vec_ok = can_vectorize<T>(
+        (int)N, {x.data_ptr(), grad_output.data_ptr(), dx.data_ptr(), data_or_null<T>(weight)});
     const int width = (int)N;
-    if (vec_ok)
-      launch_layer_norm_backward<T, VEC>(grad_output, x, weight, mean, rstd, dx, dw, db, row_chunks, M,
-                                         width);
-    else
-      launch_layer_norm_backward<T, 1>(grad_output, x, weight, mean, rstd, dx, dw, db, row_chunks, M,
-                                       width);
+    dweight_dbias =
+        vec_ok ? launch_layer_norm_backward<T, VEC>(grad_output, x, weight, mean, rstd, dx, need_dweight,
+                                                    need_dbias, M, width)
+               : launch_layer_norm_backward<T, 1>(grad_output, x, weight, mean, rstd, dx, need_dweight,
+                                                  need_dbias, M, width);
   });
-  return {dx, need_dweight ? dweight_part.sum(0) : empty, need_dbias ? dbias_part.sum(0) : empty};
+  return {dx, dweight_dbias[0], dweight_dbias[1]};
 }
 """
 
