@@ -30,10 +30,11 @@ LOOP_BLOCK = 4096
 # against 3.48-3.94 at 4096 / 16; width 16384 was 3.73 in every setting.
 TILE_ELEMENTS = 2048
 ELEMENTS_PER_THREAD = 32
-# Backward: 4096 / 32 (4 warps at width <= 4096). At width 1024, 16 warps ran at a third of
-# the speed of 8; fewer warps again is the same direction, unmeasured as of this commit.
+# Backward: 4096 / 16 (8 warps at width 1024). At width 1024, 16 warps ran at a third of the
+# speed of 8. Beyond that the H200 forward+backward timings moved by up to +-40% between runs
+# for every contender (torch.compile too), so these two are provisional: re-time before tuning.
 BWD_TILE_ELEMENTS = 4096
-BWD_ELEMENTS_PER_THREAD = 32
+BWD_ELEMENTS_PER_THREAD = 16
 # Warps per SM the persistent backward grid aims to keep resident (see persistent_programs).
 RESIDENT_WARPS_PER_SM = 32
 
