@@ -245,6 +245,8 @@ class Session:
         if not self._running:
             return
         self.steps_ended += 1
+        if self._capture is not None:
+            self._capture.pause()  # the profiler's own syncs (stopping a trace) are not the user's
         try:
             self._profiler.step()  # may call _on_trace_ready
             if self._failure is None:

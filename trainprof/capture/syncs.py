@@ -211,11 +211,11 @@ class SyncCapture:
     def activate(self, step_num: int) -> None:
         """Install the hooks (idempotent) and record from profiler step `step_num` on."""
         self.step_num = step_num
-        if self.active:
+        self.active = True
+        if self._undo:  # already installed (paused or active)
             return
         import torch
 
-        self.active = True
         self._patch(torch.cuda, "synchronize", "torch.cuda.synchronize")
         self._patch(getattr(torch.cuda, "Event", None), "synchronize", "Event.synchronize")
         self._patch(getattr(torch.cuda, "Stream", None), "synchronize", "Stream.synchronize")
@@ -240,6 +240,11 @@ class SyncCapture:
             return
         setattr(owner, attribute, self._explicit_wrapper(call, original))
         self._undo.append(lambda: setattr(owner, attribute, original))
+
+    def pause(self) -> None:
+        """Stop recording but keep the hooks: around the profiler's own step, whose syncs are not
+        the user's (stopping a trace synchronizes the device)."""
+        self.active = False
 
     def deactivate(self) -> None:
         """Remove every hook and restore the sync debug mode; safe to call more than once."""
