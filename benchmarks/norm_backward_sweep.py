@@ -22,9 +22,12 @@ import torch
 if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from fused_layers.ops import _launch  # noqa: E402
-from fused_layers.ops import layer_norm as ln  # noqa: E402
-from fused_layers.ops import rms_norm as rms  # noqa: E402
+import importlib  # noqa: E402
+
+# fused_layers.ops re-exports functions named like their modules: fetch the modules themselves.
+_launch = importlib.import_module("fused_layers.ops._launch")
+ln = importlib.import_module("fused_layers.ops.layer_norm")
+rms = importlib.import_module("fused_layers.ops.rms_norm")
 
 SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 RESIDENT_WARPS = (8, 16, 32, 64)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one go (how the figures in BENCHMARKS.md were taken):
-#   bash benchmarks/run_on_gpu.sh OUT_DIR [checks] [fused_layers] [sweep]
-# checks:       tests/gpu, the planted-sync example (each sync's exact line), the demo on the GPU,
-#               and the session-overhead benchmark;
+#   bash benchmarks/run_on_gpu.sh OUT_DIR [checks] [overhead] [fused_layers] [sweep]
+# checks:       tests/gpu, the planted-sync example (each sync's exact line), the demo on the GPU;
+# overhead:     the session-overhead benchmark;
 # fused_layers: benchmarks/fused_layers.py (FUSED_OPS=layer_norm,rms_norm limits the ops);
 # sweep:        benchmarks/norm_backward_sweep.py (launch settings of the norm backward kernels).
 # Uses the python3 on PATH and whatever torch/triton/transformers it has; wheels in .whl/ (e.g.
@@ -10,7 +10,7 @@
 set -uo pipefail
 out=${1:?usage: run_on_gpu.sh OUT_DIR [checks] [fused_layers]}
 shift
-parts=${*:-checks fused_layers}
+parts=${*:-checks overhead fused_layers}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -26,6 +26,8 @@ for part in $parts; do
       python3 examples/planted_syncs.py --out "$out/planted_syncs.json" --log-dir /tmp/trainprof-log \
         2>&1 | tee "$out/planted_syncs.log"
       python3 -m trainprof demo --log-dir /tmp/trainprof-log 2>&1 | tail -n 40 | tee "$out/demo.log"
+      ;;
+    overhead)
       python3 benchmarks/session_overhead.py --out "$out" 2>&1 | tail -n 30 | tee "$out/session_overhead.log"
       ;;
     fused_layers)
