@@ -36,7 +36,12 @@ ELEMENTS_PER_THREAD = 32
 BWD_TILE_ELEMENTS = 4096
 BWD_ELEMENTS_PER_THREAD = 16
 # Warps per SM the persistent backward grid aims to keep resident (see persistent_programs).
-RESIDENT_WARPS_PER_SM = 32
+# benchmarks/norm_backward_sweep.py on an H200 (2026-11-21, bf16, backward alone, kernels queued
+# back to back): 16 was best or within 2% of best for both norms at widths 1024-16384 (LayerNorm
+# 3.01 / 3.04 / 2.75 / 1.85 TB/s, RMSNorm 3.33 / 3.35 / 3.09 / 2.73); 32 gave 2.79 / 2.82 / 2.65 /
+# 1.75 for LayerNorm. At ~110-130 registers a thread, 32 warps of programs do not fit on an SM
+# (64K registers), so a 32-warp grid ran in two uneven waves.
+RESIDENT_WARPS_PER_SM = 16
 
 
 def flat_config(n_elements: int) -> tuple[int, int, int]:
