@@ -143,3 +143,12 @@ def test_to_dict_is_json_with_required_fields(pathologies):
 def test_import_does_not_import_torch():
     code = "import sys, trainprof.analysis, trainprof.trace; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_trainprof_demo_loop_counts_as_user_code():
+    from trainprof.analysis.frames import is_user_file
+
+    assert is_user_file("/home/me/src/trainprof/trainprof/demo.py")
+    assert not is_user_file("/home/me/src/trainprof/trainprof/session.py")
+    assert not is_user_file("torch/nn/modules/module.py")
+    assert is_user_file("make_traces.py")

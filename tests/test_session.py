@@ -71,6 +71,11 @@ def test_optimizer_loop_is_profiled_without_step_calls(tmp_path):
     assert [s["step"] for s in summary["steps"]] == [2, 3]
     assert (run_dir / "report.md").read_text().startswith("# trainprof report")
     assert sess.findings and sess.summary
+    # A CPU loop launches no GPU work: the verdict says so and the finding ranks the host ops.
+    assert sess.summary["verdict"] == "cpu-only"
+    cpu_only = [f for f in sess.findings if f["kind"] == "cpu_only"]
+    assert len(cpu_only) == 1 and cpu_only[0]["details"]["top_host_ops"]
+    assert not [f for f in sess.findings if f["kind"] in ("launch_overhead", "host_bound")]
     _assert_clean_exit()
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from trainprof.analysis.distributed import rank_table, straggler_finding
+from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import host_bound_finding, idle_breakdown, verdict
 from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats
@@ -93,6 +94,7 @@ def _analyze_one(trace: Trace, sync_sites: list[dict] | None) -> tuple[list[dict
         launch_finding(trace_verdict, launch_totals, steps, trace.rank),
         host_bound_finding(trace_verdict, cpu_holders, steps, trace.rank),
         top_kernels_finding(timeline, trace.rank),
+        cpu_only_finding(timeline, steps, trace.rank),
     ):
         if maybe is not None:
             findings.append(maybe)

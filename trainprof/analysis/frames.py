@@ -54,6 +54,10 @@ def parse_py_frame(name: str) -> PyFrame | None:
     return PyFrame(match.group(1), int(match.group(2)), match.group(3))
 
 
+# Files inside a library package that hold a training loop of the user's kind.
+_USER_FILES_IN_LIBRARIES = ("trainprof/demo.py",)
+
+
 def is_user_file(file: str) -> bool:
     """True for the user's code: not site-packages, stdlib, `<frozen ...>`, or a known library."""
     path = file.replace("\\", "/")
@@ -61,10 +65,16 @@ def is_user_file(file: str) -> bool:
         return False
     if "/lib/python3" in path:  # an absolute path into the interpreter's stdlib
         return False
-    # The profiler writes library paths relative to their sys.path entry: `torch/nn/modules/module.py`.
-    top = path.lstrip("./").split("/", 1)[0]
-    top = top[:-3] if top.endswith(".py") else top
-    return top not in LIBRARY_PACKAGES and top not in _STDLIB
+    if path.endswith(_USER_FILES_IN_LIBRARIES):  # trainprof's demo loop is the user's code there
+        return True
+    # The profiler writes library paths relative to their sys.path entry (`torch/nn/modules/module.py`),
+    # or absolute for a source checkout (`/src/trainprof/trainprof/session.py`): any folder of the
+    # path named like a library package marks library code.
+    parts = path.lstrip("./").split("/")
+    top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
+    if top in _STDLIB:
+        return False
+    return not any(part in LIBRARY_PACKAGES for part in [top, *parts[1:-1]])
 
 
 def is_profiler_file(file: str) -> bool:

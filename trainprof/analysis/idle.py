@@ -89,7 +89,8 @@ def _main_thread(timeline: Timeline) -> int | None:
 
 
 def verdict(steps: list[dict], tiny_kernel_pct: float) -> dict:
-    """What bounds the step: gpu-bound, communication-bound, launch-bound, sync-bound or host-bound."""
+    """What bounds the step: gpu-bound, communication-bound, launch-bound, sync-bound, host-bound,
+    or cpu-only when the steps launched no GPU work at all."""
     n = max(len(steps), 1)
 
     def mean(key):
@@ -101,7 +102,9 @@ def verdict(steps: list[dict], tiny_kernel_pct: float) -> dict:
         "sync-bound": mean("idle_sync_ms"),
         "host-bound": mean("idle_host_ms"),
     }
-    if busy_pct >= 80:
+    if not any(s["kernel_count"] or s["gpu_busy_ms"] for s in steps):
+        label = "cpu-only"  # no GPU work to be bound by: the step is all host time
+    elif busy_pct >= 80:
         label = (
             "communication-bound" if mean("comm_ms") >= 0.3 * max(mean("gpu_busy_ms"), 1e-9) else "gpu-bound"
         )
@@ -128,7 +131,7 @@ def host_bound_finding(
     n = max(len(steps), 1)
     host_ms = sum(s["idle_host_ms"] for s in steps)
     share = host_ms / max(sum(s["duration_ms"] for s in steps), 1e-9)
-    if share < 0.1 and verdict_info["verdict"] != "host-bound":
+    if verdict_info["verdict"] == "cpu-only" or (share < 0.1 and verdict_info["verdict"] != "host-bound"):
         return None
     top = holders[0] if holders else {"kind": "none", "name": None, "file": None}
     function = top["name"] if top["kind"] == "function" else None

@@ -73,6 +73,8 @@ def launch_finding(verdict: dict, totals: dict, steps: list[dict], rank: int | N
     """The launch-overhead finding, when the verdict or the tiny-kernel share says launches limit the step."""
     n = max(len(steps), 1)
     tiny_pct = 100.0 * totals["tiny_kernel_count"] / max(totals["kernel_count"], 1)
+    if verdict["verdict"] == "cpu-only":
+        return None
     launch_bound = verdict["verdict"] == "launch-bound"
     if not launch_bound and not (tiny_pct >= 50 and verdict["gpu_busy_pct"] < 80):
         return None
