@@ -3,7 +3,7 @@
 Each measurement runs in a fresh subprocess and reports wall seconds (load + analysis, timed inside
 the child after its imports) and the child's peak RSS (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`). Three
 contenders per fixture: trainprof in-process (`analyze(path)`), trainprof as a whole cold process
-(`python -m trainprof.analysis PATH`, interpreter start and imports included), and HTA
+(`trainprof analyze PATH --json`, interpreter start and imports included), and HTA
 (`TraceAnalysis(trace_dir=...)` plus its temporal, idle-time and kernel breakdowns).
 
     python benchmarks/analyze_speed.py --hta-python /tmp/hta/bin/python --out speed.json
@@ -101,7 +101,7 @@ def main() -> None:
         row = {"fixture": folder.name, "gz_mb": round(size_mb, 2)}
         contenders = {
             "trainprof": [sys.executable, "-c", TRAINPROF_CHILD, str(folder)],
-            "trainprof_cli": [sys.executable, "-m", "trainprof.analysis", str(folder)],
+            "trainprof_cli": [sys.executable, "-m", "trainprof", "analyze", str(folder), "--json"],
         }
         with tempfile.TemporaryDirectory() as tmp:
             if args.hta_python:
@@ -134,25 +134,25 @@ def main() -> None:
         rows.append(row)
 
     header = (
-        f"{'fixture':18} {'gz MB':>6} | {'trainprof s':>11} {'MiB':>6} | {'cold proc s':>11} {'MiB':>6} |"
-        f" {'HTA s':>6} {'MiB':>6} | {'speedup':>7}"
+        f"{'fixture':18} {'gz MB':>6} | {'load+analysis s':>15} {'HTA s':>6} {'ratio':>6} |"
+        f" {'whole process s':>15} {'HTA s':>6} {'ratio':>6} | {'peak MiB':>8} {'HTA MiB':>8}"
     )
     print(header)
     print("-" * len(header))
+
+    def ratio(slow: float | None, fast: float | None) -> float | None:
+        return round(slow / fast, 1) if slow and fast else None
+
     for row in rows:
         tp, cli, hta = row["trainprof"], row["trainprof_cli"], row.get("hta") or {}
-        speedup = (
-            (hta["load_analyze_s"] / tp["load_analyze_s"])
-            if hta.get("load_analyze_s") and tp.get("load_analyze_s")
-            else None
-        )
-        row["speedup_in_process"] = round(speedup, 1) if speedup else None
+        row["speedup_in_process"] = ratio(hta.get("load_analyze_s"), tp.get("load_analyze_s"))
+        row["speedup_whole_process"] = ratio(hta.get("process_s"), cli.get("process_s"))
         print(
-            f"{row['fixture']:18} {row['gz_mb']:6.2f} | {tp.get('load_analyze_s') or 0:11.3f} "
-            f"{tp.get('peak_rss_mib') or 0:6.0f} | {cli.get('process_s') or 0:11.3f} "
-            f"{cli.get('peak_rss_mib') or 0:6.0f} |"
-            f" {hta.get('load_analyze_s') or 0:6.2f} {hta.get('peak_rss_mib') or 0:6.0f} | "
-            f"{(f'{speedup:.1f}x' if speedup else 'n/a'):>7}"
+            f"{row['fixture']:18} {row['gz_mb']:6.2f} | {tp.get('load_analyze_s') or 0:15.3f}"
+            f" {hta.get('load_analyze_s') or 0:6.2f} {row['speedup_in_process'] or 0:5.1f}x |"
+            f" {cli.get('process_s') or 0:15.3f} {hta.get('process_s') or 0:6.2f}"
+            f" {row['speedup_whole_process'] or 0:5.1f}x |"
+            f" {cli.get('peak_rss_mib') or 0:8.0f} {hta.get('peak_rss_mib') or 0:8.0f}"
         )
     if args.out:
         args.out.write_text(json.dumps({"python": sys.version.split()[0], "rows": rows}, indent=2))

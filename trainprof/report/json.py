@@ -5,27 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+
+def _numpy_to_python(value: Any) -> Any:
+    """msgspec's hook for types it does not know: numpy scalars and arrays become Python values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise NotImplementedError(f"cannot write {type(value).__name__} as JSON")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_numpy_to_python)
+
 
 def dumps(analysis: dict[str, Any], indent: bool = False) -> str:
-    """One JSON object (orjson when installed; NaN/inf become null either way)."""
-    try:
-        import orjson
-    except ImportError:
-        import json
-
-        return json.dumps(_finite(analysis), indent=1 if indent else None)
-    option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 if indent else 0)
-    return orjson.dumps(analysis, option=option).decode()
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
+    """One JSON object; NaN and infinities become null (msgspec's rule for non-finite floats)."""
+    encoded = _ENCODER.encode(analysis)
+    return (msgspec.json.format(encoded, indent=1) if indent else encoded).decode()
 
 
 def write_json(analysis: dict[str, Any], path: str | Path) -> Path:
