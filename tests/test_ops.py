@@ -163,3 +163,13 @@ def test_rms_norm_matches_llama(dtype, weight_dtype):
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(x_ours.grad, x.grad, atol=atol, rtol=rtol)
     torch.testing.assert_close(w_ours.grad, module.weight.grad, atol=atol * 3, rtol=rtol)
+
+
+def test_measured_defaults_step_aside_for_triton_off_gpu():
+    """layer_norm's measured training default is CUDA C++; on CPU tensors Triton (or torch) serves."""
+    assert _dispatch.DEFAULT_BACKEND["layer_norm"] == ("cuda", "triton")
+    assert all(set(pair) <= {"triton", "cuda"} for pair in _dispatch.DEFAULT_BACKEND.values())
+    x = torch.randn(2, 8, requires_grad=True)
+    assert _dispatch._default_backend("layer_norm", (x,)) == "triton"
+    with torch.no_grad():
+        assert _dispatch._default_backend("layer_norm", (x,)) == "triton"

@@ -12,14 +12,19 @@ from types import ModuleType
 
 import torch
 
-#: Backend each op uses when called with ``backend=None``. Set from the benchmark results
-#: (``benchmarks/fused_layers.py``); "triton" until those say otherwise.
-DEFAULT_BACKEND: dict[str, str] = {
-    "gelu": "triton",
-    "layer_norm": "triton",
-    "rms_norm": "triton",
-    "geglu": "triton",
-    "swiglu": "triton",
+#: Backend each op uses when called with ``backend=None``: (for a call that autograd will
+#: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured by
+#: ``benchmarks/fused_layers.py`` on an H200 (2026-11-22, benchmarks/results/fused_layers.h200.md,
+#: bf16, widths 1024-16384). LayerNorm forward+backward: CUDA 2.33-2.63 TB/s against Triton's
+#: 1.82-2.18 (both host-bound: their Python launch paths cost more than the kernels, see
+#: BENCHMARKS.md); LayerNorm forward alone: Triton 3.76-4.04 against CUDA's 3.14-3.85. GELU: Triton
+#: ahead in both passes (3.75-4.15 against 3.41-3.65). The other ops have only Triton kernels.
+DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
+    "gelu": ("triton", "triton"),
+    "layer_norm": ("cuda", "triton"),
+    "rms_norm": ("triton", "triton"),
+    "geglu": ("triton", "triton"),
+    "swiglu": ("triton", "triton"),
 }
 
 #: Ops that ``fused_layers.cuda`` implements.
@@ -41,7 +46,7 @@ def resolve_backend(op: str, backend: str | None, *tensors: torch.Tensor) -> str
     kernels still run when ``TRITON_INTERPRET=1``), with one warning per process, so that a
     model with swapped layers still trains on a CPU.
     """
-    choice = DEFAULT_BACKEND[op] if backend is None else backend
+    choice = _default_backend(op, tensors) if backend is None else backend
     if choice not in _BACKENDS:
         raise ValueError(f"{op}: unknown backend {choice!r}; expected one of {_BACKENDS}")
     if choice == "cuda" and op not in _CUDA_OPS:
@@ -61,6 +66,39 @@ def resolve_backend(op: str, backend: str | None, *tensors: torch.Tensor) -> str
             stacklevel=3,
         )
     return "torch"
+
+
+def _default_backend(op: str, tensors: tuple[torch.Tensor, ...]) -> str:
+    """The measured default for this call; a CUDA default that cannot run here becomes Triton."""
+    differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    choice = DEFAULT_BACKEND[op][0 if differentiated else 1]
+    if choice == "cuda" and not (all(t.is_cuda for t in tensors) and _cuda_extension_builds()):
+        return "triton"
+    return choice
+
+
+_cuda_extension_state: bool | None = None
+
+
+def _cuda_extension_builds() -> bool:
+    """Whether ``fused_layers.cuda`` builds here (once per process; the build is cached on disk).
+
+    Without nvcc, or when the build fails, the CUDA default steps aside for Triton with one warning.
+    """
+    global _cuda_extension_state
+    if _cuda_extension_state is None:
+        try:
+            cuda_extension().load_extension()
+            _cuda_extension_state = True
+        except Exception as error:  # no toolchain, or a compiler error: Triton serves instead
+            _cuda_extension_state = False
+            warnings.warn(
+                f"fused_layers: the CUDA C++ extension is unavailable ({error}); the ops whose "
+                "measured default is CUDA use Triton instead. Warned once per process.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    return _cuda_extension_state
 
 
 def cuda_extension() -> ModuleType:
