@@ -240,47 +240,41 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _bucket(events: list, path: Path):
-    """One pass over the events: kept categories' complete events and `[memory]` instants into columns."""
+    """Kept categories' complete events and CUDA `[memory]` instants, into columns."""
     name_ids: dict[str, int] = {}
     thread_ids: dict[tuple, int] = {}
-    columns = {category: ([], [], [], [], [], []) for category in KEPT_CATEGORIES}
+    columns: dict[str, tuple[list, ...]] = {}
     mem_ts: list[float] = []
     mem_alloc: list[float] = []
     mem_thread: list[int] = []
     try:
+        # Comprehensions over the ~50k events, one per column, run faster than one loop of appends.
+        groups: dict[str, list] = {category: [] for category in KEPT_CATEGORIES}
+        memory_events = []
         for event in events:
-            ph = event.ph
-            if ph == "X":
-                cols = columns.get(event.cat)
-                if cols is None:
-                    continue
-                name = event.name
-                nid = name_ids.get(name)
-                if nid is None:
-                    nid = name_ids[name] = len(name_ids)
-                key = (event.pid, event.tid)
-                tid = thread_ids.get(key)
-                if tid is None:
-                    tid = thread_ids[key] = len(thread_ids)
-                args = event.args or _NO_ARGS
-                cols[0].append(event.ts)
-                cols[1].append(event.dur)
-                cols[2].append(tid)
-                cols[3].append(nid)
-                cols[4].append(args.correlation)
-                cols[5].append(args.bytes)
-            elif ph == "i" and event.name == "[memory]":
-                args = event.args or _NO_ARGS
-                allocated = args.total_allocated
-                if allocated is None or args.device_type != 1:  # 1 = CUDA; skip host memory
-                    continue
-                key = (event.pid, event.tid)
-                tid = thread_ids.get(key)
-                if tid is None:
-                    tid = thread_ids[key] = len(thread_ids)
-                mem_ts.append(event.ts)
-                mem_alloc.append(allocated)
-                mem_thread.append(tid)
+            if event.ph == "X":
+                group = groups.get(event.cat)
+                if group is not None:
+                    group.append(event)
+            elif event.ph == "i" and event.name == "[memory]":
+                memory_events.append(event)
+        for category, group in groups.items():
+            args = [event.args or _NO_ARGS for event in group]
+            columns[category] = (
+                [event.ts for event in group],
+                [event.dur for event in group],
+                [thread_ids.setdefault((event.pid, event.tid), len(thread_ids)) for event in group],
+                [name_ids.setdefault(event.name, len(name_ids)) for event in group],
+                [arg.correlation for arg in args],
+                [arg.bytes for arg in args],
+            )
+        for event in memory_events:
+            args = event.args or _NO_ARGS
+            if args.total_allocated is None or args.device_type != 1:  # 1 = CUDA; skip host memory
+                continue
+            mem_ts.append(event.ts)
+            mem_alloc.append(args.total_allocated)
+            mem_thread.append(thread_ids.setdefault((event.pid, event.tid), len(thread_ids)))
         tables = {category: EventTable.from_columns(*cols) for category, cols in columns.items()}
         memory = EventTable.from_columns(
             mem_ts, [0] * len(mem_ts), mem_thread, [0] * len(mem_ts), [-1] * len(mem_ts), mem_alloc
