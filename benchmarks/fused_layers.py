@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,9 @@ import torch.nn.functional as F
 # sys.path[0] and would shadow that package; the repository root belongs there instead.
 if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
+    sys.path.append(str(Path(__file__).resolve().parent))  # for the shared timer, benchmarks/timing.py
+
+from timing import steady_ms  # noqa: E402
 
 NORM_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 ELEMENTWISE_SHAPES = NORM_SHAPES + [(16384, 16384), (8192, 11008)]
@@ -230,15 +232,8 @@ def _time(
     extra_leaves: list[torch.Tensor],
     quick: bool,
 ) -> float:
-    """Median ms per call of ``fn(*inputs)``, or of ``fn(*inputs).backward(dy)`` when dy is given.
-
-    Calls are queued back to back between two CUDA events (after warm-up), as in a training step,
-    where the GPU runs behind the host: the events then measure the GPU's throughput, not the
-    host's latency per call. ``do_bench`` instead flushes L2 before every call, so the GPU waits
-    for the host to launch each one: with five launches and autograd per forward+backward, that
-    host gap moved H200 timings of every contender by up to 40% between runs (2026-11-21). Every
-    input here is several times the 50-60 MB L2, so back-to-back calls do not run from cache.
-    """
+    """Median ms per call of ``fn(*inputs)``, or of ``fn(*inputs).backward(dy)`` when dy is given
+    (``benchmarks/timing.py`` says how, and why not ``do_bench``)."""
     leaves = [t for t in inputs if t.requires_grad] + extra_leaves
 
     def call() -> None:
@@ -249,28 +244,8 @@ def _time(
         else:
             fn(*inputs).backward(dy)
 
-    context = torch.no_grad() if dy is None else torch.enable_grad()
-    with context:
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        # batches of about 25 ms (5 ms in --quick): long enough to hide the events' own cost
-        iters = max(5, int((5.0 if quick else 25.0) / max(start.elapsed_time(end), 1e-3)))
-        per_call = []
-        for _ in range(3 if quick else 7):
-            start.record()
-            for _ in range(iters):
-                call()
-            end.record()
-            end.synchronize()
-            per_call.append(start.elapsed_time(end) / iters)
-    return statistics.median(per_call)
+    with torch.no_grad() if dy is None else torch.enable_grad():
+        return steady_ms(call, target_ms=5.0 if quick else 25.0, batches=3 if quick else 7)
 
 
 def _judge(row: dict, copy_bps: float) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +23,9 @@ if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).reso
 
 import importlib  # noqa: E402
 
+sys.path.append(str(Path(__file__).resolve().parent))
+from timing import steady_ms  # noqa: E402
+
 # fused_layers.ops re-exports functions named like their modules: fetch the modules themselves.
 _launch = importlib.import_module("fused_layers.ops._launch")
 ln = importlib.import_module("fused_layers.ops.layer_norm")
@@ -33,28 +35,6 @@ SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 RESIDENT_WARPS = (8, 16, 32, 64)
 PER_THREAD = (8, 16, 32)
 TILES = (4096, 8192)
-
-
-def steady_ms(call, target_ms: float = 20.0, batches: int = 5) -> float:
-    """Median ms per call over batches of calls queued back to back between CUDA events."""
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call()
-    end.record()
-    end.synchronize()
-    iters = max(3, int(target_ms / max(start.elapsed_time(end), 1e-3)))
-    per_call = []
-    for _ in range(batches):
-        start.record()
-        for _ in range(iters):
-            call()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) / iters)
-    return statistics.median(per_call)
 
 
 def compiled_resources(jit_function) -> list[dict]:
