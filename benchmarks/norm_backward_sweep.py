@@ -87,6 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("norm_backward_sweep.py needs a CUDA device (it times with CUDA events)")
     defaults = (_launch.RESIDENT_WARPS_PER_SM, _launch.BWD_ELEMENTS_PER_THREAD, _launch.BWD_TILE_ELEMENTS)
     copy = copy_tbps()
     torch.cuda.empty_cache()

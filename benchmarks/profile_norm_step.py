@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--out")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_norm_step.py needs a CUDA device")
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
     x, w, b = make(args.tokens, args.width), make(args.width), make(args.width)
     dy = torch.randn(args.tokens, args.width, device="cuda", dtype=torch.bfloat16)
