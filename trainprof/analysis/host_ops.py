@@ -12,6 +12,8 @@ from trainprof.analysis.result import Finding
 from trainprof.analysis.timeline import Timeline
 
 TOP_N = 10
+# How torch.profiler names a backward node's op; the finding says "backward of PowBackward0".
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 
 def top_host_ops(timeline: Timeline) -> list[dict]:
@@ -34,7 +36,7 @@ def top_host_ops(timeline: Timeline) -> list[dict]:
                 parent = frames.parent[parent]
             if parent >= 0:  # nested inside another op: its time is already counted there
                 continue
-            name = trace.names[int(frames.name_ids[i])]
+            name = trace.names[int(frames.name_ids[i])].replace(_AUTOGRAD_NODE, "backward of ")
             total_us[name] += float(frames.ends[i] - frames.starts[i])
             count[name] += 1
     ranked = sorted(total_us.items(), key=lambda kv: -kv[1])[:TOP_N]
