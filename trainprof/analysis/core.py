@@ -18,6 +18,7 @@ from trainprof.analysis.steps import step_breakdown
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, sync_findings
 from trainprof.analysis.timeline import build_timeline
 from trainprof.trace import Trace, load_traces
+from trainprof.trace.load import gc_paused
 
 
 def analyze(path_or_traces: str | Path | Sequence[Trace], sync_sites: list[dict] | None = None) -> Analysis:
@@ -40,7 +41,8 @@ def analyze(path_or_traces: str | Path | Sequence[Trace], sync_sites: list[dict]
     per_trace: list[dict] = []
     steps_by_rank: dict[int, list[dict]] = {}
     for position, trace in enumerate(traces):
-        steps, trace_findings, info = _analyze_one(trace, sync_sites)
+        with gc_paused():
+            steps, trace_findings, info = _analyze_one(trace, sync_sites)
         all_steps.extend(steps)
         findings.extend(trace_findings)
         per_trace.append(info)
