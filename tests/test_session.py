@@ -45,6 +45,7 @@ def _assert_clean_exit() -> None:
     assert not torch.autograd._profiler_enabled()
     assert warnings.showwarning is _ORIGINAL_SHOWWARNING
     assert not getattr(torch.cuda.synchronize, "__wrapped__", None)
+    assert not [f for f in warnings.filters if f[1] is not None and "Profiler clears events" in f[1].pattern]
 
 
 _ORIGINAL_SHOWWARNING = warnings.showwarning
@@ -76,6 +77,23 @@ def test_optimizer_loop_is_profiled_without_step_calls(tmp_path):
     cpu_only = [f for f in sess.findings if f["kind"] == "cpu_only"]
     assert len(cpu_only) == 1 and cpu_only[0]["details"]["top_host_ops"]
     assert not [f for f in sess.findings if f["kind"] in ("launch_overhead", "host_bound")]
+    _assert_clean_exit()
+
+
+def test_repeated_windows_each_traced_and_analysed_together(tmp_path):
+    model, optimizer = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=1, repeat=2,
+                           **FAST) as sess:
+        for _ in range(8):
+            _forward_backward(model)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    traces = sorted((tmp_path / "run").glob("*.pt.trace.json.gz"))
+    assert len(traces) == 2 == len(sess.trace_files)
+    assert sorted(_profiler_steps(t)[0] for t in traces) == [2, 5]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert sorted(s["step"] for s in summary["steps"]) == [2, 5]  # both windows, one analysis
     _assert_clean_exit()
 
 

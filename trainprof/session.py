@@ -68,6 +68,9 @@ def worker_name() -> str:
     return f"rank{rank}_{name}" if rank is not None else name
 
 
+# The text of torch.profiler's once-per-process warning at the start of a second cycle.
+_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
+
 class Session:
     """A profiling session around a training loop; see `trainprof.session`.
 
@@ -96,6 +99,7 @@ class Session:
         self._running = False
         self._failure: tuple[str, BaseException] | None = None
         self._user_error = False
+        self._cycle_filter: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -127,6 +131,10 @@ class Session:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self._export = tensorboard_trace_handler(str(self.run_dir), worker_name=self.worker, use_gzip=True)
+        # torch warns that each cycle's events are cleared: the session exports every cycle itself,
+        # so the warning would only puzzle the user. Filtered while the session runs.
+        warnings.filterwarnings("ignore", message=_CYCLE_WARNING, category=UserWarning)
+        self._cycle_filter = warnings.filters[0]
         self._profiler = profile(
             activities=activities,
             schedule=schedule(
@@ -182,7 +190,7 @@ class Session:
         """
         self._running = False
         errors: list[BaseException] = []
-        for undo in (self._stop_capture, self._stop_profiler):
+        for undo in (self._stop_capture, self._stop_profiler, self._remove_cycle_filter):
             try:
                 undo()
             except Exception as exc:
@@ -194,6 +202,12 @@ class Session:
         if self._optimizer_hook is not None:
             hook, self._optimizer_hook = self._optimizer_hook, None
             hook.remove()
+
+    def _remove_cycle_filter(self) -> None:
+        if self._cycle_filter is not None:
+            entry, self._cycle_filter = self._cycle_filter, None
+            if entry in warnings.filters:
+                warnings.filters.remove(entry)
 
     def _stop_capture(self) -> None:
         if self._capture is not None:
