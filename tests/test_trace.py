@@ -62,6 +62,14 @@ def test_bare_event_list_and_plain_json(tmp_path):
     assert len(load_traces(bare)[0].events["kernel"]) == 1
 
 
+def test_gzip_of_several_members_loads_whole(tmp_path):
+    text = gzip.decompress(next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz")).read_bytes())
+    middle = len(text) // 2
+    split = tmp_path / "w.2.pt.trace.json.gz"
+    split.write_bytes(gzip.compress(text[:middle]) + gzip.compress(text[middle:]))
+    assert len(load_traces(split)[0].events["kernel"]) == 1773
+
+
 def test_sync_sites_file_matched_by_worker(tmp_path):
     src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
     dst = tmp_path / "trainer-rank-3.1795.pt.trace.json.gz"

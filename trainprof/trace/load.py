@@ -17,11 +17,17 @@ import gc
 import gzip
 import math
 import re
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+
+try:  # ISA-L's inflate: 4 ms against zlib's 26 ms for the 15 MB gpt2_pathologies trace
+    from isal.isal_zlib import decompressobj as _decompressobj
+    from isal.isal_zlib import error as _InflateError
+except ImportError:  # pragma: no cover - isal is a dependency; zlib serves where it has no wheel
+    from zlib import decompressobj as _decompressobj
+    from zlib import error as _InflateError
 
 from trainprof.trace.model import KEPT_CATEGORIES, EventTable, Trace
 
@@ -239,15 +245,23 @@ def _read_bytes(path: Path) -> bytes:
         raise TraceLoadError(f"{path}: empty file")
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = zlib.decompress(raw, wbits=31)  # faster than gzip.decompress, same format
-        except zlib.error:
-            try:  # a concatenated multi-member gzip, which zlib stops at the first member of
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError, zlib.error) as error:
-                raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
+            raw = _gunzip(raw)
+        except (_InflateError, EOFError, OSError) as error:
+            raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
         if not raw:
             raise TraceLoadError(f"{path}: empty file (inside gzip)")
     return raw
+
+
+def _gunzip(raw: bytes) -> bytes:
+    """Inflate a gzip file's bytes; raises EOFError when the stream ends early."""
+    inflater = _decompressobj(wbits=31)
+    data = inflater.decompress(raw)
+    if not inflater.eof:
+        raise EOFError("the compressed stream ends early")
+    if inflater.unused_data:  # more gzip members follow (rare): the general reader joins them all
+        data = gzip.decompress(raw)
+    return data
 
 
 def _bucket(events: list, path: Path):
