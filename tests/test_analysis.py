@@ -152,3 +152,9 @@ def test_trainprof_demo_loop_counts_as_user_code():
     assert not is_user_file("/home/me/src/trainprof/trainprof/session.py")
     assert not is_user_file("torch/nn/modules/module.py")
     assert is_user_file("make_traces.py")
+
+
+def test_progress_is_reported_per_file_and_per_trace():
+    calls = []
+    analyze(FIXTURES / "ddp_straggler", on_progress=lambda what, done, total: calls.append((done, total)))
+    assert calls == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]

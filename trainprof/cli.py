@@ -43,10 +43,18 @@ def _load_and_analyze(path: str, progress: IO[str]):  # -> Analysis
         return analyze(path)
     try:
         from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
         return analyze(path)
-    with Console(file=progress).status(f"loading and analysing {path} ..."):
-        return analyze(path)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=Console(file=progress), transient=True) as bar:
+        task = bar.add_task("loading", total=1)
+
+        def advance(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        return analyze(path, on_progress=advance)
 
 
 def run_analyze(path: str, as_json: bool) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +21,26 @@ from trainprof.trace import Trace, load_traces
 from trainprof.trace.load import gc_paused
 
 
-def analyze(path_or_traces: str | Path | Sequence[Trace], sync_sites: list[dict] | None = None) -> Analysis:
+def analyze(
+    path_or_traces: str | Path | Sequence[Trace],
+    sync_sites: list[dict] | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> Analysis:
     """Answer why the profiled steps are slow.
 
     `path_or_traces`: a trace file (.json/.json.gz), a folder of them (one per rank), or loaded `Trace`s.
     `sync_sites`: captured sync sites (DEVELOPING.md contract) applied to every trace, overriding the
     `<worker>.syncsites.json` files found beside the traces.
+    `on_progress(what, done, total)`, if given, is called as each file is loaded and each trace
+    analysed (two units a file), for a progress bar.
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
+    report = on_progress or (lambda what, done, total: None)
     if isinstance(path_or_traces, (str, Path)):
-        traces = load_traces(path_or_traces)
+        def on_file(file: Path, index: int, count: int) -> None:
+            report(f"loading {file.name}", index, 2 * count)
+
+        traces = load_traces(path_or_traces, on_file=on_file)
     else:
         traces = list(path_or_traces)
         if not traces or not all(isinstance(t, Trace) for t in traces):
@@ -41,6 +51,7 @@ def analyze(path_or_traces: str | Path | Sequence[Trace], sync_sites: list[dict]
     per_trace: list[dict] = []
     steps_by_rank: dict[int, list[dict]] = {}
     for position, trace in enumerate(traces):
+        report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
         with gc_paused():
             steps, trace_findings, info = _analyze_one(trace, sync_sites)
         all_steps.extend(steps)
@@ -52,6 +63,7 @@ def analyze(path_or_traces: str | Path | Sequence[Trace], sync_sites: list[dict]
     straggler = straggler_finding(ranks) if ranks else None
     if straggler is not None:
         findings.append(straggler)
+    report("done", 2 * len(traces), 2 * len(traces))
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
     summary = _summary(all_steps, per_trace, straggler)
     trace_info = {

@@ -17,7 +17,7 @@ import gc
 import gzip
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -40,15 +40,20 @@ class TraceLoadError(ValueError):
     """A path that is not a readable torch.profiler trace; the message names the file and the problem."""
 
 
-def load_traces(path: str | Path) -> list[Trace]:
-    """Load one trace file, or every trace in a folder (one per rank/worker), sorted by rank then name."""
+def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | None = None) -> list[Trace]:
+    """Load one trace file, or every trace in a folder (one per rank/worker), sorted by rank then name.
+
+    `on_file(file, index, count)`, if given, is called before each file is read (for progress bars).
+    """
     root = Path(path)
     if not root.exists():
         raise TraceLoadError(f"{root}: no such file or folder")
     if root.is_dir():
         files = trace_files(root)
         traces = []
-        for file in files:
+        for index, file in enumerate(files):
+            if on_file is not None:
+                on_file(file, index, len(files))
             try:
                 traces.append(load_trace(file))
             except TraceLoadError:
@@ -58,6 +63,8 @@ def load_traces(path: str | Path) -> list[Trace]:
             raise TraceLoadError(f"{root}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
         traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.path.name))
         return traces
+    if on_file is not None:
+        on_file(root, 0, 1)
     return [load_trace(root)]
 
 
