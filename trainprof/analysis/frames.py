@@ -3,34 +3,12 @@
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 
 from trainprof.trace import Trace
+from trainprof.user_code import is_user_file
 
 _PY_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
-# Frames from these top-level packages are library code, never "the user's line".
-LIBRARY_PACKAGES = frozenset(
-    {
-        "torch",
-        "transformers",
-        "accelerate",
-        "trainprof",
-        "triton",
-        "numpy",
-        "deepspeed",
-        "lightning",
-        "pytorch_lightning",
-        "torchvision",
-        "torchaudio",
-        "peft",
-        "datasets",
-        "apex",
-        "torchao",
-        "functorch",
-    }
-)
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 # python_function names of the profiler's own frames (its stop/exit path synchronizes the device).
 PROFILER_FILES = ("torch/profiler/", "torch/autograd/profiler")
 
@@ -52,29 +30,6 @@ def parse_py_frame(name: str) -> PyFrame | None:
     if match is None:
         return None
     return PyFrame(match.group(1), int(match.group(2)), match.group(3))
-
-
-# Files inside a library package that hold a training loop of the user's kind.
-_USER_FILES_IN_LIBRARIES = ("trainprof/demo.py",)
-
-
-def is_user_file(file: str) -> bool:
-    """True for the user's code: not site-packages, stdlib, `<frozen ...>`, or a known library."""
-    path = file.replace("\\", "/")
-    if path.startswith("<") or "site-packages/" in path or "dist-packages/" in path:
-        return False
-    if "/lib/python3" in path:  # an absolute path into the interpreter's stdlib
-        return False
-    if path.endswith(_USER_FILES_IN_LIBRARIES):  # trainprof's demo loop is the user's code there
-        return True
-    # The profiler writes library paths relative to their sys.path entry (`torch/nn/modules/module.py`),
-    # or absolute for a source checkout (`/src/trainprof/trainprof/session.py`): any folder of the
-    # path named like a library package marks library code.
-    parts = path.lstrip("./").split("/")
-    top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
-    if top in _STDLIB:
-        return False
-    return not any(part in LIBRARY_PACKAGES for part in [top, *parts[1:-1]])
 
 
 def is_profiler_file(file: str) -> bool:

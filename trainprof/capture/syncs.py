@@ -15,16 +15,16 @@ installed outside the recorded steps.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
-import sysconfig
 import threading
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainprof.user_code import is_user_file
 
 # The text of the warning that `torch.cuda.set_sync_debug_mode("warn")` emits per synchronizing op.
 SYNC_WARNING_RE = re.compile(r"called a synchronizing CUDA operation")
@@ -34,50 +34,10 @@ _PROTOTYPE_WARNING_RE = re.compile(r"Synchronization debug mode is a prototype f
 _FrameTuple = tuple[str, int, str]  # (file, line, function)
 
 
-def _library_roots() -> tuple[str, ...]:
-    """Folders whose frames are never the user's: torch, HF libraries, trainprof, stdlib, site-packages."""
-    roots: set[str] = set()
-    for name in ("torch", "transformers", "accelerate", "trainprof"):
-        try:
-            spec = importlib.util.find_spec(name)  # top-level: locates without importing
-        except (ImportError, ValueError):
-            spec = None
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            roots.add(os.path.realpath(location))
-    for key in ("stdlib", "platstdlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.realpath(path))
-    return tuple(sorted(root.rstrip(os.sep) + os.sep for root in roots))
-
-
-_LIBRARY_ROOTS: tuple[str, ...] | None = None
-_LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-# Files inside the trainprof package that are user code: the demo's training loop.
-_USER_FILES_IN_PACKAGE = ("demo.py",)
-_PATH_CACHE: dict[str, bool] = {}
-
-
 def is_library_file(path: str) -> bool:
-    """True when `path` belongs to torch, transformers, accelerate, trainprof, the stdlib or any
-    installed package (site-packages), or is a frozen/builtin module; False for the user's code."""
-    cached = _PATH_CACHE.get(path)
-    if cached is not None:
-        return cached
-    global _LIBRARY_ROOTS
-    if _LIBRARY_ROOTS is None:
-        _LIBRARY_ROOTS = _library_roots()
-    if path.startswith("<frozen") or path.startswith("<built-in"):
-        verdict = True
-    elif any(marker in path for marker in _LIBRARY_MARKERS):
-        verdict = True
-    else:
-        real = os.path.realpath(path) if os.path.isabs(path) else path
-        verdict = real.startswith(_LIBRARY_ROOTS)
-        if verdict and real.endswith(_USER_FILES_IN_PACKAGE) and f"{os.sep}trainprof{os.sep}" in real:
-            verdict = False
-    _PATH_CACHE[path] = verdict
-    return verdict
+    """True when `path` is not the user's code (torch, HF libraries, trainprof, the stdlib, any
+    installed package, frozen modules): the same rule the trace analysis applies."""
+    return not is_user_file(path)
 
 
 def innermost_user_frame(
