@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from statistics import median  # not np.median: it imports numpy.ma, 25 ms of a fresh process
 
 import numpy as np
 
@@ -10,13 +11,6 @@ from trainprof.analysis.frames import UserFrameIndex
 from trainprof.analysis.result import Finding
 from trainprof.analysis.timeline import Timeline
 
-
-def median(values: np.ndarray) -> float:
-    """Median of a non-empty array. np.median would import numpy.ma on first use: 25 ms of a 0.13 s
-    `trainprof analyze` in a fresh process."""
-    ordered = np.sort(values)
-    middle = len(ordered) // 2
-    return float(ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2)
 
 def launch_stats(timeline: Timeline) -> tuple[list[dict], dict]:
     """Per step: tiny-kernel counts; and, over all steps, the user regions and ops launching tiny kernels.
@@ -38,7 +32,7 @@ def launch_stats(timeline: Timeline) -> tuple[list[dict], dict]:
             {
                 "tiny_kernel_count": tiny_count,
                 "tiny_kernel_pct": round(100.0 * tiny_count / count, 2) if count else 0.0,
-                "median_kernel_us": round(median(kernels.dur_us[in_step]), 3) if count else 0.0,
+                "median_kernel_us": round(median(kernels.dur_us[in_step].tolist()), 3) if count else 0.0,
             }
         )
 
@@ -69,8 +63,8 @@ def launch_stats(timeline: Timeline) -> tuple[list[dict], dict]:
     totals = {
         "tiny_kernel_count": int(tiny_in_steps.size),
         "kernel_count": int((timeline.kernel_step >= 0).sum()),
-        "median_launch_us": round(median(launch_us[~np.isnan(launch_us)]), 3) if matched.any() else None,
-        "median_kernel_us": round(median(kernels.dur_us), 3) if len(kernels) else None,
+        "median_launch_us": round(median(launch_us[matched].tolist()), 3) if matched.any() else None,
+        "median_kernel_us": round(median(kernels.dur_us.tolist()), 3) if len(kernels) else None,
         "regions": region_list,
     }
     return per_step, totals
