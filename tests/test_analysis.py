@@ -46,7 +46,7 @@ def test_pathologies_steps(pathologies):
 def test_pathologies_pageable_copy_sync(pathologies):
     (h2d,) = [f for f in _syncs(pathologies) if "aten::copy_" in (f.op or "")]
     assert h2d.op == "aten::to -> aten::_to_copy -> aten::copy_"
-    assert h2d.where == {"file": "make_traces.py", "line": None, "function": "gpt2_loop"}
+    assert h2d.where.to_dict() == {"file": "make_traces.py", "line": None, "function": "gpt2_loop"}
     assert (h2d.count, h2d.per_step) == (3, 1.0)
     assert h2d.details["sync_kind"] == "h2d_pageable"
     # Three blocking cudaMemcpyAsync (31.446 + 16.857 + 15.481 µs) + their cudaStreamSynchronize (27.447 µs).
@@ -55,7 +55,7 @@ def test_pathologies_pageable_copy_sync(pathologies):
 
 def test_pathologies_item_syncs(pathologies):
     (item,) = [f for f in _syncs(pathologies) if "aten::item" in (f.op or "")]
-    assert item.where["function"] == "gpt2_loop"
+    assert item.where.function == "gpt2_loop"
     assert (item.count, item.per_step) == (6, 2.0)
     assert item.details["sync_kind"] == "d2h_copy"
     assert item.cost_ms == pytest.approx(0.0720, abs=1e-4)  # six cudaStreamSynchronize, 72.0 µs
@@ -63,7 +63,7 @@ def test_pathologies_item_syncs(pathologies):
 
 def test_pathologies_launch_overhead(pathologies):
     (launch,) = [f for f in pathologies.findings if f.kind == "launch_overhead"]
-    assert launch.where["function"] == "gpt2_loop"
+    assert launch.where.function == "gpt2_loop"
     assert launch.severity == "high"
     assert pathologies.summary["verdict"] == "launch-bound"
     top_ops = {o["op"] for o in launch.details["regions"][0]["top_ops"]}
@@ -111,12 +111,12 @@ def _sites(skip: tuple[int, int] | None = None) -> list[dict]:
 def test_sync_site_join_fills_lines():
     (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
     result = analyze([trace], sync_sites=_sites())
-    by_line = {f.where["line"]: f for f in _syncs(result)}
+    by_line = {f.where.line: f for f in _syncs(result)}
     assert set(by_line) == {38, 45, 49}
     assert by_line[38].details["sync_kind"] == "h2d_pageable"
     assert "aten::item" in by_line[45].op and "aten::item" in by_line[49].op
     assert all(
-        by_line[line].count == 3 and by_line[line].where["file"] == "/home/u/make_traces.py"
+        by_line[line].count == 3 and by_line[line].where.file == "/home/u/make_traces.py"
         for line in by_line
     )
 
@@ -126,9 +126,9 @@ def test_sync_site_join_never_shifts_a_missing_site():
     result = analyze([trace], sync_sites=_sites(skip=(4, 45)))
     for finding in _syncs(result):
         steps = [o["step"] for o in finding.details["occurrences"]]
-        if finding.where["line"] is not None:
+        if finding.where.line is not None:
             assert 4 not in steps  # step 4 lost a site: none of its syncs gets a (possibly wrong) line
-    assert sum(f.count for f in _syncs(result) if f.where["line"] is None) == 3
+    assert sum(f.count for f in _syncs(result) if f.where.line is None) == 3
 
 
 def test_to_dict_is_json_with_required_fields(pathologies):

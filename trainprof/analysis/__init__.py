@@ -6,6 +6,6 @@ result.summary["verdict"], result.findings, result.to_dict()
 """
 
 from trainprof.analysis.core import analyze
-from trainprof.analysis.result import Analysis, Finding
+from trainprof.analysis.result import Analysis, Finding, Via, Where
 
-__all__ = ["Analysis", "Finding", "analyze"]
+__all__ = ["Analysis", "Finding", "Via", "Where", "analyze"]

@@ -6,25 +6,76 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True)
+class Where:
+    """The innermost frame of the user's code behind a finding (any field may be unknown: None).
+
+    From a trace alone `line` is the function's first line at best; the live capture gives the line.
+    """
+
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{"file", "line", "function"}`, the `where` of DEVELOPING.md's finding contract."""
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+@dataclass(frozen=True)
+class Via:
+    """The library frame that made the call behind a finding: the frame a library's setting is about.
+
+    `library` is the top-level package (`transformers`, `accelerate`, `lightning`, `torch`, ...);
+    `version` is its version when the run recorded it (None otherwise).
+    """
+
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+    library: str | None = None
+    version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{"file", "line", "function", "library", "version"}`."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "library": self.library,
+            "version": self.version,
+        }
+
+
 @dataclass
 class Finding:
     """One problem (or fact) found in a trace, with its evidence.
 
-    `where` is `{"file", "line", "function"}` of the user's code (values may be None); `cost_ms` is
-    the CPU or GPU time it costs over all profiled steps; `per_step` is `count` / number of steps.
+    `where` is the user's code (a `Where`; a `{"file", "line", "function"}` dict is converted);
+    `via` the library frame that made the call, when a library did; `cause` the concrete cause in
+    words (`"`.item()` of a CUDA tensor"`); `cost_ms` is the CPU or GPU time it costs over all
+    profiled steps; `per_step` is `count` / number of steps.
     """
 
     kind: str
     title: str
     severity: str  # "high" | "medium" | "low" | "info"
     op: str | None
-    where: dict
+    where: Where
     count: int
     per_step: float
     cost_ms: float
     fix: str | None
     rank: int | None = None
     details: dict = field(default_factory=dict)
+    via: Via | None = None
+    cause: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.where, dict):
+            self.where = Where(**{k: self.where.get(k) for k in ("file", "line", "function")})
+        elif self.where is None:
+            self.where = Where()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form (the `findings` entries of `Analysis.to_dict()`)."""
@@ -33,7 +84,9 @@ class Finding:
             "title": self.title,
             "severity": self.severity,
             "op": self.op,
-            "where": dict(self.where),
+            "where": self.where.to_dict(),
+            "via": self.via.to_dict() if self.via is not None else None,
+            "cause": self.cause,
             "count": self.count,
             "per_step": self.per_step,
             "cost_ms": self.cost_ms,
