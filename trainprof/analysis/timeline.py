@@ -8,14 +8,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
+from trainprof.analysis.runtime_calls import call_kind
 from trainprof.trace import EventTable, Trace
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 def is_launch_call(name: str) -> bool:
-    """cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel(Ex), cudaGraphLaunch, ..."""
-    return name.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch"))
+    """A call that submits GPU work: a kernel launch or a graph launch, CUDA or HIP (see runtime_calls)."""
+    return call_kind(name) in ("launch", "graph_launch")
 
 
 def is_comm_kernel(name: str) -> bool:
