@@ -3,63 +3,288 @@
 The session records the innermost user frame of each sync while the loop runs; the analysis finds
 the innermost user `python_function` of the same sync in the trace and joins the two by it. Both
 must draw the line between user and library code in the same place, so both call `is_user_file`.
+
+The rule looks at where a file is installed, never at folder names alone (`/code/train.py` and
+`~/proj/lightning/train.py` are the user's):
+
+- `<frozen ...>`, `<built-in ...>`, anything under `site-packages/` or `dist-packages/`, and the
+  interpreter's standard library are library code;
+- an absolute path (a live frame's `co_filename`) is library code when it lies under one of the
+  run's library roots (`CodeLayout.roots`: those folders, plus the folder of every known library
+  package imported from elsewhere, e.g. a source checkout of transformers or trainprof);
+- a relative path (the profiler writes `python_function` files relative to their sys.path entry:
+  `torch/nn/modules/module.py`, `train.py`) is judged by its top-level name: a package the run
+  imported from a library root, a known library, or a stdlib module is library code, unless the
+  run imported that name from the user's own folders (`CodeLayout.user_packages`).
+
+The session records its `CodeLayout` beside the sync sites, so an offline analysis draws the line
+where the live capture drew it; without one, this process's layout and the known names are used.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 import sys
 import sysconfig
+from dataclasses import dataclass, field
+from typing import Any
 
-# Frames from these packages are library code, never "the user's line".
+# Top-level packages that are library code wherever they are imported from. Extend as needed.
 LIBRARY_PACKAGES = frozenset(
     {
         "torch",
         "transformers",
         "accelerate",
         "trainprof",
+        "fused_layers",
         "triton",
         "numpy",
         "deepspeed",
+        "megatron",
         "lightning",
+        "lightning_fabric",
+        "lightning_utilities",
         "pytorch_lightning",
+        "torchmetrics",
         "torchvision",
         "torchaudio",
-        "peft",
-        "datasets",
-        "apex",
         "torchao",
+        "torchtitan",
         "functorch",
+        "peft",
+        "trl",
+        "datasets",
+        "tokenizers",
+        "safetensors",
+        "huggingface_hub",
+        "apex",
+        "xformers",
+        "flash_attn",
+        "bitsandbytes",
+        "liger_kernel",
+        "timm",
+        "diffusers",
+        "einops",
+        "tqdm",
+        "wandb",
+        "tensorboard",
+        "pandas",
+        "scipy",
     }
 )
 _STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ()))
-# This interpreter's stdlib folders (e.g. /usr/lib64/python3.11/), for absolute paths of live frames.
-_STDLIB_ROOTS = tuple(
-    sorted({path.replace("\\", "/").rstrip("/") + "/" for key in ("stdlib", "platstdlib")
-            if (path := sysconfig.get_paths().get(key))})
-)
+# A file inside an installed-packages folder or a `lib/python3.X/` stdlib, on any machine.
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/|/lib/python3\.\d+/")
 # Files inside a library package that hold a training loop of the user's kind.
 _USER_FILES_IN_LIBRARIES = ("trainprof/demo.py",)
 
 
-@functools.lru_cache(maxsize=4096)  # the capture asks about the same few files at every sync
-def is_user_file(file: str) -> bool:
-    """True for the user's code: not site-packages, the stdlib, `<frozen ...>`, or a known library.
+@dataclass(frozen=True)
+class CodeLayout:
+    """Where one process's library code lives; the session writes it beside the sync sites.
 
-    Takes a live frame's `co_filename` or a trace's `python_function` file, which the profiler writes
-    relative to its sys.path entry (`torch/nn/modules/module.py`) or absolute.
+    `roots`: absolute folders (`/`-separated, ending in `/`) holding library code;
+    `library_packages` / `user_packages`: top-level module names the process imported from a
+    library root / from the user's folders (the main script's name counts as the user's);
+    `versions`: `(top-level name, version)` of the library packages that say their version.
+    """
+
+    roots: tuple[str, ...] = ()
+    library_packages: frozenset[str] = frozenset()
+    user_packages: frozenset[str] = frozenset()
+    versions: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)
+
+    def version_of(self, package: str | None) -> str | None:
+        """The recorded version of top-level package `package`, or None."""
+        return dict(self.versions).get(package) if package else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `code_layout` object of a version-2 `<worker>.syncsites.json` (DEVELOPING.md)."""
+        return {
+            "roots": list(self.roots),
+            "library_packages": sorted(self.library_packages),
+            "user_packages": sorted(self.user_packages),
+            "versions": dict(self.versions),
+        }
+
+    @classmethod
+    def from_dict(cls, document: Any) -> CodeLayout | None:
+        """Read `to_dict()`'s form back; None when `document` is not one (wrong-typed parts are dropped)."""
+        if not isinstance(document, dict):
+            return None
+
+        def strings(key: str) -> list[str]:
+            value = document.get(key)
+            return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+        versions = document.get("versions")
+        pairs = tuple(
+            sorted((k, v) for k, v in versions.items() if isinstance(k, str) and isinstance(v, str))
+        ) if isinstance(versions, dict) else ()
+        return cls(
+            roots=tuple(_as_root(r) for r in strings("roots")),
+            library_packages=frozenset(strings("library_packages")),
+            user_packages=frozenset(strings("user_packages")),
+            versions=pairs,
+        )
+
+
+def _as_root(folder: str) -> str:
+    return folder.replace("\\", "/").rstrip("/") + "/"
+
+
+@functools.lru_cache(maxsize=1)
+def _installation_roots() -> tuple[str, ...]:
+    """This interpreter's stdlib and installed-packages folders."""
+    import site
+
+    folders = [sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    try:
+        folders += site.getsitepackages()
+        folders.append(site.getusersitepackages())
+    except AttributeError:  # some virtualenv builds lack these
+        pass
+    folders += [p for p in sys.path if "site-packages" in p or "dist-packages" in p]
+    return tuple(sorted({_as_root(os.path.realpath(f)) for f in folders if f}))
+
+
+def _module_folder(module: Any) -> str | None:
+    """The folder of a package (`.../torch/`) or the file of a single-file module, as a root."""
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        return None
+    file = os.path.realpath(file)
+    if os.path.basename(file).startswith("__init__."):
+        return _as_root(os.path.dirname(file))
+    return file.replace("\\", "/")
+
+
+def current_layout() -> CodeLayout:
+    """This process's layout, from the top-level modules it has imported (~1 ms; cached per import set)."""
+    top_level = tuple(sorted(name for name in list(sys.modules) if "." not in name))
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    return _layout_for(top_level, main_file if isinstance(main_file, str) else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout_for(top_level: tuple[str, ...], main_file: str | None) -> CodeLayout:
+    installed = _installation_roots()
+    roots = set(installed)
+    library, user = set(), set()
+    versions = {}
+    for name in top_level:
+        if name.startswith("__") or not name.isidentifier():
+            continue  # __main__, __mp_main__, <stdin>: not importable names a trace could show
+        module = sys.modules.get(name)
+        where = _module_folder(module)
+        if where is None:
+            continue
+        if name in LIBRARY_PACKAGES or where.startswith(installed) or _INSTALLED.search(where):
+            library.add(name)
+            if where.endswith("/") and not where.startswith(installed):
+                roots.add(where)  # a source checkout or editable install of a known library
+            version = getattr(module, "__version__", None)
+            if isinstance(version, str):
+                versions[name] = version
+        else:
+            user.add(name)
+    if main_file:
+        user.add(os.path.splitext(os.path.basename(main_file))[0])
+    return CodeLayout(
+        roots=tuple(sorted(roots)),
+        library_packages=frozenset(library - user),
+        user_packages=frozenset(user),
+        versions=tuple(sorted(versions.items())),
+    )
+
+
+def _top_level(path: str) -> str:
+    first = path.lstrip("./").split("/", 1)[0]
+    return first[:-3] if first.endswith(".py") else first
+
+
+def _is_absolute(path: str) -> bool:
+    return path.startswith("/") or (len(path) > 2 and path[1] == ":" and path[2] == "/")
+
+
+@functools.lru_cache(maxsize=1)
+def _trainprof_root() -> str:
+    return _as_root(os.path.dirname(os.path.realpath(__file__)))
+
+
+@functools.lru_cache(maxsize=1)
+def _trainprof_files() -> frozenset[str]:
+    """`trainprof/<relative path>` of every source file of this package, to know copies elsewhere."""
+    root = _trainprof_root()
+    files = set()
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                relative = os.path.join(folder, name).replace("\\", "/")[len(root):]
+                files.add("trainprof/" + relative)
+    return frozenset(files)
+
+
+@functools.lru_cache(maxsize=8192)  # the capture and the analysis ask about the same few files
+def is_user_file(file: str, layout: CodeLayout | None = None) -> bool:
+    """True for the user's code (see the module docstring); `layout` defaults to this process's.
+
+    Takes a live frame's `co_filename` or a trace's `python_function` file.
     """
     path = file.replace("\\", "/")
-    if path.startswith("<") or "site-packages/" in path or "dist-packages/" in path:
-        return False
-    if "/lib/python3" in path or path.startswith(_STDLIB_ROOTS):  # the interpreter's stdlib
+    if not path or path.startswith("<") or _INSTALLED.search(path):
         return False
     if path.endswith(_USER_FILES_IN_LIBRARIES):  # trainprof's demo loop is the user's code there
         return True
-    # A source checkout (`/src/trainprof/trainprof/session.py`) is library code too: any folder of
-    # the path named like a library package marks it.
-    parts = path.lstrip("./").split("/")
-    top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
-    if top in _STDLIB_MODULES:
+    if _is_absolute(path):
+        roots = layout.roots if layout is not None else current_layout().roots
+        if path.startswith(roots) or path.startswith(_installation_roots()):
+            return False
+        # trainprof's own modules checked out elsewhere (`/src/trainprof/trainprof/session.py`)
+        return not any(path.endswith("/" + own) for own in _own_file_candidates(path))
+    top = _top_level(path)
+    if layout is not None and top in layout.user_packages:
+        return True
+    if layout is not None and top in layout.library_packages:
         return False
-    return not any(part in LIBRARY_PACKAGES for part in [top, *parts[1:-1]])
+    return top not in LIBRARY_PACKAGES and top not in _STDLIB_MODULES
+
+
+def _own_file_candidates(path: str) -> tuple[str, ...]:
+    """The `trainprof/...` suffixes of `path` that name one of trainprof's own files."""
+    index = path.rfind("/trainprof/")
+    if index < 0:
+        return ()
+    suffix = path[index + 1:]
+    return (suffix,) if suffix in _trainprof_files() else ()
+
+
+def library_of(file: str, layout: CodeLayout | None = None) -> str | None:
+    """The top-level package a library file belongs to (`transformers`, `torch`, ...), or None.
+
+    For the standard library it is `"python"`; for a file not in any package, None.
+    """
+    if is_user_file(file, layout):
+        return None
+    path = file.replace("\\", "/")
+    if path.startswith("<"):
+        return None
+    if re.search(r"/lib/python3\.\d+/(?!.*(site|dist)-packages/)", path):
+        return "python"
+    match = re.search(r"(?:^|/)(?:site-packages|dist-packages)/([^/]+)", path)
+    if match:
+        return _top_level(match.group(1))
+    if _is_absolute(path):
+        roots = (layout.roots if layout is not None else current_layout().roots) + _installation_roots()
+        best = max((r for r in roots if path.startswith(r)), key=len, default=None)
+        if best is None:
+            index = path.rfind("/trainprof/")
+            return "trainprof" if index >= 0 and _own_file_candidates(path) else None
+        if best in _installation_roots():
+            return "python"
+        return best.rstrip("/").rsplit("/", 1)[-1]
+    top = _top_level(path)
+    return "python" if top in _STDLIB_MODULES else top

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib serves wher
     from zlib import error as _InflateError
 
 from trainprof.trace.model import KEPT_CATEGORIES, EventTable, Trace
+from trainprof.user_code import CodeLayout
 
 SYNCSITES_SUFFIX = ".syncsites.json"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
@@ -129,6 +130,7 @@ def load_trace(path: str | Path) -> Trace:
         rank = int(match.group(1)) if match else None
     sites_path = sync_sites_path(path)
     sites = read_sync_sites(sites_path) if sites_path.is_file() else None
+    layout = read_code_layout(sites_path) if sites is not None else None
     return Trace(
         path=path,
         worker=worker,
@@ -142,6 +144,7 @@ def load_trace(path: str | Path) -> Trace:
         metadata=metadata,
         sync_sites=sites,
         sync_sites_path=sites_path if sites is not None else None,
+        code_layout=layout,
     )
 
 
@@ -240,6 +243,12 @@ def read_sync_sites(path: Path) -> list[dict]:
     if not isinstance(sites, list) or not all(isinstance(s, dict) for s in sites):
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
     return sites
+
+
+def read_code_layout(path: Path) -> CodeLayout | None:
+    """The run's `code_layout` recorded in a version-2 sync sites file (None in version 1)."""
+    document = msgspec.json.decode(_read_bytes(path))  # already read and checked by read_sync_sites
+    return CodeLayout.from_dict(document.get("code_layout")) if isinstance(document, dict) else None
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from trainprof.user_code import CodeLayout
+
 # Categories of complete ("X") events kept by the loader. Everything else (flows, metadata) is dropped:
 # GPU events carry `args.correlation`, which joins them to their runtime call without the flow events.
 CPU_CATEGORIES = ("cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver")
@@ -171,6 +173,8 @@ class Trace:
     metadata: dict = field(default_factory=dict)
     sync_sites: list[dict] | None = None
     sync_sites_path: Path | None = None
+    code_layout: CodeLayout | None = None
+    """Where the run's library code lived (`trainprof.user_code.CodeLayout`), from the sync sites file."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
     _name_ids: dict[str, int] | None = field(default=None, repr=False)
 
