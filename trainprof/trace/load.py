@@ -155,6 +155,9 @@ class _Args(msgspec.Struct):
     bytes: float = _NAN
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
     device_type: int = msgspec.field(default=1, name="Device Type")
+    # Kineto's forward/backward link of a cpu_op (trainprof.analysis.attribution reads them).
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
+    fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
 
 
 _NO_ARGS = _Args()
@@ -309,6 +312,8 @@ def _bucket(events: list, path: Path):
                 [arg.correlation for arg in args],
                 [arg.bytes for arg in args],
             )
+            if category == "cpu_op":
+                columns[category] += ([arg.sequence for arg in args], [arg.fwd_thread for arg in args])
         for event in memory_events:
             args = event.args or _NO_ARGS
             if args.total_allocated is None or args.device_type != 1:  # 1 = CUDA; skip host memory

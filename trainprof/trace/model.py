@@ -32,6 +32,8 @@ class EventTable:
     Times are microseconds on the trace's clock. `thread` indexes `Trace.threads`; `name` indexes
     `Trace.names`; `correlation` is -1 when absent; `value` is category specific: bytes for
     `gpu_memcpy`/`gpu_memset`, `Total Allocated` bytes for `memory`, NaN otherwise.
+    `sequence` and `fwd_thread` exist for `cpu_op` only (None elsewhere): Kineto's autograd link
+    args `Sequence number` and `Fwd thread id`, -1 when absent (see `trainprof.analysis.attribution`).
     """
 
     start_us: np.ndarray
@@ -40,6 +42,8 @@ class EventTable:
     name: np.ndarray
     correlation: np.ndarray
     value: np.ndarray
+    sequence: np.ndarray | None = None
+    fwd_thread: np.ndarray | None = None
 
     end_us: np.ndarray = field(init=False, repr=False)
     """End times (start + duration), computed once: analyses read them in loops."""
@@ -51,8 +55,10 @@ class EventTable:
         return len(self.start_us)
 
     @classmethod
-    def from_columns(cls, start, dur, thread, name, correlation, value) -> EventTable:
-        """Build a table from Python lists, sorted by start time."""
+    def from_columns(
+        cls, start, dur, thread, name, correlation, value, sequence=None, fwd_thread=None
+    ) -> EventTable:
+        """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread` optional)."""
         start_us = np.asarray(start, dtype=np.float64)
         order = np.argsort(start_us, kind="stable")
         return cls(
@@ -62,6 +68,8 @@ class EventTable:
             name=np.asarray(name, dtype=np.int32)[order],
             correlation=np.asarray(correlation, dtype=np.int64)[order],
             value=np.asarray(value, dtype=np.float64)[order],
+            sequence=None if sequence is None else np.asarray(sequence, dtype=np.int64)[order],
+            fwd_thread=None if fwd_thread is None else np.asarray(fwd_thread, dtype=np.int64)[order],
         )
 
     @classmethod
@@ -78,6 +86,8 @@ class EventTable:
             self.name[mask],
             self.correlation[mask],
             self.value[mask],
+            None if self.sequence is None else self.sequence[mask],
+            None if self.fwd_thread is None else self.fwd_thread[mask],
         )
 
 
