@@ -77,18 +77,21 @@ class Timing:
         return asdict(self)
 
 
-def _device_of(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device``; None means CUDA when available, else the CPU."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-def _is_cuda(device: torch.device) -> bool:
+def is_cuda(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA device this process can use (False on a CPU build)."""
     return device.type == "cuda" and torch.cuda.is_available()
 
 
-def _synchronize(device: torch.device) -> None:
-    if _is_cuda(device):
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work; a no-op off CUDA."""
+    if is_cuda(device):
         torch.cuda.synchronize(device)
 
 
@@ -137,11 +140,11 @@ def summarize(
     )
 
 
-class _Clock:
+class Clock:
     """Marks on one clock: CUDA events recorded in the stream, or host ``perf_counter`` readings."""
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = _is_cuda(device)
+        self.cuda = is_cuda(device)
         self.marks: list = []
 
     def mark(self) -> None:
@@ -161,11 +164,11 @@ class _Clock:
 
 def _calls_for(fn: Callable[[], object], device: torch.device, target_ms: float) -> int:
     """How many calls make a sample of about ``target_ms`` (from one timed call)."""
-    clock = _Clock(device)
+    clock = Clock(device)
     clock.mark()
     fn()
     clock.mark()
-    _synchronize(device)
+    synchronize(device)
     one_ms = max(clock.elapsed_ms(0, 1), 1e-3)
     return max(1, int(target_ms / one_ms))
 
@@ -195,11 +198,11 @@ def time_fn(
     """
     if samples < 1 or warmup < 0:
         raise ValueError(f"samples must be >= 1 and warmup >= 0 (got {samples}, {warmup})")
-    dev = _device_of(device)
+    dev = resolve_device(device)
     for _ in range(warmup):
         fn()
-    _synchronize(dev)
-    clock = _Clock(dev)
+    synchronize(dev)
+    clock = Clock(dev)
     if flush_l2:
         scratch = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
         per_call = []
@@ -209,7 +212,7 @@ def time_fn(
             clock.mark()
             fn()
             clock.mark()
-            _synchronize(dev)
+            synchronize(dev)
             per_call.append(clock.elapsed_ms(0, 1))
         calls = 1
     else:
@@ -219,7 +222,7 @@ def time_fn(
             for _ in range(calls):
                 fn()
             clock.mark()
-        _synchronize(dev)
+        synchronize(dev)
         per_call = [clock.elapsed_ms(i, i + 1) / calls for i in range(samples)]
     return summarize(
         per_call,
@@ -249,17 +252,17 @@ def host_time(
     launch queue (about a thousand kernels), or the host would wait for the GPU inside the timing.
     The clock is always ``"host"``; read ``median_us``.
     """
-    dev = _device_of(device)
+    dev = resolve_device(device)
     for _ in range(warmup):
         fn()
     per_call = []
     for _ in range(samples):
-        _synchronize(dev)
+        synchronize(dev)
         start = time.perf_counter()
         for _ in range(calls_per_sample):
             fn()
         per_call.append((time.perf_counter() - start) * 1e3 / calls_per_sample)
-    _synchronize(dev)
+    synchronize(dev)
     return summarize(per_call, clock=CLOCK_HOST, device=str(dev), calls_per_sample=calls_per_sample)
 
 
@@ -278,8 +281,8 @@ def measure_copy_bandwidth(device: str | torch.device | None = None, nbytes: int
     ``nbytes`` defaults to 1 GiB on a GPU (far beyond L2) and 64 MiB on a CPU. Measured once per
     process and size (cached), with ``time_fn``; the ceiling a memory-bound kernel is held against.
     """
-    dev = _device_of(device)
-    size = nbytes or (1 << 30 if _is_cuda(dev) else 64 << 20)
+    dev = resolve_device(device)
+    size = nbytes or (1 << 30 if is_cuda(dev) else 64 << 20)
     return _copy_bandwidth(str(dev), size)
 
 
@@ -302,7 +305,7 @@ def measure_matmul_peak(
     CPU. fp32 on a GPU follows the current ``torch.backends.cuda.matmul.allow_tf32`` setting, as the
     measured training step does. Cached per process, device, dtype and size.
     """
-    dev = _device_of(device)
-    size = n or (8192 if _is_cuda(dev) else 512)
-    allow_tf32 = _is_cuda(dev) and torch.backends.cuda.matmul.allow_tf32
+    dev = resolve_device(device)
+    size = n or (8192 if is_cuda(dev) else 512)
+    allow_tf32 = is_cuda(dev) and torch.backends.cuda.matmul.allow_tf32
     return _matmul_peak(str(dev), dtype, size, allow_tf32)
