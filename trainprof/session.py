@@ -331,6 +331,16 @@ class Session:
         self.findings = [_as_dict(finding) for finding in analysis.findings]
         self.summary = dict(_as_dict(analysis.summary))
 
+    @property
+    def report_dir(self) -> Path:
+        """Where summary.json, report.md and the scalars go: the run folder, except for rank R > 0,
+        whose report goes into `run_dir/rank<R>/` so that ranks sharing a run folder (torchrun,
+        `trainprof run`) never overwrite each other's."""
+        rank = re.match(r"rank(\d+)_", self.worker)
+        if rank is not None and int(rank.group(1)) > 0:
+            return self.run_dir / f"rank{rank.group(1)}"
+        return self.run_dir
+
     def _finish(self) -> None:
         """At exit: the analysis of every window, then summary.json, report.md, scalars, console."""
         if not self.config.analyze or not self.trace_files:
@@ -340,9 +350,10 @@ class Session:
         assert self.analysis is not None
         from trainprof.report import write_reports
 
+        self.report_dir.mkdir(parents=True, exist_ok=True)
         write_reports(
             self.analysis.to_dict(),
-            self.run_dir,
+            self.report_dir,
             tensorboard_scalars=self.config.tensorboard_scalars,
             console=self.config.console,
         )
