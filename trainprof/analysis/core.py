@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-
-import numpy as np
 
 from trainprof.analysis.distributed import rank_table, straggler_finding
 from trainprof.analysis.host_ops import cpu_only_finding
-from trainprof.analysis.idle import host_bound_finding, idle_breakdown, verdict
+from trainprof.analysis.idle import idle_breakdown, idle_findings, verdict
 from trainprof.analysis.kernels import top_kernels_finding
-from trainprof.analysis.launch import launch_finding, launch_stats
+from trainprof.analysis.attribution import attribute_kernels
+from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
 from trainprof.analysis.memory import peak_memory_per_step
+from trainprof.analysis.modules import module_costs_finding, owner_costs
 from trainprof.analysis.result import SEVERITY_ORDER, Analysis, Finding
 from trainprof.analysis.steps import step_breakdown
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, sync_findings
+from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import build_timeline
 from trainprof.trace import Trace, load_traces
 from trainprof.trace.load import gc_paused
@@ -25,6 +26,7 @@ def analyze(
     path_or_traces: str | Path | Sequence[Trace],
     sync_sites: list[dict] | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    thresholds: Mapping[str, float] | None = None,
 ) -> Analysis:
     """Answer why the profiled steps are slow.
 
@@ -33,10 +35,14 @@ def analyze(
     `<worker>.syncsites.json` files found beside the traces.
     `on_progress(what, done, total)`, if given, is called as each file is loaded and each trace
     analysed (two units a file), for a progress bar.
+    `thresholds` overrides the cut-offs of `trainprof.analysis.thresholds.THRESHOLDS` by name
+    (ValueError for an unknown name).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
+    limits = Thresholds(thresholds)
     report = on_progress or (lambda what, done, total: None)
     if isinstance(path_or_traces, (str, Path)):
+
         def on_file(file: Path, index: int, count: int) -> None:
             report(f"loading {file.name}", index, 2 * count)
 
@@ -49,23 +55,24 @@ def analyze(
     all_steps: list[dict] = []
     findings: list[Finding] = []
     per_trace: list[dict] = []
-    steps_by_rank: dict[int, list[dict]] = {}
+    steps_by_rank: dict[int | str, list[dict]] = {}  # by process: the windows of one run are one rank
     for position, trace in enumerate(traces):
         report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
         with gc_paused():
-            steps, trace_findings, info = _analyze_one(trace, sync_sites)
+            steps, trace_findings, info = _analyze_one(trace, sync_sites, limits)
         all_steps.extend(steps)
         findings.extend(trace_findings)
         per_trace.append(info)
-        steps_by_rank[trace.rank if trace.rank is not None else position] = steps
+        steps_by_rank.setdefault(trace.process, []).extend(steps)
 
-    ranks = rank_table(steps_by_rank) if len(traces) > 1 else []
+    ranks = rank_table(steps_by_rank) if len(steps_by_rank) > 1 else []
     straggler = straggler_finding(ranks) if ranks else None
     if straggler is not None:
         findings.append(straggler)
     report("done", 2 * len(traces), 2 * len(traces))
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
     summary = _summary(all_steps, per_trace, straggler)
+    summary["thresholds_overridden"] = limits.overridden()
     trace_info = {
         "files": [str(t.path) for t in traces],
         "traces": per_trace,
@@ -75,14 +82,16 @@ def analyze(
     return Analysis(trace=trace_info, steps=all_steps, findings=findings, summary=summary)
 
 
-def _analyze_one(trace: Trace, sync_sites: list[dict] | None) -> tuple[list[dict], list[Finding], dict]:
+def _analyze_one(
+    trace: Trace, sync_sites: list[dict] | None, limits: Thresholds
+) -> tuple[list[dict], list[Finding], dict]:
     timeline = build_timeline(trace)
     steps = step_breakdown(timeline)
     n = len(steps)
 
     points = find_sync_points(timeline)
     sites = sync_sites if sync_sites is not None else trace.sync_sites
-    matched_sites = join_sync_sites(points, sites) if sites else 0
+    matched_sites = join_sync_sites(points, sites, trace.code_layout) if sites else 0
     step_index = {s["step"]: i for i, s in enumerate(steps)}
     for step in steps:
         step["sync_count"] = 0
@@ -92,22 +101,28 @@ def _analyze_one(trace: Trace, sync_sites: list[dict] | None) -> tuple[list[dict
         step["sync_count"] += 1
         step["sync_blocked_ms"] = round(step["sync_blocked_ms"] + point.blocked_us / 1e3, 4)
 
-    launch_per_step, launch_totals = launch_stats(timeline)
-    idle_per_step, cpu_holders = idle_breakdown(timeline, np.array([p.end_us for p in points]))
+    costs = owner_costs(timeline, attribute_kernels(timeline), tiny_kernels(timeline))
+    launch_per_step, launch_totals = launch_stats(timeline, costs)
+    idle = idle_breakdown(timeline, limits)
     peaks = peak_memory_per_step(timeline)
-    for step, launch, idle, peak in zip(steps, launch_per_step, idle_per_step, peaks, strict=False):
+    cpu_only = not any(s["kernel_count"] or s["gpu_busy_ms"] for s in steps)
+    for step, launch, idle_row, peak in zip(steps, launch_per_step, idle.per_step, peaks, strict=False):
         step.update(launch)
-        step.update(idle)
+        if cpu_only:
+            step["gpu_idle_ms"] = None  # no GPU work at all: no GPU-idle time to split by cause
+        else:
+            step.update(idle_row)
         step["peak_memory_bytes"] = peak
 
     tiny_pct = 100.0 * launch_totals["tiny_kernel_count"] / max(launch_totals["kernel_count"], 1)
-    trace_verdict = verdict(steps, tiny_pct)
+    trace_verdict = verdict(steps, tiny_pct, limits)
     mean_step_ms = trace_verdict["step_ms"]
     findings = sync_findings(points, n, trace.rank, mean_step_ms)
+    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits))
     for maybe in (
-        launch_finding(trace_verdict, launch_totals, steps, trace.rank),
-        host_bound_finding(trace_verdict, cpu_holders, steps, trace.rank),
+        launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits),
         top_kernels_finding(timeline, trace.rank),
+        module_costs_finding(costs, trace.rank),
         cpu_only_finding(timeline, steps, trace.rank),
     ):
         if maybe is not None:
@@ -125,13 +140,16 @@ def _analyze_one(trace: Trace, sync_sites: list[dict] | None) -> tuple[list[dict
         "verdict": trace_verdict,
         "peak_memory_bytes": max(known_peaks) if known_peaks else None,
         "launch": {k: v for k, v in launch_totals.items()},
-        "gpu_idle_cpu_holders": cpu_holders,
+        "gpu_idle_holders": idle.holders,
+        "gpu_idle_host_functions": idle.host_functions,
+        "gpu_idle_one_off": idle.one_off,
     }
     return steps, findings, info
 
 
 def _summary(steps: list[dict], per_trace: list[dict], straggler: Finding | None) -> dict:
     n = max(len(steps), 1)
+    total_ms = sum(s["duration_ms"] for s in steps)
     verdicts = [t["verdict"]["verdict"] for t in per_trace]
     if straggler is not None:
         headline = f"straggler: rank {straggler.rank}"
@@ -145,7 +163,10 @@ def _summary(steps: list[dict], per_trace: list[dict], straggler: Finding | None
             for t, v in zip(per_trace, verdicts, strict=False)
         },
         "mean_step_ms": round(sum(s["duration_ms"] for s in steps) / n, 4),
-        "gpu_busy_pct": round(sum(s["gpu_busy_pct"] for s in steps) / n, 2),
+        # Time-weighted: the union of GPU busy time over the total step time, not a mean of per-step %.
+        "gpu_busy_pct": round(100.0 * sum(s["gpu_busy_ms"] for s in steps) / total_ms, 2)
+        if total_ms > 0
+        else 0.0,
         "syncs_per_step": round(sum(s["sync_count"] for s in steps) / n, 3),
         "kernels_per_step": round(sum(s["kernel_count"] for s in steps) / n, 1),
         "peak_memory_bytes": max(peaks) if peaks else None,

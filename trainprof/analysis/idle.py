@@ -1,162 +1,942 @@
 """Question 4: while the GPU sat idle inside a step, what was the host doing? And the step's verdict.
 
-Each GPU idle gap inside a step is put in one bucket:
-- `sync`: a sync point ended in the gap (the GPU drained while the CPU waited, then had to refill it);
-- `launch`: the host spent most of the gap inside torch ops / CUDA runtime calls (dispatch and launch
-  overhead: the CPU cannot issue kernels as fast as the GPU runs them);
-- `host`: the host was elsewhere (data loading, preprocessing, Python, sleeping) with no GPU work queued.
+Every GPU-idle interval inside a step (no kernel, copy or memset running) is cut into pieces at
+every host event boundary, and each piece gets the cause read from the host events covering it,
+innermost first:
+
+1. A CUDA/HIP runtime call on the loop's thread decides by its kind (`runtime_calls`, table
+   `CALL_CAUSES`): a launch is `launch`, a synchronize is `sync` (only while the host is inside the
+   call: what follows it is classified on its own), an allocation, free, context or stream creation
+   or a blocking copy is `blocking`. A launch longer than `long_launch_us` is the kernel's first use
+   loading its code (`warmup`). Inside a library warm-up region every call but a context creation
+   counts as `warmup` (cuDNN's algorithm search frees and allocates as part of the search).
+2. Else the innermost frame (cpu_op, python_function, user_annotation) and its enclosing frames,
+   innermost first, by the name rules of `FRAME_RULES` (`input`, `comm`, `warmup`) and one rule on
+   op instances (a cuDNN/cuBLAS/MIOpen op call that is its op's first or an outlier and lasts at
+   least `warmup_call_min_ms`: `warmup`). A cpu_op chain that launches GPU work is `launch` (the host
+   is in ATen's dispatch on the way to a launch); Python frames below it are not.
+3. Else, inside any other frame: `host`, named by the innermost Python function (file, function,
+   user or library code), else the innermost op or annotation.
+4. No frame on the loop's thread: `unknown`.
+
+The loop's thread decides first. Where it is in `host` or `unknown` (e.g. waiting in
+`loss.backward()` while autograd's thread launches the backward kernels), another thread that is
+in a runtime call or a launching op decides instead.
+
+One-off costs (`warmup`, and context creation among `blocking`) are reported as such and left out
+of the steady-state verdict. The verdict is the cause group with the most steady-state idle time,
+if it has `dominant_cause_margin` times the runner-up's; else `mixed`. Numbers: `thresholds.py`.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.analysis.frames import call_context
-from trainprof.analysis.intervals import Coverage
+from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding
+from trainprof.analysis.runtime_calls import KINDS, is_blocking_copy
+from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
-
-_SAMPLED_HOST_GAPS = 64  # the longest host gaps whose user function is looked up
-_MIN_SAMPLED_GAP_US = 20.0
+from trainprof.user_code import current_layout, is_user_file, library_of
 
 
-def idle_breakdown(timeline: Timeline, sync_end_us: np.ndarray) -> tuple[list[dict], list[dict]]:
-    """Per step: GPU idle ms by cause; and the user functions (or ops) holding the CPU in host gaps."""
+@dataclass(frozen=True)
+class IdleCause:
+    """One cause of GPU idle time: what it means, the verdict it names, how to remove it."""
+
+    name: str
+    verdict: str
+    meaning: str
+    fix: str
+    one_off: bool = False  # a cost paid once (first use), never the steady-state verdict
+
+
+CAUSES: tuple[IdleCause, ...] = (
+    IdleCause(
+        "launch",
+        "launch-bound",
+        "the host is issuing short kernel launches (ATen dispatch and the launch calls) and the GPU "
+        "finishes each kernel before the next arrives",
+        "Fewer, larger launches: capture the step with CUDA graphs or torch.compile(mode="
+        "'reduce-overhead'), use fused/foreach optimizers, and replace Python loops over tensors with "
+        "one batched op.",
+    ),
+    IdleCause(
+        "sync",
+        "sync-bound",
+        "the host is inside a synchronize call, waiting for the device",
+        "Remove the host-device syncs from the step (see the sync findings): keep values on the GPU "
+        "and read them every N steps; use pinned memory and non_blocking copies.",
+    ),
+    IdleCause(
+        "blocking",
+        "blocking-call-bound",
+        "the host is inside a runtime call that blocks: allocation or free, context or stream "
+        "creation, a synchronous copy",
+        "Keep blocking runtime calls out of the loop: let the caching allocator stay warm (no "
+        "torch.cuda.empty_cache(), stable shapes, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
+        "create streams and events once, and copy from pinned memory with non_blocking=True.",
+    ),
+    IdleCause(
+        "warmup",
+        "warm-up-bound",
+        "a library warms up: cuDNN/cuBLAS algorithm search or handle creation, a kernel's first "
+        "launch loading its module, torch.compile or Triton compilation, CUDA graph capture",
+        "Warm up before profiling: start the profiler after a few steps (schedule(wait=..., "
+        "warmup=...) or skip_first); with cudnn.benchmark keep input shapes fixed so the search runs "
+        "once; avoid recompilation (torch._dynamo.explain, mark_dynamic).",
+        one_off=True,
+    ),
+    IdleCause(
+        "input",
+        "input-bound",
+        "the loop waits for its next batch (DataLoader __next__) or prepares it on the training thread",
+        "Feed the GPU faster: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
+        "prefetch_factor=...), move decoding and augmentation off the training thread or onto the "
+        "GPU, and prefetch the next batch while the current step runs.",
+    ),
+    IdleCause(
+        "host",
+        "host-bound",
+        "the host runs other Python (named below) with no GPU work queued",
+        "Make the named host code cheaper or move it out of the step: cache what is recomputed every "
+        "step, drop per-step module walks, logging and introspection, or run it every N steps.",
+    ),
+    IdleCause(
+        "comm",
+        "communication-bound",
+        "the host is inside a collective or barrier, waiting for other ranks",
+        "Overlap communication with compute (DDP bucket_cap_mb, FSDP prefetch), keep host-side "
+        "collectives (barrier, *_object collectives, gloo) out of the step, and balance work between "
+        "ranks.",
+    ),
+    IdleCause(
+        "unknown",
+        "host-bound",
+        "the host is in code the trace does not record (no python_function or op event on any thread)",
+        "Profile with with_stack=True (or py-spy) to name the host code; common culprits are "
+        "time.sleep, Python without stacks, C extensions and the GIL.",
+    ),
+)
+CAUSE_NAMES = tuple(c.name for c in CAUSES)
+_CODE = {name: i for i, name in enumerate(CAUSE_NAMES)}
+_NONE = -1
+LAUNCH, SYNC, BLOCKING, WARMUP, INPUT, HOST, COMM, UNKNOWN = (_CODE[n] for n in CAUSE_NAMES)
+# Causes another thread may lend the loop's thread when that one is only in `host`/`unknown`,
+# strongest first (the GPU waits on what that thread is doing).
+_LENT_BY_OTHER_THREADS = (SYNC, BLOCKING, WARMUP, COMM, LAUNCH)
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    """A frame name pattern that sets the cause of the time spent inside that frame."""
+
+    cause: str
+    pattern: str
+    reason: str
+    # The thread only waits here while another thread works: what another thread does decides
+    # first (as for `host`/`unknown` time), and `cause` holds only where no other thread is busy.
+    waits_on_other_threads: bool = False
+
+
+# Frame names: python_function `file(line): function`, cpu_op `aten::x`, annotations as recorded.
+# First match wins. These hold for everything nested inside the frame unless something more inner
+# (a runtime call, a launching op, an inner rule) decides.
+FRAME_RULES: tuple[FrameRule, ...] = (
+    FrameRule("input", r"^enumerate\(DataLoader\)#", "torch.profiler's range around DataLoader.__next__"),
+    FrameRule(
+        "input",
+        r"torch/utils/data/dataloader\.py\(\d+\): (__next__|_next_data|_get_data|_try_get_data)$",
+        "the DataLoader fetching the next batch (waiting on workers when num_workers>0)",
+    ),
+    FrameRule(
+        "input",
+        r"torch/utils/data/_utils/(collate|fetch|pin_memory)\.py\(",
+        "collation, in-process fetching (num_workers=0) and pinning of a batch",
+    ),
+    FrameRule("input", r"(^|/)datasets/(arrow_dataset|formatting/)", "a Hugging Face dataset's __getitem__"),
+    FrameRule("input", r"transformers/data/data_collator\.py\(", "a transformers data collator"),
+    FrameRule(
+        "input",
+        r"transformers/tokenization_utils\w*\.py\(\d+\): (__call__|_call_one|batch_encode_plus|"
+        r"_batch_encode_plus|encode_plus|_encode_plus|pad)$",
+        "tokenizing inputs on the training thread",
+    ),
+    FrameRule(
+        "input", r"(^|/)(torchvision/transforms|torchvision/io|PIL)/", "image decoding and augmentation"
+    ),
+    FrameRule(
+        "input",
+        r"\): (get_batch|next_batch|load_batch|prepare_batch|make_batch|collate\w*|preprocess\w*)$",
+        "a function named for preparing data (the user's data preparation)",
+    ),
+    FrameRule(
+        "launch",
+        r"torch/autograd/graph\.py\(\d+\): _engine_run_backward$",
+        "the loop's thread waits while autograd's engine issues the backward ops on its own thread; "
+        "between the engine's ops (its scheduling, no op recorded) the host is issuing backward work",
+        waits_on_other_threads=True,
+    ),
+    FrameRule("comm", r"^gloo:", "a gloo collective runs on the host: it waits for the other ranks"),
+    FrameRule("comm", r"^c10d::(barrier|monitored_barrier)", "a barrier: the host waits for every rank"),
+    FrameRule(
+        "comm",
+        r"^(c10d::wait|aten::wait|_?c10d_functional::wait_tensor)",
+        "the host waits for an asynchronous collective",
+    ),
+    FrameRule(
+        "comm",
+        r"torch/distributed/distributed_c10d\.py\(\d+\): (barrier|monitored_barrier|all_gather_object|"
+        r"gather_object|broadcast_object_list|scatter_object_list|send|recv|wait)$",
+        "a host-side collective or point-to-point call",
+    ),
+    FrameRule(
+        "comm",
+        r"^(record_param_comms|nccl:|c10d::)",
+        "the host inside a collective's enqueue (process-group bookkeeping around the NCCL launch)",
+    ),
+    FrameRule(
+        "warmup",
+        r"torch/_dynamo/(convert_frame|symbolic_convert|output_graph)\.py\(",
+        "torch.compile tracing a frame (Dynamo)",
+    ),
+    FrameRule(
+        "warmup",
+        r"torch/_inductor/(compile_fx|codecache|async_compile|graph|codegen/\w+)\.py\(",
+        "torch.compile generating and compiling code (Inductor)",
+    ),
+    FrameRule("warmup", r"torch/_functorch/aot_autograd\.py\(", "torch.compile building the joint graph"),
+    FrameRule("warmup", r"(^|/)triton/compiler/", "Triton compiling a kernel"),
+    FrameRule(
+        "warmup",
+        r"torch/cuda/graphs\.py\(\d+\): "
+        r"(capture_begin|capture_end|__enter__|__exit__|make_graphed_callables)$",
+        "CUDA graph capture",
+    ),
+    FrameRule(
+        "warmup",
+        r"torch/_inductor/cudagraph_trees\.py\(\d+\): (record_function|run_eager|_record)$",
+        "torch.compile's CUDA graph trees recording or warming up a graph",
+    ),
+)
+# Internal code of a `waits_on_other_threads` rule's time until other threads are consulted.
+_WAITING = len(CAUSE_NAMES)
+_FRAME_RULES = tuple(
+    (_WAITING if r.waits_on_other_threads else _CODE[r.cause], re.compile(r.pattern)) for r in FRAME_RULES
+)
+_WAITING_CAUSE = next(_CODE[r.cause] for r in FRAME_RULES if r.waits_on_other_threads)
+_ANY_FRAME_RULE = re.compile("|".join(f"(?:{r.pattern})" for r in FRAME_RULES))  # a quick first filter
+
+# cpu_ops whose first (or an outlier) call is library warm-up when it lasts `warmup_call_min_ms`:
+# cuDNN/MIOpen algorithm search, cuBLAS/cuBLASLt handle and workspace creation, attention backends.
+WARMUP_OPS = re.compile(
+    r"^aten::(_?cudnn_\w+|_?miopen_\w+|mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|"
+    r"_?convolution\w*|conv\w+|_scaled_dot_product_\w+|_flash_attention_\w+|_efficient_attention_\w+)$"
+)
+# Runtime calls that belong to graph capture (warm-up), whatever their kind.
+_CAPTURE_CALLS = re.compile(
+    r"^(cuda|hip|cu)(StreamBeginCapture|StreamEndCapture|GraphInstantiate|GraphUpload)"
+)
+# Runtime call kind -> cause (on the loop's thread). Launch-like bookkeeping (event records, queries,
+# attribute reads) is the host on its way to a launch.
+CALL_CAUSES: dict[str, int] = {
+    "launch": LAUNCH,
+    "graph_launch": LAUNCH,
+    "sync": SYNC,
+    "copy": LAUNCH,  # asynchronous copies; blocking ones (is_blocking_copy) are BLOCKING
+    "memset": LAUNCH,
+    "alloc": BLOCKING,
+    "free": BLOCKING,
+    "context": BLOCKING,
+    "stream_create": BLOCKING,
+    "event": LAUNCH,
+    "query": LAUNCH,
+    "other": LAUNCH,
+}
+# Call kinds another thread's calls can lend (its event queries and attribute reads are bookkeeping,
+# e.g. NCCL's watchdog polling events, not what the GPU waits for).
+_LENDING_KINDS = frozenset(
+    {"launch", "graph_launch", "sync", "copy", "memset", "alloc", "free", "context", "stream_create"}
+)
+_STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
+
+
+@dataclass
+class _ThreadLabels:
+    """A thread's host activity as a step function of time: per segment, a cause and who decided it."""
+
+    times: np.ndarray  # segment starts, sorted; segment k is [times[k], times[k+1])
+    cause: np.ndarray  # cause code per segment (_NONE: nothing recorded)
+    key: np.ndarray  # per segment: name id * 2 + (1 if a runtime call decided, 0 if a frame)
+
+
+@dataclass
+class IdleBreakdown:
+    """What `idle_breakdown` returns: per-step idle ms by cause, and who held the host for each cause."""
+
+    per_step: list[dict]
+    holders: list[dict]  # the biggest (cause, event) holders of GPU-idle time, largest first
+    host_functions: list[dict]  # `host` time by innermost Python function (file, function, user)
+    one_off: list[dict]  # one-off holders (context creation, warm-up) with the step they happened in
+
+
+def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
+    """Classify every GPU-idle piece of every step by cause (see the module docstring)."""
     trace = timeline.trace
-    ev = trace.events
-    calls = timeline.calls
-    cpu_busy = Coverage(
-        np.concatenate((ev["cpu_op"].start_us, calls.start_us)),
-        np.concatenate((ev["cpu_op"].end_us, calls.end_us)),
+    n_steps = len(timeline.steps)
+    gap_s, gap_e, gap_step = _gaps(timeline)
+    threads = _threads(timeline)
+    main = timeline.main_thread
+    facts = _NameFacts(trace)
+    labels = {t: _thread_labels(timeline, t, thresholds, t != main, facts) for t in threads}
+
+    # Cut the gaps at every boundary of every thread's step function.
+    cuts = [gap_s, gap_e] + [_inside(lab.times, gap_s, gap_e) for lab in labels.values()]
+    edges = np.unique(np.concatenate(cuts)) if cuts else np.zeros(0)
+    mids = (edges[:-1] + edges[1:]) / 2 if len(edges) > 1 else np.zeros(0)
+    g = np.searchsorted(gap_s, mids, side="right") - 1
+    in_gap = (g >= 0) & (mids < gap_e[np.clip(g, 0, None)]) if len(gap_s) else np.zeros(len(mids), bool)
+    mids, g = mids[in_gap], g[in_gap]
+    lengths = (edges[1:] - edges[:-1])[in_gap]
+
+    cause = np.full(len(mids), UNKNOWN, dtype=np.int64)
+    key = np.full(len(mids), -1, dtype=np.int64)
+    slot = np.full(len(mids), -1, dtype=np.int64)
+    if main in labels:
+        cause, key = _lookup(labels[main], mids)
+        cause = np.where(cause == _NONE, UNKNOWN, cause)
+        slot = np.where(key >= 0, threads.index(main), -1)
+    # Where the loop's thread is only in `host`/`unknown` or waiting on other threads, the strongest
+    # cause another thread has at that moment decides.
+    lendable = (cause == HOST) | (cause == UNKNOWN) | (cause == _WAITING)
+    strength = np.full(len(CAUSE_NAMES) + 2, len(_LENT_BY_OTHER_THREADS), dtype=np.int64)
+    strength[list(_LENT_BY_OTHER_THREADS)] = np.arange(len(_LENT_BY_OTHER_THREADS))
+    best = np.full(len(mids), len(_LENT_BY_OTHER_THREADS), dtype=np.int64)
+    for t, lab in labels.items():
+        if t == main:
+            continue
+        other_cause, other_key = _lookup(lab, mids)
+        other_strength = strength[other_cause]  # _NONE (-1) reads the last entry: never lent
+        lend = lendable & (other_strength < best)
+        best = np.where(lend, other_strength, best)
+        cause = np.where(lend, other_cause, cause)
+        key = np.where(lend, other_key, key)
+        slot = np.where(lend, threads.index(t), slot)
+    cause = np.where(cause == _WAITING, _WAITING_CAUSE, cause)
+
+    # Pieces grouped by (cause, thread, deciding event): the holders of idle time.
+    step = gap_step[g] if len(g) else np.zeros(0, dtype=np.int64)
+    names_span = 2 * len(trace.names) + 2
+    group = (cause * (len(threads) + 1) + (slot + 1)) * names_span + key + 1
+    unique, inverse = np.unique(group, return_inverse=True)
+    # One-off: warm-up and context creation, when that holder shows in a single step (the same
+    # warm-up in several steps, e.g. a search for every new shape, is a steady cost).
+    pairs = np.unique(inverse * max(n_steps, 1) + step)
+    steps_per_group = np.bincount(pairs // max(n_steps, 1), minlength=len(unique))
+    decided_by_call = (key >= 0) & (key % 2 == 1)
+    context_call = decided_by_call & _context_names(trace)[np.where(key >= 0, key // 2, 0)]
+    one_off = ((cause == WARMUP) | ((cause == BLOCKING) & context_call)) & (steps_per_group[inverse] == 1)
+
+    n_causes = len(CAUSES)
+    steady = ~one_off
+    by_step = np.bincount(
+        step[steady] * n_causes + cause[steady], weights=lengths[steady], minlength=n_steps * n_causes
+    ).reshape(n_steps, n_causes)
+    one_off_by_step = np.bincount(step[one_off], weights=lengths[one_off], minlength=n_steps)
+    gap_count = np.bincount(gap_step, minlength=n_steps)
+    per_step = []
+    for i in range(n_steps):
+        row = {f"idle_{name}_ms": round(float(by_step[i, c]) / 1e3, 4) for c, name in enumerate(CAUSE_NAMES)}
+        row["idle_one_off_ms"] = round(float(one_off_by_step[i]) / 1e3, 4)
+        row["idle_gap_count"] = int(gap_count[i])
+        per_step.append(row)
+
+    holders, one_offs = _holders(timeline, threads, cause, key, slot, step, lengths, mids, inverse, one_off)
+    host = cause == HOST
+    return IdleBreakdown(
+        per_step=per_step,
+        holders=holders,
+        host_functions=_host_functions(
+            trace, threads, key[host], slot[host], mids[host], lengths[host], n_steps
+        ),
+        one_off=one_offs,
     )
-    sync_end_us = np.sort(sync_end_us)
-    main_thread = _main_thread(timeline)
-    per_step, host_gaps = [], []
-    for _i, window in enumerate(timeline.steps):
+
+
+def _gaps(timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every GPU-idle interval inside a step: starts, ends, step index (sorted by start)."""
+    starts, ends, steps = [], [], []
+    for i, window in enumerate(timeline.steps):
         gs, ge = timeline.gpu_busy.gaps(window.start_us, window.end_us)
-        length = ge - gs
-        # A sync ended inside the gap, or within 5 µs before it started (it returned as the GPU drained).
-        lo = np.searchsorted(sync_end_us, gs - 5.0, side="left")
-        hi = np.searchsorted(sync_end_us, ge, side="right")
-        after_sync = hi > lo
-        busy_share = np.where(length > 0, cpu_busy.covered(gs, ge) / np.maximum(length, 1e-9), 0.0)
-        launch = ~after_sync & (busy_share >= 0.5)
-        host = ~after_sync & ~launch
-        per_step.append(
+        starts.append(gs)
+        ends.append(ge)
+        steps.append(np.full(len(gs), i, dtype=np.int64))
+    if not starts:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    gs, ge, st = np.concatenate(starts), np.concatenate(ends), np.concatenate(steps)
+    order = np.argsort(gs, kind="stable")
+    return gs[order], ge[order], st[order]
+
+
+def _inside(times: np.ndarray, gap_s: np.ndarray, gap_e: np.ndarray) -> np.ndarray:
+    """The times that fall strictly inside a gap."""
+    if len(gap_s) == 0 or len(times) == 0:
+        return np.zeros(0)
+    g = np.searchsorted(gap_s, times, side="right") - 1
+    return times[(g >= 0) & (times < gap_e[np.clip(g, 0, None)])]
+
+
+def _threads(timeline: Timeline) -> list[int]:
+    """The threads whose activity can explain idle time: the loop's, then those with runtime calls."""
+    trace = timeline.trace
+    threads = [timeline.main_thread] if timeline.main_thread is not None else []
+    active = set(timeline.calls.thread.tolist()) | set(trace.events["cpu_op"].thread.tolist())
+    return threads + sorted(t for t in active if t != timeline.main_thread)
+
+
+def _lookup(labels: _ThreadLabels, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (cause, key) of a thread's step function at each time."""
+    k = np.searchsorted(labels.times, times, side="right") - 1
+    kc = np.clip(k, 0, None)
+    if len(labels.times) == 0:
+        return np.full(len(times), _NONE, dtype=np.int64), np.full(len(times), -1, dtype=np.int64)
+    return np.where(k >= 0, labels.cause[kc], _NONE), np.where(k >= 0, labels.key[kc], -1)
+
+
+def _nearest(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
+    """Per node, the nearest ancestor-or-self with `mark` set (-1 if none), by pointer jumping."""
+    nearest = np.where(mark, np.arange(len(parent)), parent)
+    while True:
+        pending = np.flatnonzero(nearest >= 0)
+        pending = pending[~mark[nearest[pending]]]
+        if pending.size == 0:
+            return nearest
+        nearest[pending] = nearest[nearest[pending]]
+
+
+class _NameFacts:
+    """What the classification needs to know about a frame name, worked out once per name."""
+
+    def __init__(self, trace):
+        self.names = trace.names
+        self.layout = getattr(trace, "code_layout", None) or current_layout()
+        self._known: dict[int, tuple[int, bool, bool, bool, bool]] = {}
+
+    def _facts(self, name_id: int) -> tuple[int, bool, bool, bool, bool]:
+        name = self.names[name_id]
+        rule = _NONE
+        if _ANY_FRAME_RULE.search(name):
+            rule = next(code for code, pattern in _FRAME_RULES if pattern.search(name))
+        parsed = parse_py_frame(name)
+        return (
+            rule,
+            WARMUP_OPS.match(name) is not None,
+            _STEP_ANNOTATION.match(name) is not None,
+            parsed is not None,
+            parsed is not None and library_of(parsed.file, self.layout) == "python",
+        )
+
+    def of(self, name_ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For distinct name ids: rule cause, warm-up op, step annotation, named Python, stdlib Python."""
+        known = self._known
+        rows = []
+        for nid in name_ids.tolist():
+            row = known.get(nid)
+            if row is None:
+                row = known[nid] = self._facts(nid)
+            rows.append(row)
+        if not rows:
+            return (np.zeros(0, dtype=np.int64),) + tuple(np.zeros(0, dtype=bool) for _ in range(4))
+        columns = list(zip(*rows, strict=True))
+        return (np.array(columns[0], dtype=np.int64),) + tuple(np.array(c, dtype=bool) for c in columns[1:])
+
+
+def _thread_labels(
+    timeline: Timeline, thread: int, thresholds: Thresholds, lend_only: bool, facts: _NameFacts
+) -> _ThreadLabels:
+    """A thread's cause at every moment: its frames' causes, overlaid with its runtime calls'."""
+    trace = timeline.trace
+    frames = trace.frames(thread)
+    n = len(frames.parent)
+    parent = np.asarray(frames.parent, dtype=np.int64)
+    name_ids = np.asarray(frames.name_ids, dtype=np.int64)
+    categories = np.array(frames.categories) if n else np.zeros(0, dtype="<U1")
+    is_op = categories == "cpu_op"
+    is_py = categories == "python_function"
+    starts, ends = frames.starts, frames.ends
+
+    calls = timeline.calls
+    on_thread = np.flatnonzero(calls.thread == thread)
+    kinds = timeline.call_kind[on_thread]
+    gpu_work = np.isin(kinds, [KINDS.index(k) for k in ("launch", "graph_launch", "copy", "memset")])
+    work_starts = calls.start_us[on_thread[gpu_work]]
+
+    # Per distinct name: its FRAME_RULES cause, whether it is a warm-up op, a step annotation, a
+    # named Python frame, a standard-library one.
+    unique, inverse = np.unique(name_ids, return_inverse=True)
+    rule, warm_op, step_mark, named_py, stdlib_py = facts.of(unique)
+    own = rule[inverse] if n else np.zeros(0, dtype=np.int64)
+    if lend_only:  # other threads lend only what they do in ops and calls, not their Python
+        own = np.where((own == INPUT) | (own == _WAITING), _NONE, own)
+
+    # Warm-up op calls: first of their op on this thread, or an outlier; and long enough.
+    candidates = np.flatnonzero(is_op & warm_op[inverse]) if n else np.zeros(0, dtype=np.int64)
+    if candidates.size:
+        durations = ends[candidates] - starts[candidates]
+        cand_names = name_ids[candidates]
+        for nid in np.unique(cand_names).tolist():
+            members = candidates[cand_names == nid]
+            member_dur = durations[cand_names == nid]
+            first = members[np.argmin(starts[members])]
+            median = statistics.median(member_dur.tolist())  # not np.median: it imports numpy.ma
+            warm = (member_dur >= thresholds.warmup_call_min_ms * 1e3) & (
+                (members == first) | (member_dur >= thresholds.warmup_call_ratio * median)
+            )
+            own[members[warm & (own[members] == _NONE)]] = WARMUP
+
+    # The nearest enclosing rule holds inside its frame; a launching op chain is `launch` for its
+    # innermost time unless a rule sits inside the chain (innermost first).
+    region = _nearest(parent, own != _NONE)
+    chain_top = _nearest(parent, is_op & ~np.concatenate(([False], is_op))[np.clip(parent + 1, 0, None)])
+    has_work = np.zeros(n, dtype=bool)
+    if work_starts.size and n:
+        has_work = np.searchsorted(work_starts, ends, side="right") > np.searchsorted(work_starts, starts)
+    top = np.clip(chain_top, 0, None)
+    launching = is_op & (chain_top >= 0) & has_work[top] & ~(region >= chain_top)
+    cause = np.where(region >= 0, own[np.clip(region, 0, None)], _NONE)
+    cause = np.where(launching, LAUNCH, cause)
+    step_frame = step_mark[inverse] if n else np.zeros(0, dtype=bool)
+    unresolved = cause == _NONE
+    if not lend_only:  # other threads lend only their calls, rules and launching ops
+        cause = np.where(unresolved, np.where(step_frame, UNKNOWN, HOST), cause)
+    # Who decided: the rule's frame, the innermost op of a launching chain, or (host time) the
+    # innermost named Python frame, else the frame itself.
+    # Host time is named by the innermost Python function outside the standard library (the code
+    # that called inspect/logging/threading), else the innermost Python function.
+    named = _nearest(parent, is_py & (named_py & ~stdlib_py)[inverse]) if n else np.zeros(0, dtype=np.int64)
+    if n:
+        named = np.where(named >= 0, named, _nearest(parent, is_py & named_py[inverse]))
+    decider = np.where(
+        launching, np.arange(n), np.where(region >= 0, region, np.where(named >= 0, named, np.arange(n)))
+    )
+    frame_key = name_ids[np.clip(decider, 0, None)] * 2 if n else np.zeros(0, dtype=np.int64)
+    frame_key = np.where(step_frame & unresolved, -1, frame_key)
+
+    # Step function of the frames: at a frame's start it is innermost; at its end its parent is.
+    times = np.concatenate((starts, ends))
+    seg_frame = np.concatenate((np.arange(n), parent))
+    is_end = np.concatenate((np.zeros(n, dtype=bool), np.ones(n, dtype=bool)))
+    # Ties: ends before starts; inner ends (higher index) before outer; outer starts before inner.
+    tie = np.concatenate((np.arange(n), -np.arange(n)))
+    order = np.lexsort((tie, ~is_end, times))
+    times, seg_frame = times[order], seg_frame[order]
+    seg_cause = np.where(seg_frame >= 0, cause[np.clip(seg_frame, 0, None)] if n else _NONE, _NONE)
+    seg_key = np.where(seg_frame >= 0, frame_key[np.clip(seg_frame, 0, None)] if n else -1, -1)
+
+    # Runtime calls overlay the frames (innermost), except inside warm-up.
+    call_cause = _call_causes(timeline, on_thread, kinds, thresholds)
+    if lend_only:
+        lendable = np.isin(kinds, [KINDS.index(k) for k in _LENDING_KINDS])
+        call_cause = np.where(lendable, call_cause, _NONE)
+    cs, ce = calls.start_us[on_thread], calls.end_us[on_thread]
+    frame_at_call, frame_key_at_call = _lookup(_ThreadLabels(times, seg_cause, seg_key), (cs + ce) / 2)
+    absorbed = (frame_at_call == WARMUP) & (kinds != KINDS.index("context"))
+    call_cause = np.where(absorbed & (call_cause != _NONE), WARMUP, call_cause)
+    call_key = calls.name[on_thread].astype(np.int64) * 2 + 1
+    # A call absorbed by warm-up is held by the warm-up frame (the first cuDNN convolution, ...).
+    call_key = np.where(absorbed, frame_key_at_call, call_key)
+    keep = call_cause != _NONE
+    cs, ce, call_cause, call_key = cs[keep], ce[keep], call_cause[keep], call_key[keep]
+    return _overlay(_ThreadLabels(times, seg_cause, seg_key), cs, ce, call_cause, call_key)
+
+
+def _call_causes(
+    timeline: Timeline, on_thread: np.ndarray, kinds: np.ndarray, thresholds: Thresholds
+) -> np.ndarray:
+    """The cause of each runtime call on a thread (`CALL_CAUSES`, blocking copies, long launches, capture)."""
+    trace = timeline.trace
+    calls = timeline.calls
+    by_kind = np.array([CALL_CAUSES[k] for k in KINDS], dtype=np.int64)
+    cause = by_kind[kinds] if len(kinds) else np.zeros(0, dtype=np.int64)
+    names = calls.name[on_thread]
+    blocking_copy = trace.names_matching(is_blocking_copy)
+    capture = trace.names_matching(lambda n: _CAPTURE_CALLS.match(n) is not None)
+    cause = np.where(blocking_copy[names], BLOCKING, cause)
+    long_launch = (kinds == KINDS.index("launch")) & (calls.dur_us[on_thread] >= thresholds.long_launch_us)
+    cause = np.where(long_launch | capture[names], WARMUP, cause)
+    return cause
+
+
+def _overlay(
+    labels: _ThreadLabels, cs: np.ndarray, ce: np.ndarray, call_cause: np.ndarray, call_key: np.ndarray
+) -> _ThreadLabels:
+    """The step function with runtime calls laid over it: inside a call, the call decides."""
+    if len(cs) == 0:
+        return labels
+    times = np.unique(np.concatenate((labels.times, cs, ce)))
+    base_cause, base_key = _lookup(labels, times)
+    # The call covering each time: the latest started whose end is after it.
+    # With overlapping calls (a driver call inside a runtime call) the latest started one decides.
+    k = np.searchsorted(cs, times, side="right") - 1
+    kc = np.clip(k, 0, None)
+    inside = (k >= 0) & (ce[kc] > times)
+    cause = np.where(inside, call_cause[kc], base_cause)
+    key = np.where(inside, call_key[kc], base_key)
+    return _ThreadLabels(times, cause, key)
+
+
+def _context_names(trace) -> np.ndarray:
+    """Per name: is it a runtime call of kind `context` (context creation, a one-off cost)?"""
+    from trainprof.analysis.runtime_calls import call_kind
+
+    return trace.names_matching(lambda n: call_kind(n) == "context")
+
+
+def _holders(timeline, threads, cause, key, slot, step, lengths, mids, group, one_off):
+    """The largest (cause, event) holders of steady idle time, and the one-off ones with their steps."""
+    trace = timeline.trace
+    n_steps = max(len(timeline.steps), 1)
+    if len(group) == 0:
+        return [], []
+    total = np.bincount(group, weights=lengths)
+    # The longest piece of each group, to describe where it happened.
+    order = np.lexsort((-lengths, group))
+    first_of_group = order[np.r_[True, group[order][1:] != group[order][:-1]]]
+    holders, one_offs = [], []
+    for gi in np.argsort(-total)[:40].tolist():
+        piece = int(first_of_group[gi])
+        c, k, s = int(cause[piece]), int(key[piece]), int(slot[piece])
+        thread = threads[s] if s >= 0 else None
+        entry = {
+            "cause": CAUSE_NAMES[c],
+            "event": trace.names[k // 2] if k >= 0 else None,
+            "source": ("runtime call" if k % 2 else "frame") if k >= 0 else None,
+            "op": _enclosing_op(trace, thread, float(mids[piece])) if thread is not None else None,
+            "idle_ms": round(float(total[gi]) / 1e3, 4),
+            "idle_ms_per_step": round(float(total[gi]) / 1e3 / n_steps, 4),
+        }
+        if bool(one_off[piece]):
+            entry["steps"] = sorted(
+                {timeline.steps[int(x)].number for x in np.unique(step[group == gi]).tolist()}
+            )
+            one_offs.append(entry)
+        elif len(holders) < 12:
+            holders.append(entry)
+    return holders, one_offs
+
+
+def _enclosing_op(trace, thread: int, t: float) -> str | None:
+    """The outermost cpu_op enclosing time `t` on `thread`, else the innermost annotation."""
+    frames = trace.frames(thread)
+    chain = frames.chain(frames.innermost(t, t))
+    ops = [i for i in chain if frames.categories[i] == "cpu_op"]
+    if ops:
+        return trace.names[int(frames.name_ids[ops[0]])]
+    notes = [
+        trace.names[int(frames.name_ids[i])]
+        for i in chain
+        if frames.categories[i] == "user_annotation"
+        and not _STEP_ANNOTATION.match(trace.names[int(frames.name_ids[i])])
+    ]
+    return notes[-1] if notes else None
+
+
+def _host_functions(trace, threads, keys, slots, mids, lengths, n_steps: int) -> list[dict]:
+    """`host` idle time by the innermost named Python function (else op or annotation), largest first.
+
+    Each entry: `file`, `function`, `code` (`user`/`library`), `idle_ms_per_step`, `called_from`
+    (the innermost frame outside torch and the standard library that led there, when it is not
+    the function itself) and `stack` (up to 6 named frames, innermost first, at its longest gap).
+    """
+    valid = keys >= 0
+    if not valid.any():
+        return []
+    keys, slots, mids, lengths = keys[valid], slots[valid], mids[valid], lengths[valid]
+    unique, inverse = np.unique(keys // 2, return_inverse=True)
+    totals = np.bincount(inverse, weights=lengths)
+    order = np.lexsort((-lengths, inverse))
+    longest = order[np.r_[True, inverse[order][1:] != inverse[order][:-1]]]
+    layout = getattr(trace, "code_layout", None) or current_layout()
+    out = []
+    for u in np.argsort(-totals)[:8].tolist():
+        name = trace.names[int(unique[u])]
+        parsed = parse_py_frame(name)
+        piece = int(longest[u])
+        stack = (
+            _python_stack(trace, threads[int(slots[piece])], float(mids[piece])) if slots[piece] >= 0 else []
+        )
+        caller = next(
+            (f for f in stack if library_of(f.file, layout) not in ("torch", "python") and f != parsed), None
+        )
+        out.append(
             {
-                "idle_sync_ms": round(float(length[after_sync].sum()) / 1e3, 4),
-                "idle_launch_ms": round(float(length[launch].sum()) / 1e3, 4),
-                "idle_host_ms": round(float(length[host].sum()) / 1e3, 4),
-                "idle_gap_count": int(length.size),
+                "file": parsed.file if parsed else None,
+                "function": parsed.function if parsed else name,
+                "code": ("user" if is_user_file(parsed.file, layout) else "library") if parsed else None,
+                "idle_ms_per_step": round(float(totals[u]) / 1e3 / max(n_steps, 1), 4),
+                "called_from": f"{caller.file} {caller.function}" if caller else None,
+                "stack": [f"{f.file} {f.function}" for f in stack[:6]],
             }
         )
-        host_gaps.extend(zip(length[host].tolist(), gs[host].tolist(), ge[host].tolist(), strict=False))
-
-    holders: Counter = Counter()
-    files: dict = {}
-    host_gaps.sort(reverse=True)
-    for length, gs, ge in host_gaps[:_SAMPLED_HOST_GAPS]:
-        if length < _MIN_SAMPLED_GAP_US or main_thread is None:
-            break
-        mid = (gs + ge) / 2
-        context = call_context(trace, main_thread, mid, mid)
-        annotations = [a for a in context.annotations if not a.startswith("ProfilerStep#")]
-        if context.user is not None:
-            key = ("function", context.user.function)
-            files[key] = context.user.file
-        elif context.ops:
-            key = ("op", context.ops[0])
-        elif annotations:
-            key = ("annotation", annotations[-1])
-        else:
-            key = ("none", None)
-        holders[key] += length
-    holder_list = [
-        {"kind": k[0], "name": k[1], "file": files.get(k), "idle_ms": round(v / 1e3, 4)}
-        for k, v in holders.most_common(5)
-    ]
-    return per_step, holder_list
+    return out
 
 
-def _main_thread(timeline: Timeline) -> int | None:
-    """The CPU thread that issued the most kernel launches (the training loop's thread)."""
-    launches = timeline.calls.thread[timeline.call_is_launch]
-    if launches.size == 0:
-        return None
-    return int(np.bincount(launches).argmax())
+def _python_stack(trace, thread: int, t: float) -> list:
+    """The named Python frames enclosing time `t` on `thread`, innermost first."""
+    frames = trace.frames(thread)
+    chain = frames.chain(frames.innermost(t, t))
+    parsed = [parse_py_frame(trace.names[int(frames.name_ids[i])]) for i in reversed(chain)]
+    return [p for p in parsed if p is not None]
 
 
-def verdict(steps: list[dict], tiny_kernel_pct: float) -> dict:
-    """What bounds the step: gpu-bound, communication-bound, launch-bound, sync-bound, host-bound,
-    or cpu-only when the steps launched no GPU work at all."""
+def verdict(steps: list[dict], tiny_kernel_pct: float, thresholds: Thresholds) -> dict:
+    """What bounds the steps: `gpu-bound`, `communication-bound`, a GPU-idle cause's verdict
+    (`launch-bound`, `sync-bound`, `blocking-call-bound`, `warm-up-bound`, `input-bound`, `host-bound`),
+    `mixed` when no cause leads by the margin, or `cpu-only` when the steps launched no GPU work.
+
+    GPU busy % is time-weighted: the union of GPU busy time over the total step time.
+    """
     n = max(len(steps), 1)
+    total_ms = sum(s["duration_ms"] for s in steps)
+    busy_ms = sum(s["gpu_busy_ms"] for s in steps)
 
-    def mean(key):
-        return sum(s[key] for s in steps) / n
+    def per_step(key: str) -> float:
+        return sum(s.get(key) or 0.0 for s in steps) / n
 
-    busy_pct = mean("gpu_busy_pct")
-    idle = {
-        "launch-bound": mean("idle_launch_ms"),
-        "sync-bound": mean("idle_sync_ms"),
-        "host-bound": mean("idle_host_ms"),
-    }
-    if not any(s["kernel_count"] or s["gpu_busy_ms"] for s in steps):
-        label = "cpu-only"  # no GPU work to be bound by: the step is all host time
-    elif busy_pct >= 80:
-        label = (
-            "communication-bound" if mean("comm_ms") >= 0.3 * max(mean("gpu_busy_ms"), 1e-9) else "gpu-bound"
-        )
-    else:
-        label = max(idle, key=idle.get)
-    return {
-        "verdict": label,
-        "gpu_busy_pct": round(busy_pct, 2),
-        "step_ms": round(mean("duration_ms"), 4),
-        "gpu_idle_ms_per_step": round(mean("gpu_idle_ms"), 4),
-        "idle_launch_ms_per_step": round(idle["launch-bound"], 4),
-        "idle_sync_ms_per_step": round(idle["sync-bound"], 4),
-        "idle_host_ms_per_step": round(idle["host-bound"], 4),
-        "comm_ms_per_step": round(mean("comm_ms"), 4),
-        "kernels_per_step": round(mean("kernel_count"), 1),
+    base = {
+        "step_ms": round(total_ms / n, 4),
+        "comm_ms_per_step": round(per_step("comm_ms"), 4),
+        "kernels_per_step": round(per_step("kernel_count"), 1),
         "tiny_kernel_pct": round(tiny_kernel_pct, 2),
     }
+    if not any(s["kernel_count"] or s["gpu_busy_ms"] for s in steps):
+        # No GPU work to be bound by: the step is all host time, and there is no GPU-idle split.
+        return {
+            "verdict": "cpu-only",
+            "gpu_busy_pct": 0.0,
+            "cause": None,
+            "why": "no GPU work in the steps",
+            **base,
+        }
+    busy_pct = 100.0 * busy_ms / total_ms if total_ms > 0 else 0.0
+    by_cause = {c.name: per_step(f"idle_{c.name}_ms") for c in CAUSES}
+    one_off = per_step("idle_one_off_ms")
+    steady = by_cause  # the per-cause fields leave one-off costs out
+    by_verdict: dict[str, float] = defaultdict(float)
+    for c in CAUSES:
+        by_verdict[c.verdict] += steady[c.name]
+    ranked = sorted(by_verdict.items(), key=lambda kv: -kv[1])
+    (top, top_ms), (second, second_ms) = ranked[0], ranked[1]
+    if busy_pct >= thresholds.gpu_bound_busy_pct:
+        comm_bound = per_step("comm_ms") >= thresholds.comm_bound_share * max(per_step("gpu_busy_ms"), 1e-9)
+        label = "communication-bound" if comm_bound else "gpu-bound"
+        why = f"the GPU is busy {busy_pct:.0f}% of the step" + (
+            f", {100 * per_step('comm_ms') / max(per_step('gpu_busy_ms'), 1e-9):.0f}% of it in collectives"
+            if comm_bound
+            else ""
+        )
+        cause = None
+    elif top_ms <= 0:
+        label, cause = "unknown", None
+        why = "GPU idle time is all one-off cost" if one_off > 0 else "no GPU-idle time to explain"
+    elif top_ms >= thresholds.dominant_cause_margin * second_ms:
+        label = top
+        cause = max((c for c in CAUSES if c.verdict == top), key=lambda c: steady[c.name]).name
+        why = (
+            f"GPU busy {busy_pct:.0f}%; of {sum(steady.values()):.1f} ms/step steady-state GPU idle, "
+            f"{top_ms:.1f} ms is {top.replace('-bound', '')} ({_meaning(cause)})"
+            + (f", {top_ms / second_ms:.1f}x the next cause ({second})" if second_ms > 0 else "")
+        )
+    else:
+        label, cause = "mixed", None
+        why = (
+            f"GPU busy {busy_pct:.0f}%; no cause leads by {thresholds.dominant_cause_margin:g}x: "
+            f"{top} {top_ms:.1f} ms/step, {second} {second_ms:.1f} ms/step"
+        )
+    return {
+        "verdict": label,
+        "cause": cause,
+        "why": why,
+        "fix": next((c.fix for c in CAUSES if c.name == cause), None),
+        "gpu_busy_pct": round(busy_pct, 2),
+        "gpu_idle_ms_per_step": round(per_step("gpu_idle_ms"), 4),
+        "idle_ms_per_step": {k: round(v, 4) for k, v in by_cause.items()},
+        "idle_one_off_ms_per_step": round(one_off, 4),
+        "idle_launch_ms_per_step": round(by_cause["launch"], 4),
+        "idle_sync_ms_per_step": round(by_cause["sync"], 4),
+        "idle_host_ms_per_step": round(by_cause["host"] + by_cause["unknown"], 4),
+        "ranked": [{"verdict": v, "idle_ms_per_step": round(ms, 4)} for v, ms in ranked if ms > 0],
+        **base,
+    }
 
 
-def host_bound_finding(
-    verdict_info: dict, holders: list[dict], steps: list[dict], rank: int | None
-) -> Finding | None:
-    """A finding when the GPU waits on host work with nothing queued (slow input pipeline or Python)."""
-    n = max(len(steps), 1)
-    host_ms = sum(s["idle_host_ms"] for s in steps)
+def _meaning(cause: str | None) -> str:
+    return next((c.meaning for c in CAUSES if c.name == cause), "")
+
+
+def idle_findings(
+    verdict_info: dict, breakdown: IdleBreakdown, steps: list[dict], rank: int | None, thresholds: Thresholds
+) -> list[Finding]:
+    """Findings for the GPU-idle causes that matter: each cause costing at least
+    `finding_min_idle_share` of the step time (or naming the verdict) gets one with its fix, and each
+    one-off cost of at least `one_off_min_ms` gets a one-off finding. Launch overhead and sync points
+    have their own modules' findings."""
+    if verdict_info["verdict"] == "cpu-only" or not steps:
+        return []
+    n = len(steps)
+    step_ms = sum(s["duration_ms"] for s in steps)
+    findings = []
+
+    def share(ms: float) -> float:
+        return ms / max(step_ms, 1e-9)
+
+    host_ms = sum(s["idle_host_ms"] + s["idle_unknown_ms"] for s in steps)
+    if share(host_ms) >= thresholds.finding_min_idle_share or verdict_info["verdict"] == "host-bound":
+        findings.append(_host_bound_finding(verdict_info, breakdown, steps, rank, thresholds))
+    for cause, kind, title in (
+        ("input", "input_bound", "waiting for input (DataLoader / data preparation on the training thread)"),
+        (
+            "blocking",
+            "blocking_runtime_call",
+            "inside blocking runtime calls (allocation, free, stream creation, synchronous copies)",
+        ),
+        ("warmup", "recurring_warmup", "in library warm-up that recurs in several steps"),
+        ("comm", "communication_wait", "inside host-side collectives, waiting for other ranks"),
+    ):
+        ms = sum(s[f"idle_{cause}_ms"] for s in steps)
+        verdict_here = verdict_info.get("cause") == cause
+        if ms <= 0 or (share(ms) < thresholds.finding_min_idle_share and not verdict_here):
+            continue
+        held = [h for h in breakdown.holders if h["cause"] == cause]
+        top = held[0] if held else {"event": None, "op": None}
+        info = next(c for c in CAUSES if c.name == cause)
+        findings.append(
+            Finding(
+                kind=kind,
+                title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}"
+                + (f": mostly {top['event']}" if top["event"] else "")
+                + (f" in {top['op']}" if top.get("op") and top["op"] != top["event"] else ""),
+                severity="high" if share(ms) >= thresholds.high_severity_idle_share else "medium",
+                op=top.get("op") or top["event"],
+                where={"file": None, "line": None, "function": None},
+                count=n,
+                per_step=1.0,
+                cost_ms=round(ms, 4),
+                fix=info.fix,
+                rank=rank,
+                cause=info.meaning,
+                details={
+                    "idle_ms_per_step": round(ms / n, 4),
+                    "idle_pct": round(100 * share(ms), 2),
+                    "holders": held[:6],
+                    "verdict": verdict_info,
+                },
+            )
+        )
+    findings.extend(_one_off_findings(breakdown, rank, thresholds))
+    return findings
+
+
+def _host_bound_finding(
+    verdict_info: dict, breakdown: IdleBreakdown, steps: list[dict], rank: int | None, thresholds: Thresholds
+) -> Finding:
+    """GPU idle while the host runs other code: the functions that held it, ms per step."""
+    n = len(steps)
+    named_ms = sum(s["idle_host_ms"] for s in steps)
+    unnamed_ms = sum(s["idle_unknown_ms"] for s in steps)
+    host_ms = named_ms + unnamed_ms
     share = host_ms / max(sum(s["duration_ms"] for s in steps), 1e-9)
-    if verdict_info["verdict"] == "cpu-only" or (share < 0.1 and verdict_info["verdict"] != "host-bound"):
-        return None
-    top = holders[0] if holders else {"kind": "none", "name": None, "file": None}
-    function = top["name"] if top["kind"] == "function" else None
+    functions = breakdown.host_functions
+    top = functions[0] if functions and named_ms >= unnamed_ms else None
+    user = next((f for f in functions if f["code"] == "user"), None)
+    listed = ", ".join(
+        f"{f['function']}"
+        + (f" ({f['file']})" if f["file"] else "")
+        + (f" from {f['called_from']}" if f.get("called_from") and f["code"] != "user" else "")
+        + f" {f['idle_ms_per_step']:.2f} ms"
+        for f in functions[:3]
+    )
+    if top is not None:
+        what = f"the host runs Python: {listed} per step"
+    else:
+        what = "the host runs code the trace does not name (profile with with_stack=True to name it)"
     return Finding(
         kind="host_bound",
-        title=(
-            f"GPU idle {host_ms / n:.1f} ms/step ({100 * share:.0f}% of the step) while the host does other "
-            "work with no GPU work queued" + (f" (in {top['name']})" if top["name"] else "")
-        ),
-        severity="high" if share >= 0.2 else "medium",
-        op=top["name"] if top["kind"] in ("op", "annotation") else None,
-        where={"file": top["file"], "line": None, "function": function},
+        title=f"GPU idle {host_ms / n:.1f} ms/step ({100 * share:.0f}% of the step) with no GPU work "
+        f"queued while {what}",
+        severity="high" if share >= thresholds.high_severity_idle_share else "medium",
+        op=None if top is not None and top["file"] else (top["function"] if top else None),
+        where={
+            "file": (user or {}).get("file"),
+            "line": None,
+            "function": (user or {}).get("function"),
+        },
         count=n,
         per_step=1.0,
         cost_ms=round(host_ms, 4),
-        fix=(
-            "Prepare batches off the training thread: DataLoader(num_workers>0, pin_memory=True, "
-            "prefetch_factor, persistent_workers=True), move preprocessing to the GPU or the dataset, "
-            "and prefetch the next batch while the current step runs."
-        ),
+        fix=next(c.fix for c in CAUSES if c.name == ("host" if top is not None else "unknown")),
         rank=rank,
+        cause=next(c.meaning for c in CAUSES if c.name == ("host" if top is not None else "unknown")),
         details={
             "idle_host_ms_per_step": round(host_ms / n, 4),
+            "idle_named_ms_per_step": round(named_ms / n, 4),
+            "idle_unnamed_ms_per_step": round(unnamed_ms / n, 4),
             "idle_host_pct": round(100 * share, 2),
-            "cpu_holders": holders,
+            "functions": functions,
             "verdict": verdict_info,
         },
     )
+
+
+_ONE_OFF_WORDS = {
+    "context": "CUDA context creation (the device's first use)",
+    "warmup": "library warm-up",
+}
+
+
+def _one_off_findings(breakdown: IdleBreakdown, rank: int | None, thresholds: Thresholds) -> list[Finding]:
+    """One finding per one-off cost (context creation, warm-up) of at least `one_off_min_ms`."""
+    merged: dict[tuple, dict] = {}
+    for h in breakdown.one_off:
+        what = "warmup" if h["cause"] == "warmup" else "context"
+        key = (what, h["event"] if what == "context" else h["op"] or h["event"])
+        entry = merged.setdefault(key, {**h, "idle_ms": 0.0, "steps": set()})
+        entry["idle_ms"] += h["idle_ms"]
+        entry["steps"].update(h.get("steps", []))
+    findings = []
+    for (what, _), h in sorted(merged.items(), key=lambda kv: -kv[1]["idle_ms"]):
+        if h["idle_ms"] < thresholds.one_off_min_ms:
+            continue
+        steps = sorted(h["steps"])
+        where = f"{h['event']}" + (f" under {h['op']}" if h["op"] and h["op"] != h["event"] else "")
+        seconds = h["idle_ms"] / 1e3
+        amount = f"{seconds:.1f} s" if seconds >= 1 else f"{h['idle_ms']:.1f} ms"
+        findings.append(
+            Finding(
+                kind="one_off",
+                title=f"Step {steps[0] if steps else '?'} pays {amount} of one-off {_ONE_OFF_WORDS[what]} "
+                f"({where}); not a steady-state cost",
+                severity="low",
+                op=h["op"] or h["event"],
+                where={"file": None, "line": None, "function": None},
+                count=1,
+                per_step=0.0,
+                cost_ms=round(h["idle_ms"], 4),
+                fix="Start profiling later, after the first steps: torch.profiler.schedule(wait=..., "
+                "warmup=...) or skip_first=..., so the profiled steps show the steady state.",
+                rank=rank,
+                cause=_ONE_OFF_WORDS[what],
+                details={
+                    "steps": steps,
+                    "event": h["event"],
+                    "op": h["op"],
+                    "idle_ms": round(h["idle_ms"], 4),
+                },
+            )
+        )
+    return findings[:4]

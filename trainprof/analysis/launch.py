@@ -2,92 +2,136 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from statistics import median  # not np.median: it imports numpy.ma, 25 ms of a fresh process
 
 import numpy as np
 
-from trainprof.analysis.frames import UserFrameIndex
+from trainprof.analysis.attribution import attribute_kernels
+from trainprof.analysis.modules import OwnerCost, OwnerCosts, owner_costs
 from trainprof.analysis.result import Finding
+from trainprof.analysis.runtime_calls import kind_code
+from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
 
 
-def launch_stats(timeline: Timeline) -> tuple[list[dict], dict]:
-    """Per step: tiny-kernel counts; and, over all steps, the user regions and ops launching tiny kernels.
-
-    A kernel is tiny when it runs shorter than the CPU call that launched it: the GPU finishes it
-    before the CPU can issue the next one, so the GPU waits on the CPU.
-    """
+def tiny_kernels(timeline: Timeline) -> np.ndarray:
+    """Per kernel: ran shorter than its own launch call (see `launch_stats`); never a graph replay or
+    a communication kernel."""
     kernels, calls = timeline.kernels, timeline.calls
-    matched = timeline.kernel_call >= 0
+    matched = (timeline.kernel_call >= 0) & ~timeline.kernel_is_replay
     call_index = np.clip(timeline.kernel_call, 0, None)
     launch_us = np.where(matched, calls.dur_us[call_index] if len(calls) else 0.0, np.nan)
-    tiny = matched & (kernels.dur_us < launch_us) & ~timeline.kernel_is_comm
+    return matched & (kernels.dur_us < launch_us) & ~timeline.kernel_is_comm
+
+
+def launch_stats(timeline: Timeline, costs: OwnerCosts | None = None) -> tuple[list[dict], dict]:
+    """Per step: tiny-kernel and graph-replay counts; and, over all steps, the owners (`nn.Module`s or
+    user functions, forward and backward together: `trainprof.analysis.modules`) and ops launching
+    tiny kernels. `costs`: the trace's owner table when the caller has it (built here otherwise).
+
+    A kernel is tiny when it runs shorter than the CPU call that launched it: the GPU finishes it
+    before the CPU can issue the next one, so the GPU waits on the CPU. A kernel replayed from a
+    CUDA/HIP graph has no launch of its own (one graph launch issues all of them): it is counted as
+    a replay, never as tiny.
+    """
+    kernels, calls = timeline.kernels, timeline.calls
+    replay = timeline.kernel_is_replay
+    matched = (timeline.kernel_call >= 0) & ~replay
+    call_index = np.clip(timeline.kernel_call, 0, None)
+    launch_us = np.where(matched, calls.dur_us[call_index] if len(calls) else 0.0, np.nan)
+    tiny = tiny_kernels(timeline)
+    graph_launch = timeline.call_kind == kind_code("graph_launch")
+    graph_launch_step = timeline.step_of(calls.start_us[graph_launch]) if graph_launch.any() else np.zeros(0)
+    graph_launch_us = calls.dur_us[graph_launch]
     per_step = []
     for i in range(len(timeline.steps)):
         in_step = timeline.kernel_step == i
         count = int(in_step.sum())
         tiny_count = int((tiny & in_step).sum())
+        launched_here = graph_launch_step == i
         per_step.append(
             {
                 "tiny_kernel_count": tiny_count,
                 "tiny_kernel_pct": round(100.0 * tiny_count / count, 2) if count else 0.0,
                 "median_kernel_us": round(median(kernels.dur_us[in_step].tolist()), 3) if count else 0.0,
+                "graph_replay_kernel_count": int((replay & in_step).sum()),
+                "graph_launch_count": int(launched_here.sum()),
+                "graph_launch_ms": round(float(graph_launch_us[launched_here].sum()) / 1e3, 4),
             }
         )
 
-    regions: Counter = Counter()
-    region_files: dict[str | None, str | None] = {}
-    top_ops: Counter = Counter()
-    indexes: dict[int, UserFrameIndex] = {}
+    if costs is None:
+        costs = owner_costs(timeline, attribute_kernels(timeline), tiny)
+    by_tiny = sorted((row for row in costs.rows if row.tiny_kernels), key=lambda row: -row.tiny_kernels)
+    region_list = [_region(row, costs.steps) for row in by_tiny[:5]]
     tiny_in_steps = np.flatnonzero(tiny & (timeline.kernel_step >= 0))
-    for k in tiny_in_steps.tolist():
-        c = int(timeline.kernel_call[k])
-        thread = int(calls.thread[c])
-        index = indexes.get(thread)
-        if index is None:
-            index = indexes[thread] = UserFrameIndex(timeline.trace, thread)
-        start, end = float(calls.start_us[c]), float(calls.end_us[c])
-        frame = index.user_frame(start, end)
-        function = frame.function if frame else None
-        regions[function] += 1
-        region_files.setdefault(function, frame.file if frame else None)
-        top_ops[(function, index.top_op(start, end))] += 1
-    region_list = [
-        {"function": f, "file": region_files[f], "tiny_kernels": n} for f, n in regions.most_common(5)
-    ]
-    for region in region_list:
-        region["top_ops"] = [
-            {"op": op, "tiny_kernels": n} for (f, op), n in top_ops.most_common() if f == region["function"]
-        ][:6]
+    in_steps = timeline.kernel_step >= 0
     totals = {
         "tiny_kernel_count": int(tiny_in_steps.size),
-        "kernel_count": int((timeline.kernel_step >= 0).sum()),
+        "kernel_count": int(in_steps.sum()),
+        "graph_replay_kernel_count": int((replay & in_steps).sum()),
+        "eager_kernel_count": int((~replay & in_steps).sum()),
         "median_launch_us": round(median(launch_us[matched].tolist()), 3) if matched.any() else None,
         "median_kernel_us": round(median(kernels.dur_us.tolist()), 3) if len(kernels) else None,
         "regions": region_list,
+        "unowned_tiny_kernel_count": costs.unowned_tiny_kernels,
     }
     return per_step, totals
 
 
-def launch_finding(verdict: dict, totals: dict, steps: list[dict], rank: int | None) -> Finding | None:
-    """The launch-overhead finding, when the verdict or the tiny-kernel share says launches limit the step."""
+def _region(row: OwnerCost, steps: int) -> dict:
+    """One owner of tiny kernels for the finding: `function` names it (`GPT2Attention (fwd+bwd)` for a
+    module, the function's name otherwise), `summary` says what it launched."""
+    return {
+        "function": f"{row.label} ({row.phases})" if row.module_path else row.function,
+        "module": row.module_path,
+        "file": row.file,
+        "line": row.line,
+        "tiny_kernels": row.tiny_kernels,
+        "summary": row.sentence(steps),
+        "top_ops": [{"op": op, "tiny_kernels": count} for op, count in row.tiny_ops],
+    }
+
+
+def launch_finding(
+    verdict: dict, totals: dict, steps: list[dict], rank: int | None, thresholds: Thresholds | None = None
+) -> Finding | None:
+    """The launch-overhead finding, when the verdict or the tiny-kernel share says launches limit the step.
+
+    The tiny-kernel share counts eagerly launched kernels only (graph replays have no launch of their
+    own). Where part of the work already replays from graphs, the finding says so and does not advise
+    graphs for it, only for the eager kernels that remain.
+    """
+    limits = thresholds or Thresholds()
     n = max(len(steps), 1)
-    tiny_pct = 100.0 * totals["tiny_kernel_count"] / max(totals["kernel_count"], 1)
+    tiny_pct = (
+        100.0 * totals["tiny_kernel_count"] / max(totals.get("eager_kernel_count", totals["kernel_count"]), 1)
+    )
     if verdict["verdict"] == "cpu-only":
         return None
     launch_bound = verdict["verdict"] == "launch-bound"
-    if not launch_bound and not (tiny_pct >= 50 and verdict["gpu_busy_pct"] < 80):
+    many_tiny = tiny_pct >= limits.tiny_kernel_pct and verdict["gpu_busy_pct"] < limits.tiny_kernel_busy_pct
+    if not launch_bound and not (many_tiny and totals["tiny_kernel_count"] > 0):
         return None
     region = totals["regions"][0] if totals["regions"] else {"function": None, "file": None, "top_ops": []}
-    ops = ", ".join(o["op"] for o in region.get("top_ops", []) if o["op"])
+    # One op, the one behind most of the owner's tiny kernels (the rest are in details["regions"]).
+    top_op = region["top_ops"][0]["op"] if region.get("top_ops") else None
+    loop_owner = region["function"] if not region.get("module") else None
+    replays = totals.get("graph_replay_kernel_count", 0)
+    graph_fix = (
+        f"{replays / n:.0f} kernels/step already replay from CUDA/HIP graphs; capture the eagerly launched "
+        "rest too (torch.compile(mode='reduce-overhead') or torch.cuda.graph around the region that "
+        "launches the tiny kernels)."
+        if replays
+        else "Capture the step with CUDA graphs or torch.compile(mode='reduce-overhead') so one launch "
+        "replays hundreds of kernels."
+    )
     fixes = [
-        "Capture the step with CUDA graphs or torch.compile(mode='reduce-overhead') so one launch replays "
-        "hundreds of kernels.",
+        graph_fix,
         "Use a foreach/fused optimizer (torch.optim.AdamW(..., fused=True) or foreach=True) and "
         "clip_grad_norm_(foreach=True).",
         "Replace Python loops over parameters/tensors with one batched op (torch._foreach_norm, "
-        "torch.stack + one reduction)" + (f" in {region['function']}" if region["function"] else "") + ".",
+        "torch.stack + one reduction)" + (f" in {loop_owner}" if loop_owner else "") + ".",
         "Give each kernel more work: a larger batch or sequence per step (or fewer, larger ops).",
     ]
     idle_launch_ms = sum(s.get("idle_launch_ms", 0.0) for s in steps)
@@ -96,13 +140,15 @@ def launch_finding(verdict: dict, totals: dict, steps: list[dict], rank: int | N
         kind="launch_overhead",
         title=(
             f"{'Launch-bound' if launch_bound else 'Many tiny kernels'}: "
-            f"{totals['kernel_count'] / n:.0f} kernels/step, {tiny_pct:.0f}% shorter than their launch; "
+            f"{totals['kernel_count'] / n:.0f} kernels/step"
+            + (f" ({replays / n:.0f} replayed from graphs)" if replays else "")
+            + f", {tiny_pct:.0f}% of those launched eagerly shorter than their launch; "
             f"GPU busy {verdict['gpu_busy_pct']:.0f}%"
-            + (f"; most tiny kernels from {where_fn}" if where_fn else "")
+            + (f"; most tiny kernels from {region.get('summary') or where_fn}" if where_fn else "")
         ),
         severity="high" if launch_bound else "medium",
-        op=ops or None,
-        where={"file": region["file"], "line": None, "function": where_fn},
+        op=top_op,
+        where={"file": region["file"], "line": region.get("line"), "function": where_fn},
         count=totals["tiny_kernel_count"],
         per_step=round(totals["tiny_kernel_count"] / n, 2),
         cost_ms=round(idle_launch_ms, 4),
@@ -112,6 +158,8 @@ def launch_finding(verdict: dict, totals: dict, steps: list[dict], rank: int | N
             "fixes": fixes,
             "tiny_kernel_pct": round(tiny_pct, 2),
             "kernels_per_step": round(totals["kernel_count"] / n, 1),
+            "graph_replay_kernels_per_step": round(replays / n, 1),
+            "graph_launch_ms_per_step": round(sum(s.get("graph_launch_ms", 0.0) for s in steps) / n, 4),
             "launch_ms_per_step": round(sum(s["launch_ms"] for s in steps) / n, 4),
             "median_launch_us": totals["median_launch_us"],
             "median_kernel_us": totals["median_kernel_us"],

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 KINDS = (
     "launch",
     "graph_launch",
@@ -170,3 +172,14 @@ def is_blocking_copy(name: str) -> bool:
     it enqueues on a stream and then waits for that stream.)
     """
     return call_kind(name) in ("copy", "memset") and "Async" not in name
+
+
+def kind_codes(names: list[str]) -> np.ndarray:
+    """For a trace's name table, the index into `KINDS` of each name's `call_kind` (int8)."""
+    index = {kind: i for i, kind in enumerate(KINDS)}
+    return np.fromiter((index[call_kind(n)] for n in names), dtype=np.int8, count=len(names))
+
+
+def kind_code(kind: str) -> int:
+    """The code of a kind in `kind_codes`' arrays."""
+    return KINDS.index(kind)

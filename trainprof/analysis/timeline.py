@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
-from trainprof.analysis.runtime_calls import call_kind
+from trainprof.analysis.runtime_calls import call_kind, kind_code, kind_codes
 from trainprof.trace import EventTable, Trace
 
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")  # longer: no step (int() refuses 4300+ digits)
 
 
 def is_launch_call(name: str) -> bool:
@@ -52,7 +52,10 @@ class Timeline:
     kernel_call: np.ndarray  # per kernel: index into `calls` of its launch, -1 if unmatched
     kernel_step: np.ndarray  # per kernel: index into `steps` (by launch time), -1 outside steps
     kernel_is_comm: np.ndarray
-    call_is_launch: np.ndarray
+    call_is_launch: np.ndarray  # launches and graph launches
+    call_kind: np.ndarray  # per call: index into runtime_calls.KINDS
+    kernel_is_replay: np.ndarray  # per kernel: launched by a graph launch (a replay, no launch of its own)
+    main_thread: int | None  # the training loop's thread: ProfilerStep#'s, else the one launching most
 
     def step_of(self, t_us) -> np.ndarray:
         """Index into `steps` of the window holding each time, -1 outside every step."""
@@ -69,11 +72,13 @@ def build_timeline(trace: Trace) -> Timeline:
     ev = trace.events
     annotations = ev["user_annotation"]
     steps = []
+    step_threads = []
     for i in range(len(annotations)):
         match = _STEP_NAME.match(trace.names[int(annotations.name[i])])
         if match:
             start = float(annotations.start_us[i])
             steps.append(StepWindow(int(match.group(1)), start, start + float(annotations.dur_us[i])))
+            step_threads.append(int(annotations.thread[i]))
     has_steps = bool(steps)
     if not steps:
         starts = [t.start_us[0] for t in ev.values() if len(t)]
@@ -90,23 +95,31 @@ def build_timeline(trace: Trace) -> Timeline:
         np.concatenate((runtime.correlation, driver.correlation)),
         np.concatenate((runtime.value, driver.value)),
     )
-    call_is_launch = trace.names_matching(is_launch_call)[calls.name] if len(calls) else np.zeros(0, bool)
+    call_kind = kind_codes(trace.names)[calls.name] if len(calls) else np.zeros(0, np.int8)
+    call_is_launch = (call_kind == kind_code("launch")) | (call_kind == kind_code("graph_launch"))
 
     kernels = ev["kernel"]
     kernel_call = _join_correlation(kernels.correlation, calls.correlation)
+    kernel_is_replay = (kernel_call >= 0) & (
+        call_kind[np.clip(kernel_call, 0, None)] == kind_code("graph_launch") if len(calls) else False
+    )
     gpu = [ev["kernel"], ev["gpu_memcpy"], ev["gpu_memset"]]
     gpu_busy = Coverage(np.concatenate([t.start_us for t in gpu]), np.concatenate([t.end_us for t in gpu]))
+    main_thread = max(set(step_threads), key=step_threads.count) if step_threads else _busiest_thread(trace)
     timeline = Timeline(
-        trace,
-        steps,
-        has_steps,
-        calls,
-        kernels,
-        gpu_busy,
-        kernel_call,
-        np.zeros(0, dtype=np.int64),
-        trace.names_matching(is_comm_kernel)[kernels.name],
-        call_is_launch,
+        trace=trace,
+        steps=steps,
+        has_step_annotations=has_steps,
+        calls=calls,
+        kernels=kernels,
+        gpu_busy=gpu_busy,
+        kernel_call=kernel_call,
+        kernel_step=np.zeros(0, dtype=np.int64),
+        kernel_is_comm=trace.names_matching(is_comm_kernel)[kernels.name],
+        call_is_launch=call_is_launch,
+        call_kind=call_kind,
+        kernel_is_replay=kernel_is_replay,
+        main_thread=main_thread,
     )
     # A kernel belongs to the step whose CPU code launched it (its GPU run may spill past the window).
     launched_at = (
@@ -116,6 +129,28 @@ def build_timeline(trace: Trace) -> Timeline:
     )
     timeline.kernel_step = timeline.step_of(launched_at)
     return timeline
+
+
+def _busiest_thread(trace: Trace) -> int | None:
+    """The thread whose recorded frames (ops, annotations, Python) cover the most time.
+
+    Without `ProfilerStep#` ranges this is the training loop's thread: autograd's backward thread
+    may launch more kernels, but only the loop's thread is busy for the whole run.
+    """
+    tables = [trace.events[c] for c in ("cpu_op", "user_annotation", "python_function")]
+    threads = np.concatenate([t.thread for t in tables])
+    if threads.size == 0:
+        return None
+    starts = np.concatenate([t.start_us for t in tables])
+    ends = np.concatenate([t.end_us for t in tables])
+    best, best_us = None, -1.0
+    for thread in np.unique(threads).tolist():
+        on = threads == thread
+        covered = Coverage(starts[on], ends[on])
+        total = float((covered.ends - covered.starts).sum())
+        if total > best_us:
+            best, best_us = int(thread), total
+    return best
 
 
 def _join_correlation(gpu_corr: np.ndarray, call_corr: np.ndarray) -> np.ndarray:

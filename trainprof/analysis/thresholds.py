@@ -1,0 +1,140 @@
+"""Every number that decides a verdict or a finding, in one table, each with its reason.
+
+The analysis reads them through `Thresholds`; a caller overrides any of them by name:
+`analyze(path, thresholds={"gpu_bound_busy_pct": 90})` or
+`trainprof analyze PATH --threshold gpu_bound_busy_pct=90`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One named cut-off: its default value and why it has that value."""
+
+    name: str
+    value: float
+    reason: str
+
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "gpu_bound_busy_pct",
+        80.0,
+        "At 80% GPU busy (time-weighted over the steps) the idle time is a minor share of the step: "
+        "faster kernels pay more than removing gaps, so the step is GPU-bound.",
+    ),
+    Threshold(
+        "comm_bound_share",
+        0.3,
+        "When collective kernels are at least 30% of the GPU's busy time in a GPU-bound step, "
+        "communication (or waiting for another rank inside it) is what the step is bound by.",
+    ),
+    Threshold(
+        "dominant_cause_margin",
+        1.5,
+        "The steady-state GPU-idle cause with the most time names the verdict only when it has at "
+        "least 1.5x the time of the runner-up; closer than that, the verdict is `mixed` and names both.",
+    ),
+    Threshold(
+        "long_launch_us",
+        1000.0,
+        "A kernel launch costs the host 2-50 µs. One over 1 ms while the GPU is idle is not launch "
+        "overhead: it is the kernel's first use loading its module (lazy loading) or the library's "
+        "initialisation, counted as library warm-up.",
+    ),
+    Threshold(
+        "warmup_call_min_ms",
+        10.0,
+        "A cuDNN/cuBLAS/MIOpen op call on the host counts as library warm-up (algorithm search, "
+        "handle creation) only if it lasts at least 10 ms: steady-state calls take µs to a few ms.",
+    ),
+    Threshold(
+        "warmup_call_ratio",
+        10.0,
+        "...and it is either the first call of its op on its thread or at least 10x the median call "
+        "of the same op: a later call that slow is searching again (a new shape under "
+        "cudnn.benchmark).",
+    ),
+    Threshold(
+        "finding_min_idle_share",
+        0.1,
+        "A GPU-idle cause gets its own finding when it costs at least 10% of the profiled step time "
+        "(or is the verdict): below that, fixing it cannot speed the step up by more than ~10%.",
+    ),
+    Threshold(
+        "high_severity_idle_share",
+        0.2,
+        "A cause costing at least 20% of the step time is `high` severity; below, `medium`.",
+    ),
+    Threshold(
+        "one_off_min_ms",
+        1.0,
+        "One-off costs (context creation, library warm-up) under 1 ms in total are not worth a finding.",
+    ),
+    Threshold(
+        "tiny_kernel_pct",
+        50.0,
+        "When at least half the kernels run shorter than their own launch call, the GPU finishes each "
+        "before the host issues the next: a `many tiny kernels` finding even if launches are not the "
+        "dominant idle cause...",
+    ),
+    Threshold(
+        "tiny_kernel_busy_pct",
+        80.0,
+        "...provided the GPU is less than 80% busy (else the tiny kernels are hidden behind long ones).",
+    ),
+)
+
+DEFAULTS: Mapping[str, float] = MappingProxyType({t.name: t.value for t in THRESHOLDS})
+
+
+class Thresholds:
+    """The thresholds in force for one analysis: the defaults, with the caller's overrides.
+
+    Read a value as an attribute: `thresholds.gpu_bound_busy_pct`.
+    """
+
+    def __init__(self, overrides: Mapping[str, float] | None = None):
+        values = dict(DEFAULTS)
+        for name, value in (overrides or {}).items():
+            if name not in DEFAULTS:
+                raise ValueError(f"unknown threshold {name!r}; known: {', '.join(sorted(DEFAULTS))}")
+            try:
+                values[name] = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"threshold {name} must be a number, got {value!r}") from None
+        self._values = values
+
+    def __getattr__(self, name: str) -> float:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def overridden(self) -> dict[str, float]:
+        """The values that differ from the defaults (for the report's record of what was used)."""
+        return {k: v for k, v in self._values.items() if v != DEFAULTS[k]}
+
+    def as_dict(self) -> dict[str, float]:
+        """All values in force."""
+        return dict(self._values)
+
+
+def parse_threshold_args(items: list[str]) -> dict[str, float]:
+    """`["NAME=VALUE", ...]` (the CLI's `--threshold`) as a dict; ValueError names a malformed item."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--threshold takes NAME=VALUE, got {item!r}")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--threshold {name.strip()}: {value!r} is not a number") from None
+    Thresholds(out)  # unknown names fail here, with the list of known ones
+    return out
