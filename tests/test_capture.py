@@ -72,3 +72,64 @@ def test_activate_patches_and_deactivate_restores():
     (site,) = capture.take_sites()
     assert (site.step, site.call, site.line, site.file) == (4, "implicit", line, __file__)
     capture.deactivate()  # idempotent
+
+
+# -- a failure inside a hook never reaches the user's call (#9) --------------------------------
+
+
+def _failing_stack(*args, **kwargs):
+    raise RuntimeError("stack walk failed")
+
+
+def test_failing_explicit_hook_steps_aside_and_the_call_goes_on(monkeypatch):
+    capture = SyncCapture()
+    capture.active, capture.step_num = True, 3
+    calls = []
+    wrapped = capture._explicit_wrapper("torch.cuda.synchronize", lambda x: calls.append(x) or x * 2)
+    monkeypatch.setattr("trainprof.capture.syncs.current_stack", _failing_stack)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert wrapped(21) == 42  # the user's call ran and returned its value
+        assert wrapped(1) == 2
+    assert calls == [21, 1]
+    assert capture.failed and not capture.active and capture.sites == []
+    assert [str(w.message) for w in caught if "trainprof" in str(w.message)] == [
+        "trainprof: capturing sync call sites failed (RuntimeError: stack walk failed); "
+        "sync lines are not recorded from here on, training goes on"
+    ]  # once
+    capture.activate(step_num=4)  # a later window: the failed capture stays off
+    try:
+        assert not capture.active
+    finally:
+        capture.deactivate()
+
+
+def test_failing_warning_hook_swallows_the_sync_warning_even_under_warnings_as_errors(monkeypatch):
+    capture = SyncCapture()
+    capture.activate(step_num=2)
+    try:
+        monkeypatch.setattr("trainprof.capture.syncs.current_stack", _failing_stack)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # `python -W error`: trainprof's own warning must not raise
+            hook = warnings.showwarning
+            hook("called a synchronizing CUDA operation (Triggered)", UserWarning, __file__, 1)
+            hook("called a synchronizing CUDA operation (Triggered)", UserWarning, __file__, 2)
+        assert capture.failed and capture.take_sites() == []
+    finally:
+        capture.deactivate()
+
+
+def test_capture_judges_frames_with_this_process_layout():
+    capture = SyncCapture()
+    capture.activate(step_num=1)
+    capture.deactivate()
+    assert capture.layout is not None and "torch" in capture.layout.library_packages
+    site = capture.record(
+        "implicit",
+        [
+            ("/code/train.py", 30, "main"),  # user code, although `code` is a stdlib module name
+            (f"{SITE}/lightning_utilities/core/apply_func.py", 29, "apply_to_collection"),
+            (f"{SITE}/lightning/fabric/utilities/apply_func.py", 129, "to_item"),
+        ],
+    )
+    assert (site.file, site.line, site.function) == ("/code/train.py", 30, "main")

@@ -41,10 +41,12 @@ class UserFrameIndex:
     """For every frame event of a thread, the innermost enclosing user `python_function` (or -1).
 
     Computed in one pass over the thread's nested frames (parents precede children), so attributing
-    thousands of kernel launches to user code costs a bisect each.
+    thousands of kernel launches to user code costs a bisect each. User code is judged with the
+    run's recorded `trace.code_layout` when there is one.
     """
 
     def __init__(self, trace: Trace, thread: int):
+        layout = trace.code_layout
         self.frames = trace.frames(thread)
         names = trace.names
         user_name: dict[int, PyFrame | None] = {}
@@ -58,7 +60,9 @@ class UserFrameIndex:
                 nid = name_ids[i]
                 if nid not in user_name:
                     parsed = parse_py_frame(names[nid])
-                    user_name[nid] = parsed if parsed is not None and is_user_file(parsed.file) else None
+                    user_name[nid] = (
+                        parsed if parsed is not None and is_user_file(parsed.file, layout) else None
+                    )
                 frame = user_name[nid]
             ancestor[i] = i if frame is not None else (ancestor[parent] if parent >= 0 else -1)
             inherited = top_op[parent] if parent >= 0 else -1
@@ -86,12 +90,21 @@ class UserFrameIndex:
 
 @dataclass
 class CallContext:
-    """What enclosed one CPU call: cpu_op chain, annotations, python frames (outermost first)."""
+    """What enclosed one CPU call: cpu_op chain, annotations, python frames (outermost first).
+
+    `user` is the innermost user frame and `user_index` its position in `python` (-1 if none).
+    """
 
     ops: list[str]
     annotations: list[str]
     python: list[str]
     user: PyFrame | None
+    user_index: int = -1
+
+    @property
+    def below_user(self) -> list[str]:
+        """The python frames inside the innermost user frame (all of them without one), outermost first."""
+        return self.python[self.user_index + 1:]
 
     @property
     def op_chain(self) -> str | None:
@@ -108,7 +121,7 @@ def call_context(trace: Trace, thread: int, start_us: float, end_us: float) -> C
     """The enclosing frames of a CPU call on `thread` spanning [start_us, end_us]."""
     frames = trace.frames(thread)
     ops, annotations, python = [], [], []
-    user = None
+    user, user_index = None, -1
     for i in frames.chain(frames.innermost(start_us, end_us)):
         category = frames.categories[i]
         name = trace.names[int(frames.name_ids[i])]
@@ -119,6 +132,6 @@ def call_context(trace: Trace, thread: int, start_us: float, end_us: float) -> C
         else:
             python.append(name)
             parsed = parse_py_frame(name)
-            if parsed is not None and is_user_file(parsed.file):
-                user = parsed
-    return CallContext(ops, annotations, python, user)
+            if parsed is not None and is_user_file(parsed.file, trace.code_layout):
+                user, user_index = parsed, len(python) - 1
+    return CallContext(ops, annotations, python, user, user_index)

@@ -1,41 +1,190 @@
-"""Question 2: where does the CPU wait for the GPU (sync points), how long, and from which user line.
+"""Question 2: where does the CPU wait for the GPU (sync points), why, how long, and from which line.
 
 A sync point is one synchronizing operation as the user wrote it: the runtime calls that block the
-host (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, `cudaEventSynchronize`, a `cudaMemcpy*`
-device-to-host or from pageable host memory) grouped by their innermost enclosing `cpu_op`, so
-`.item()` (a D2H copy plus a stream synchronize inside `aten::_local_scalar_dense`) counts once.
-Not sync points: device-to-device copies, host-to-device copies from pinned memory, and the
-profiler's own `cudaDeviceSynchronize` when it stops (torch/profiler frames, or outside every step).
+host (stream/device/event synchronize, a copy device-to-host or from pageable host memory; CUDA and
+HIP names alike, see `runtime_calls`) grouped by their innermost enclosing `cpu_op`, so `.item()`
+(a D2H copy plus a stream synchronize inside `aten::_local_scalar_dense`) counts once.
+Not sync points: device-to-device copies, host-to-device copies from pinned memory that do not
+wait, and the profiler's own `cudaDeviceSynchronize` when it stops (torch/profiler frames, or
+outside every step).
+
+Each sync point carries three answers, all from the trace (no live capture needed):
+- `where`: the innermost user frame (`trainprof.user_code`, with the run's recorded layout);
+- `cause`: what in the code synchronizes, named from the frames between the user frame and the op
+  (`<built-in function print>`, `<built-in method tolist ...>`, `aten::is_nonzero` for `bool()`,
+  the GPU copy's kind, ...): the `CAUSE_RULES` table, first match wins;
+- `via`: the innermost library frame that made the call, or the known framework site of
+  `trainprof/catalog/sync_sites.json` when one matches (its fix replaces the cause's generic fix).
+Findings group sync points by (cause, via, where), so distinct causes behind one user line
+(`trainer.train()`) are distinct findings.
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainprof.analysis.frames import call_context
-from trainprof.analysis.result import Finding
+from trainprof.analysis.frames import CallContext, PyFrame, call_context, parse_py_frame
+from trainprof.analysis.result import Finding, Via, Where
+from trainprof.analysis.runtime_calls import call_kind, is_blocking_copy
 from trainprof.analysis.timeline import Timeline
+from trainprof.catalog import CatalogSite, match_sync_site
+from trainprof.user_code import CodeLayout, is_user_file, library_of
 
-SYNC_CALLS = frozenset(
-    {
-        "cudaStreamSynchronize",
-        "cudaDeviceSynchronize",
-        "cudaEventSynchronize",
-        "cudaStreamWaitEvent_host",
-        "cuStreamSynchronize",
-        "cuCtxSynchronize",
-        "cuEventSynchronize",
-    }
-)
-_EXPLICIT_FOR_CALL = {  # a captured site's `call` -> the runtime call that must be in its sync point
-    "torch.cuda.synchronize": "cudaDeviceSynchronize",
-    "Event.synchronize": "cudaEventSynchronize",
-    "Stream.synchronize": "cudaStreamSynchronize",
+
+@dataclass(frozen=True)
+class SyncCause:
+    """A concrete reason a sync happens: how to say it, and the generic way to remove it."""
+
+    words: str
+    fix: str
+
+
+# The causes a sync point can have. `words` completes "The CPU waits for the GPU: ...".
+CAUSES: dict[str, SyncCause] = {
+    "device_synchronize": SyncCause(
+        "an explicit torch.cuda.synchronize()",
+        "Remove torch.cuda.synchronize() from the training loop (time with CUDA events instead).",
+    ),
+    "event_synchronize": SyncCause(
+        "an explicit Event.synchronize()",
+        "Do not wait on events inside the step: let the stream order the work (stream.wait_event) "
+        "and read timings after the loop.",
+    ),
+    "stream_synchronize": SyncCause(
+        "an explicit Stream.synchronize()",
+        "Remove stream.synchronize() from the step; order streams with events (wait_stream/wait_event).",
+    ),
+    "print": SyncCause(
+        "printing a CUDA tensor (its values are copied to the host)",
+        "Print every N steps, or print a value already on the host; log tensors with a logger that "
+        "reads them every N steps.",
+    ),
+    "tolist": SyncCause(
+        "`.tolist()` of a CUDA tensor",
+        "Keep the values on the GPU; call .tolist() every N steps or after the loop.",
+    ),
+    "numpy": SyncCause(
+        "`.numpy()` of a CUDA tensor (after .cpu())",
+        "Keep the values on the GPU; convert every N steps or after the loop.",
+    ),
+    "bool": SyncCause(
+        "`bool()` of a CUDA tensor (an `if`, `and`/`or`, `assert` or `while` on a tensor)",
+        "Do not branch on GPU values in the step: use torch.where / masking to keep it on the GPU, "
+        "or check every N steps.",
+    ),
+    "item": SyncCause(
+        "`.item()` (or float()/int()) of a CUDA tensor",
+        "Keep the value on the GPU: accumulate losses/metrics as tensors and read them every N steps.",
+    ),
+    "data_dependent_shape": SyncCause(
+        "an op whose output size depends on GPU values (boolean-mask indexing, nonzero, unique, "
+        "masked_select): the host must read the size",
+        "Use fixed-size forms: torch.where / multiplying by the mask instead of x[mask], "
+        "nonzero_static / unique with a known size, or do it every N steps.",
+    ),
+    "cpu": SyncCause(
+        "a device-to-host copy (`.cpu()` / `.to('cpu')`)",
+        "Keep the tensor on the GPU; copy every N steps, or copy into pinned memory with "
+        "non_blocking=True and read it after an event.",
+    ),
+    "pageable_copy": SyncCause(
+        "a host-to-device copy from pageable (unpinned) memory",
+        "Pin the host batch (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
+        ".to(device, non_blocking=True).",
+    ),
+    "pinned_copy_blocking": SyncCause(
+        "a host-to-device copy from pinned memory without non_blocking=True",
+        "Copy with .to(device, non_blocking=True): from pinned memory it then does not wait.",
+    ),
+    "event_wait": SyncCause(
+        "the host waits on a CUDA event",
+        "Avoid waiting on events inside the step; if this is inside a library (e.g. DDP), check its "
+        "options (static_graph, broadcast_buffers=False) or look for a straggling rank.",
+    ),
+    "d2h_copy": SyncCause(
+        "a device-to-host read",
+        "Keep the value on the GPU and read it every N steps.",
+    ),
+    "stream_wait": SyncCause(
+        "the host waits for a CUDA stream",
+        "Avoid stream.synchronize() and data-dependent shapes (nonzero, boolean indexing) in the step.",
+    ),
 }
+
+
+@dataclass(frozen=True)
+class CauseRule:
+    """Evidence for one cause. Every non-empty field must match (any of its entries).
+
+    `python`: a python frame below the user frame whose name starts with, or whose file ends with,
+    the entry; `ops`: a cpu_op of the chain; `copies`: a GPU copy whose name holds every string of
+    the entry; `calls`: a runtime call whose name holds the entry (vendor prefix free).
+    """
+
+    cause: str
+    python: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    copies: tuple[tuple[str, ...], ...] = ()
+    calls: tuple[str, ...] = ()
+
+
+# First match wins: explicit calls, then the Python-level call that reads a value (print before
+# tolist/item, which print uses), then op and copy evidence, then the generic waits.
+CAUSE_RULES: tuple[CauseRule, ...] = (
+    CauseRule("device_synchronize", calls=("DeviceSynchronize", "CtxSynchronize", "ThreadSynchronize")),
+    CauseRule("event_synchronize", calls=("EventSynchronize",), python=("torch/cuda/streams.py",)),
+    CauseRule("stream_synchronize", calls=("StreamSynchronize",), python=("torch/cuda/streams.py",)),
+    CauseRule("print", python=("<built-in function print>", "torch/_tensor_str.py")),
+    CauseRule("tolist", python=("<built-in method tolist of",)),
+    CauseRule("numpy", python=("<built-in method numpy of",)),
+    CauseRule("bool", ops=("aten::is_nonzero",)),
+    CauseRule("bool", python=("<built-in method __bool__ of",)),
+    CauseRule(
+        "data_dependent_shape",
+        ops=("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+             "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave"),
+    ),
+    CauseRule("item", ops=("aten::item", "aten::_local_scalar_dense")),
+    CauseRule("item", python=("<built-in method item of",)),
+    CauseRule("cpu", copies=(("DtoH",),), python=("<built-in method cpu of", "<built-in method to of")),
+    CauseRule("pageable_copy", copies=(("HtoD", "Pageable"),)),
+    CauseRule("pinned_copy_blocking", copies=(("HtoD", "Pinned"),)),
+    CauseRule("event_wait", calls=("EventSynchronize",)),
+    CauseRule("d2h_copy", copies=(("DtoH",),)),
+    CauseRule("stream_wait"),
+)
+
+_EXPLICIT_FOR_CALL = {  # a captured site's `call` -> the runtime call (vendor free) its sync point holds
+    "torch.cuda.synchronize": "DeviceSynchronize",
+    "Event.synchronize": "EventSynchronize",
+    "Stream.synchronize": "StreamSynchronize",
+}
+
+
+def name_cause(python_below_user: list[str], ops: list[str], copies: list[str], calls: list[str]) -> str:
+    """The key in `CAUSES` for one sync point's evidence (see `CAUSE_RULES`)."""
+    files = [frame.file for name in python_below_user if (frame := parse_py_frame(name)) is not None]
+
+    def python_matches(entry: str) -> bool:
+        return any(name.startswith(entry) for name in python_below_user) or any(
+            file.endswith(entry) for file in files
+        )
+
+    for rule in CAUSE_RULES:
+        if rule.python and not any(python_matches(entry) for entry in rule.python):
+            continue
+        if rule.ops and not any(op in rule.ops for op in ops):
+            continue
+        if rule.copies and not any(all(s in copy for s in want) for copy in copies for want in rule.copies):
+            continue
+        if rule.calls and not any(want in call for call in calls for want in rule.calls):
+            continue
+        return rule.cause
+    return "stream_wait"
 
 
 def copy_blocks_host(call_name: str, copy_name: str | None) -> bool:
@@ -44,12 +193,10 @@ def copy_blocks_host(call_name: str, copy_name: str | None) -> bool:
         return False  # kind unknown: do not claim a sync
     if "DtoD" in copy_name or "PtoP" in copy_name:
         return False
-    if "HtoD" in copy_name:
-        return "Pageable" in copy_name or not call_name.endswith("Async")
-    if "DtoH" in copy_name:
-        # A pinned non_blocking D2H copy does not block; `.item()`-style reads follow it with a stream
-        # synchronize in the same op, which is what makes that point a sync.
-        return "Pageable" in copy_name or not call_name.endswith("Async")
+    if "HtoD" in copy_name or "DtoH" in copy_name:
+        # A pinned non_blocking copy does not block; `.item()`-style reads and blocking pinned copies
+        # follow it with a stream synchronize in the same op, which is what makes that point a sync.
+        return "Pageable" in copy_name or is_blocking_copy(call_name)
     return False
 
 
@@ -70,23 +217,61 @@ class SyncPoint:
     file: str | None
     gpu_idle_after_us: float
     line: int | None = None
+    cause: str = "stream_wait"
+    via: Via | None = None
+    catalog: CatalogSite | None = None
+    library_frames: list[PyFrame] = field(default_factory=list)
+    """Parsed library frames inside the user frame, outermost first."""
+    python_below_user: list[str] = field(default_factory=list)
+    """Every python_function name inside the user frame (builtins included), outermost first."""
 
     @property
     def kind(self) -> str:
-        """h2d_pageable | d2h_copy | device_sync | event_sync | stream_sync."""
+        """h2d_pageable | d2h_copy | device_sync | event_sync | stream_sync (the runtime-level kind)."""
         if any("HtoD" in c and "Pageable" in c for c in self.copies):
             return "h2d_pageable"
         if any("DtoH" in c for c in self.copies):
             return "d2h_copy"
-        if "cudaDeviceSynchronize" in self.calls or "cuCtxSynchronize" in self.calls:
+        if any("DeviceSynchronize" in c or "CtxSynchronize" in c for c in self.calls):
             return "device_sync"
-        if "cudaEventSynchronize" in self.calls or "cuEventSynchronize" in self.calls:
+        if any("EventSynchronize" in c for c in self.calls):
             return "event_sync"
         return "stream_sync"
 
+    @property
+    def fix(self) -> str:
+        """The catalog site's fix when a known framework site made the call, else the cause's."""
+        return self.catalog.fix if self.catalog is not None else CAUSES[self.cause].fix
+
+
+def _library_frames(context: CallContext) -> list[PyFrame]:
+    """Parsed library frames inside the user frame, outermost first (builtins carry no file)."""
+    return [frame for name in context.below_user if (frame := parse_py_frame(name)) is not None]
+
+
+def _via(frame: PyFrame | None, layout: CodeLayout | None) -> Via | None:
+    if frame is None:
+        return None
+    library = library_of(frame.file, layout)
+    version = layout.version_of(library) if layout is not None else None
+    return Via(file=frame.file, line=frame.line, function=frame.function, library=library, version=version)
+
+
+def describe(point: SyncPoint, layout: CodeLayout | None) -> None:
+    """Fill `cause`, `catalog` and `via` of a sync point from its frames (see the module docstring)."""
+    frames = point.library_frames
+    point.cause = name_cause(point.python_below_user, point.ops, point.copies, point.calls)
+    versions = dict(layout.versions) if layout is not None else None
+    match = match_sync_site([(f.file, f.function) for f in frames], point.cause, versions)
+    if match is not None:
+        point.catalog, index = match
+        point.via = _via(frames[index], layout)
+    else:
+        point.via = _via(frames[-1] if frames else None, layout)
+
 
 def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
-    """Every sync point inside a profiled step, in time order."""
+    """Every sync point inside a profiled step, in time order, with its cause, `via` and catalog site."""
     trace = timeline.trace
     calls = timeline.calls
     if len(calls) == 0:
@@ -95,8 +280,8 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
         int(c): trace.names[int(n)]
         for c, n in zip(trace.events["gpu_memcpy"].correlation, trace.events["gpu_memcpy"].name, strict=False)
     }
-    is_sync_name = trace.names_matching(lambda n: n in SYNC_CALLS)
-    is_copy_name = trace.names_matching(lambda n: n.startswith(("cudaMemcpy", "cuMemcpy")))
+    is_sync_name = trace.names_matching(lambda n: call_kind(n) == "sync")
+    is_copy_name = trace.names_matching(lambda n: call_kind(n) == "copy")
     candidates = np.flatnonzero(is_sync_name[calls.name] | is_copy_name[calls.name])
     call_step = timeline.step_of(calls.start_us[candidates])
 
@@ -121,7 +306,8 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
             and not context.ops
             and not context.annotations
             and not context.python
-            and name == "cudaDeviceSynchronize"
+            and call_kind(name) == "sync"
+            and "DeviceSynchronize" in name
         ):
             continue  # a bare device synchronize with nothing around it: the profiler stopping
         frames = trace.frames(thread)
@@ -151,6 +337,7 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
             group["blocked"] += end - start
             group["blocking"] = True
 
+    layout = trace.code_layout
     points = []
     for group in sorted(groups.values(), key=lambda g: g["start"]):
         if not group["blocking"]:
@@ -161,36 +348,39 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
         idle_after = timeline.gpu_busy.next_busy_after(group["end"])
         step_end = timeline.steps[group["step"]].end_us
         idle_after = min(idle_after, max(step_end - group["end"], 0.0)) if idle_after is not None else 0.0
-        points.append(
-            SyncPoint(
-                step=timeline.steps[group["step"]].number,
-                thread=group["thread"],
-                start_us=group["start"],
-                end_us=group["end"],
-                blocked_us=group["blocked"],
-                calls=group["calls"],
-                copies=group["copies"],
-                op=op,
-                ops=context.ops,
-                function=context.user.function if context.user else None,
-                file=context.user.file if context.user else None,
-                gpu_idle_after_us=idle_after,
-            )
+        point = SyncPoint(
+            step=timeline.steps[group["step"]].number,
+            thread=group["thread"],
+            start_us=group["start"],
+            end_us=group["end"],
+            blocked_us=group["blocked"],
+            calls=group["calls"],
+            copies=group["copies"],
+            op=op,
+            ops=context.ops,
+            function=context.user.function if context.user else None,
+            file=context.user.file if context.user else None,
+            gpu_idle_after_us=idle_after,
+            library_frames=_library_frames(context),
+            python_below_user=context.below_user,
         )
+        describe(point, layout)
+        points.append(point)
     return points
 
 
-def join_sync_sites(points: list[SyncPoint], sites: list[dict]) -> int:
+def join_sync_sites(points: list[SyncPoint], sites: list[dict], layout: CodeLayout | None = None) -> int:
     """Fill `line` (and the captured file/function) of sync points from captured sites; returns matches.
 
     Per step and per innermost user function (plus file basename), the trace's sync points and the
     captured sites are paired in order only when their counts agree and every pair is compatible
     (an explicit `torch.cuda.synchronize` site needs a device synchronize, etc.). Otherwise that
     group stays unmatched (`line` None): a missing or extra site never shifts a line onto another sync.
+    A matched site's stack also gives the exact line of `via` when it names the same function.
     """
 
     def basename(file):
-        return os.path.basename(file) if file else None
+        return os.path.basename(file) if isinstance(file, str) and file else None
 
     trace_groups: dict[tuple, list[SyncPoint]] = defaultdict(list)
     for point in points:
@@ -199,7 +389,7 @@ def join_sync_sites(points: list[SyncPoint], sites: list[dict]) -> int:
     site_groups: dict[tuple, list[dict]] = defaultdict(list)
     for site in sites:
         step, function = site.get("step"), site.get("function")
-        if isinstance(step, int) and function:
+        if isinstance(step, int) and isinstance(function, str) and function:
             site_groups[(step, function, basename(site.get("file")))].append(site)
 
     matched = 0
@@ -211,69 +401,78 @@ def join_sync_sites(points: list[SyncPoint], sites: list[dict]) -> int:
             continue
         for site, point in zip(group_sites, group_points, strict=False):
             point.line = site.get("line") if isinstance(site.get("line"), int) else None
-            point.file = site.get("file") or point.file
+            point.file = site.get("file") if isinstance(site.get("file"), str) else point.file
+            _refine_via(point, site.get("stack"), layout)
             matched += 1
     return matched
+
+
+def _refine_via(point: SyncPoint, stack: object, layout: CodeLayout | None) -> None:
+    """Give `via` the captured line: the innermost library frame of the captured stack with the same
+    function and file name (the trace gives a function's first line only)."""
+    if point.via is None or not isinstance(stack, list):
+        return
+    for frame in reversed(stack):
+        if not isinstance(frame, dict):
+            continue
+        file, line, function = frame.get("file"), frame.get("line"), frame.get("function")
+        if not (isinstance(file, str) and isinstance(line, int) and function == point.via.function):
+            continue
+        same_file = os.path.basename(file) == os.path.basename(point.via.file or "")
+        if same_file and not is_user_file(file, layout):
+            point.via = Via(file=point.via.file, line=line, function=point.via.function,
+                            library=point.via.library, version=point.via.version)
+            return
 
 
 def _compatible(site: dict, point: SyncPoint) -> bool:
     needed = _EXPLICIT_FOR_CALL.get(site.get("call"))
     if needed is not None:
-        return needed in point.calls and not point.copies
+        return any(needed in call for call in point.calls) and not point.copies
     return True
-
-
-_TITLES = {
-    "h2d_pageable": "Host-to-device copy from pageable memory blocks the CPU",
-    "d2h_copy": "Device-to-host read blocks the CPU until the GPU catches up",
-    "device_sync": "Explicit device synchronize",
-    "event_sync": "CPU waits on a CUDA event",
-    "stream_sync": "CPU waits for a CUDA stream",
-}
-_FIXES = {
-    "h2d_pageable": "Pin the host batch (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
-    ".to(device, non_blocking=True).",
-    "d2h_copy": "Keep the value on the GPU: accumulate losses/metrics as tensors and read them every "
-    "N steps; replace data-dependent Python branches on `.item()` with torch.where or a check every N steps.",
-    "device_sync": "Remove torch.cuda.synchronize() from the training loop (time with CUDA events instead).",
-    "event_sync": "Avoid waiting on events inside the step; if this is inside a library (e.g. DDP), "
-    "check its options (static_graph, broadcast_buffers=False) or look for a straggling rank.",
-    "stream_sync": "Avoid stream.synchronize() and data-dependent shapes (nonzero, boolean indexing) "
-    "in the step.",
-}
 
 
 def sync_findings(
     points: list[SyncPoint], step_count: int, rank: int | None, step_ms: float
 ) -> list[Finding]:
-    """One finding per (op, user function, file, line), with counts, blocked time and GPU idle after."""
+    """One finding per (cause, library call site, user frame): counts, blocked time, GPU idle after."""
     grouped: dict[tuple, list[SyncPoint]] = defaultdict(list)
     for point in points:
-        grouped[(point.op, point.function, point.file, point.line)].append(point)
+        via = (point.via.file, point.via.function) if point.via is not None else None
+        grouped[(point.cause, via, point.function, point.file, point.line)].append(point)
     findings = []
-    for (op, function, file, line), group in grouped.items():
-        kind = group[0].kind
+    for (cause_key, _via_site, function, file, line), group in grouped.items():
+        first = group[0]
+        cause = CAUSES[cause_key]
         blocked_ms = sum(p.blocked_us for p in group) / 1e3
         idle_ms = sum(p.gpu_idle_after_us for p in group) / 1e3
         per_step = len(group) / max(step_count, 1)
         impact_pct = 100.0 * (blocked_ms + idle_ms) / max(step_ms * step_count, 1e-9)
         severity = "high" if impact_pct >= 5 else "medium" if function is not None else "low"
         where_text = f" in {function}" if function else ""
+        via = first.via
+        via_text = f" via {via.library or '?'} {via.function}" if via is not None and via.library else ""
+        catalog = first.catalog
         findings.append(
             Finding(
                 kind="sync_point",
-                title=f"{_TITLES[kind]}{where_text} ({per_step:g}/step, {op})",
+                title=f"CPU waits for the GPU: {cause.words}{where_text}{via_text} ({per_step:g}/step)",
                 severity=severity,
-                op=op,
-                where={"file": file, "line": line, "function": function},
+                op=first.op,
+                where=Where(file=file, line=line, function=function),
+                via=via,
+                cause=cause.words,
                 count=len(group),
                 per_step=round(per_step, 3),
                 cost_ms=round(blocked_ms, 4),
-                fix=_FIXES[kind],
+                fix=first.fix,
                 rank=rank,
                 details={
-                    "sync_kind": kind,
-                    "op_chain": group[0].ops,
+                    "sync_kind": first.kind,
+                    "cause": cause_key,
+                    "catalog_site": catalog.id if catalog is not None else None,
+                    "why": catalog.why if catalog is not None else None,
+                    "op_chain": first.ops,
                     "runtime_calls": sorted(set(c for p in group for c in p.calls)),
                     "copies": sorted(set(c for p in group for c in p.copies)),
                     "gpu_idle_after_ms": round(idle_ms, 4),

@@ -10,11 +10,14 @@ records, while the loop runs, where each sync was called:
   debug mode does not flag: thin wrappers record them.
 
 Everything is installed by `SyncCapture.activate()` and undone by `deactivate()`; nothing stays
-installed outside the recorded steps.
+installed outside the recorded steps. The hooks run inside the user's own calls, so a failure in
+them never reaches the user: the call goes on as if trainprof were absent, one warning says so,
+and the capture stops recording (`failed`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -24,7 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprof.user_code import is_user_file
+from trainprof.user_code import CodeLayout, current_layout, is_user_file
+
+logger = logging.getLogger(__name__)
 
 # The text of the warning that `torch.cuda.set_sync_debug_mode("warn")` emits per synchronizing op.
 SYNC_WARNING_RE = re.compile(r"called a synchronizing CUDA operation")
@@ -34,10 +39,10 @@ _PROTOTYPE_WARNING_RE = re.compile(r"Synchronization debug mode is a prototype f
 _FrameTuple = tuple[str, int, str]  # (file, line, function)
 
 
-def is_library_file(path: str) -> bool:
+def is_library_file(path: str, layout: CodeLayout | None = None) -> bool:
     """True when `path` is not the user's code (torch, HF libraries, trainprof, the stdlib, any
     installed package, frozen modules): the same rule the trace analysis applies."""
-    return not is_user_file(path)
+    return not is_user_file(path, layout)
 
 
 def innermost_user_frame(
@@ -108,12 +113,17 @@ class SyncCapture:
         self._lock = threading.Lock()
         self._local = threading.local()  # .in_explicit: inside a wrapped explicit sync
         self._undo: list[Callable[[], None]] = []
+        self.layout: CodeLayout | None = None
+        """Where library code lives in this process, fixed when recording first starts."""
+        self.failed = False
+        """A hook failed: nothing more is recorded (the hooks pass every call straight through)."""
 
     # -- recording ---------------------------------------------------------------------------
 
     def record(self, call: str, stack: list[_FrameTuple]) -> SyncSite:
         """Record one synchronizing call with its stack (outermost -> innermost)."""
-        user = innermost_user_frame(stack)
+        layout = self.layout
+        user = innermost_user_frame(stack, lambda file: is_library_file(file, layout))
         site = SyncSite(
             step=self.step_num,
             call=call,
@@ -132,13 +142,38 @@ class SyncCapture:
             sites, self.sites = self.sites, []
         return sites
 
+    def _guarded_record(self, call: str, skip: int, trim: bool = False) -> None:
+        """Record the caller's stack; any failure makes the capture step aside instead of raising."""
+        try:
+            stack = current_stack(skip=skip + 1)
+            self.record(call, _trim_capture_frames(stack) if trim else stack)
+        except Exception as exc:
+            self._step_aside(exc)
+
+    def _step_aside(self, exc: Exception) -> None:
+        """Stop recording for good after a hook failed; say so once, never raise into the user's call."""
+        first = not self.failed
+        self.failed = True
+        self.active = False
+        if not first:
+            return
+        logger.debug("trainprof: sync capture failed", exc_info=exc)
+        message = (
+            f"trainprof: capturing sync call sites failed ({type(exc).__name__}: {exc}); "
+            "sync lines are not recorded from here on, training goes on"
+        )
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        except Exception:  # e.g. `python -W error`: the warning must not end the user's call
+            logger.warning(message)
+
     def _explicit_wrapper(self, call: str, original: Callable[..., Any]) -> Callable[..., Any]:
         capture = self
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not capture.active or getattr(capture._local, "in_explicit", False):
                 return original(*args, **kwargs)
-            capture.record(call, current_stack(skip=2))
+            capture._guarded_record(call, skip=2)
             # A sync debug warning raised by the explicit call itself is the same sync: ignore it.
             capture._local.in_explicit = True
             try:
@@ -155,12 +190,18 @@ class SyncCapture:
         capture = self
 
         def showwarning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
-            text = str(message)
-            if SYNC_WARNING_RE.search(text):
+            try:
+                text = str(message)
+                is_sync = SYNC_WARNING_RE.search(text) is not None
+                is_prototype = _PROTOTYPE_WARNING_RE.search(text) is not None
+            except Exception as exc:
+                capture._step_aside(exc)
+                return original(message, category, filename, lineno, file, line)
+            if is_sync:
                 if capture.active and not getattr(capture._local, "in_explicit", False):
-                    capture.record("implicit", _trim_capture_frames(current_stack(skip=2)))
+                    capture._guarded_record("implicit", skip=2, trim=True)
                 return  # swallowed: one per sync would flood the console
-            if _PROTOTYPE_WARNING_RE.search(text):
+            if is_prototype:
                 return
             original(message, category, filename, lineno, file, line)
 
@@ -171,7 +212,9 @@ class SyncCapture:
     def activate(self, step_num: int) -> None:
         """Install the hooks (idempotent) and record from profiler step `step_num` on."""
         self.step_num = step_num
-        self.active = True
+        self.active = not self.failed
+        if self.layout is None:
+            self.layout = current_layout()
         if self._undo:  # already installed (paused or active)
             return
         import torch
