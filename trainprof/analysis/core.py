@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from trainprof.analysis.attribution import attribute_kernels
 from trainprof.analysis.distributed import rank_table, straggler_finding
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import idle_breakdown, idle_findings, verdict
 from trainprof.analysis.kernels import top_kernels_finding
-from trainprof.analysis.attribution import attribute_kernels
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
 from trainprof.analysis.memory import peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
