@@ -72,7 +72,7 @@ def test_gzip_of_several_members_loads_whole(tmp_path):
 
 def test_sync_sites_file_matched_by_worker(tmp_path):
     src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
-    dst = tmp_path / "trainer-rank-3.1795.pt.trace.json.gz"
+    dst = tmp_path / "trainer-rank-3.1795302433816535958.pt.trace.json.gz"
     shutil.copy(src, dst)
     assert worker_name(dst) == "trainer-rank-3"
     assert sync_sites_path(dst) == tmp_path / "trainer-rank-3.syncsites.json"

@@ -23,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser("analyze", help="analyse a profiler trace file or folder")
     analyze.add_argument("path", help="a .pt.trace.json[.gz] file, or a folder of them (one run)")
     analyze.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
+    analyze.add_argument("--max-trace-bytes", type=_size, default=None, metavar="SIZE",
+                         help="read traces up to this size after gunzip, e.g. 8G (default 2G, "
+                              "or env TRAINPROF_MAX_TRACE_BYTES)")
+    analyze.add_argument("--debug", action="store_true",
+                         help="on an internal error, show the Python traceback instead of one line")
 
     demo = commands.add_parser("demo", help="profile a small GPT-2-shaped model and print the report")
     demo.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
@@ -31,9 +36,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _size(text: str) -> int:
+    from trainprof.trace.load import parse_size
+
+    size = parse_size(text)
+    if size is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or e.g. 512M, 8G)")
+    return size
+
+
 def _error(message: str) -> int:
-    sys.stderr.write(f"trainprof: error: {message}\n")
+    sys.stderr.write(f"trainprof: error: {_one_line(message)}\n")
     return EXIT_BAD_INPUT
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line of plain characters: newlines and other control characters (a terminal
+    escape inside a file or kernel name) become spaces."""
+    return "".join(" " if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text).strip()
 
 
 def _load_and_analyze(path: str, progress: IO[str]):  # -> Analysis
@@ -57,18 +77,52 @@ def _load_and_analyze(path: str, progress: IO[str]):  # -> Analysis
         return analyze(path, on_progress=advance)
 
 
-def run_analyze(path: str, as_json: bool) -> int:
-    """`trainprof analyze`: one JSON object (--json) or the console report on stdout."""
-    if not Path(path).exists():
-        return _error(f"{path}: no such file or directory")
+def run_analyze(path: str, as_json: bool, debug: bool = False, max_trace_bytes: int | None = None) -> int:
+    """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
+
+    Every failure is one line on stderr and exit 2 (the error boundary); with `debug`, an internal
+    error (not bad input) raises with its traceback instead.
+    """
     from trainprof.trace import TraceLoadError
 
     try:
-        analysis = _load_and_analyze(path, sys.stderr)
+        return _analyze_and_print(path, as_json, max_trace_bytes)
     except TraceLoadError as exc:
-        return _error(" ".join(str(exc).splitlines()) or f"{path}: not a profiler trace")
+        return _error(str(exc) or f"{path}: not a profiler trace")
+    except KeyboardInterrupt:
+        sys.stderr.write("trainprof: interrupted\n")
+        return 130
+    except MemoryError:
+        return _error(f"{path}: out of memory while analysing it (try a smaller trace or --max-trace-bytes)")
     except OSError as exc:
+        if debug:
+            raise
         return _error(f"{path}: {exc.strerror or exc}")
+    except Exception as exc:  # the boundary: a bug must not greet the user with a traceback
+        if debug:
+            raise
+        return _error(
+            f"{path}: internal error ({type(exc).__name__}: {str(exc)[:300]}); "
+            "run again with --debug for the traceback, and please report it"
+        )
+
+
+def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None) -> int:
+    from trainprof.trace import newest_run, trace_size_limit
+
+    target = Path(path)
+    if not target.exists():
+        return _error(f"{path}: no such file or directory")
+    if target.is_dir():
+        run, runs = newest_run(target)
+        if run is not None:
+            others = ", ".join(r.name for r in runs[:-1][-5:])
+            sys.stderr.write(_one_line(
+                f"trainprof: {path} holds {len(runs)} run(s); analysing the newest, {run}"
+                + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
+            ) + "\n")
+    with trace_size_limit(max_trace_bytes):
+        analysis = _load_and_analyze(path, sys.stderr)
     result = analysis.to_dict()
     if as_json:
         from trainprof.report.json import dumps
@@ -99,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `trainprof` console script."""
     args = _parser().parse_args(argv)
     if args.command == "analyze":
-        return run_analyze(args.path, args.json)
+        return run_analyze(args.path, args.json, debug=args.debug, max_trace_bytes=args.max_trace_bytes)
     if args.command == "demo":
         return run_demo(args.steps, args.log_dir, args.device)
     raise AssertionError(args.command)  # argparse rejects unknown commands

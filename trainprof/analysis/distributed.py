@@ -12,10 +12,11 @@ _MIN_EXCESS_MS = 5.0
 _MIN_EXCESS_FRACTION = 0.15
 
 
-def rank_table(steps_by_rank: dict[int, list[dict]]) -> list[dict]:
-    """Per rank: mean step, communication (NCCL kernel) and non-communication ms per step."""
+def rank_table(steps_by_rank: dict[int | str, list[dict]]) -> list[dict]:
+    """Per rank (or worker name, for traces without a rank): mean step, communication (NCCL kernel)
+    and non-communication ms per step."""
     table = []
-    for rank, steps in sorted(steps_by_rank.items()):
+    for rank, steps in sorted(steps_by_rank.items(), key=lambda item: (isinstance(item[0], str), item[0])):
         n = max(len(steps), 1)
         step_ms = sum(s["duration_ms"] for s in steps) / n
         comm_ms = sum(s["comm_ms"] for s in steps) / n

@@ -19,6 +19,8 @@ def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
     if in_steps.size == 0:
         return None
     total_us = float(kernels.dur_us[in_steps].sum())
+    if total_us <= 0:  # every kernel has `dur: 0`: no GPU time to rank
+        return None
     by_name_us = np.bincount(
         kernels.name[in_steps], weights=kernels.dur_us[in_steps], minlength=len(trace.names)
     )

@@ -1,26 +1,36 @@
 """Load torch.profiler Chrome traces (.json, .json.gz, or a folder of them) into `Trace` objects.
 
 Matching rules, exactly:
-- A folder is searched (not recursively) for `*.pt.trace.json` and `*.pt.trace.json.gz`; if it has
-  none, every other `*.json` / `*.json.gz` in it except `*.syncsites.json` that parses as a trace.
-- A trace's worker is its file name up to the first `.` (`tensorboard_trace_handler(dir, worker_name=W)`
-  writes `W.<timestamp>.pt.trace.json[.gz]`). Its captured sync sites are read from
-  `<same folder>/<worker>.syncsites.json` when that file exists.
+- A folder is searched (not recursively) for `*.pt.trace.json` and `*.pt.trace.json.gz`. If it has
+  none but holds run folders that do (e.g. a session's `log_dir`), the newest run is loaded: the one
+  whose newest trace file is newest (`newest_run`). Otherwise every other `*.json` / `*.json.gz` in
+  it except `*.syncsites.json` that parses as a trace.
+- A trace's worker is its file name less `.pt.trace.json[.gz]` (or `.json[.gz]`) and less the
+  `.<timestamp>` that `tensorboard_trace_handler(dir, worker_name=W)` puts before it: it writes
+  `W.<timestamp>.pt.trace.json[.gz]`, so `Qwen1.5.1795302414630700547.pt.trace.json` is worker `Qwen1.5`. Its
+  captured sync sites are read from `<same folder>/<worker>.syncsites.json` when that file exists.
 - The rank is `distributedInfo.rank` when the trace has it, else the number in the worker name after
-  `rank` (e.g. `rank1`, `rank_1`, `trainer-rank-3`), else None.
+  `rank` (e.g. `rank1`, `rank_1`, `trainer-rank-3`), else None. Several files of one worker are the
+  windows of one process (`schedule(repeat=N)`): `Trace.window` numbers them by start time.
+- Only regular files are read (a FIFO or a device would block or never end), and at most
+  `max_trace_bytes()` bytes of JSON per file, after gunzip (env `TRAINPROF_MAX_TRACE_BYTES`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
+import logging
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
+import numpy as np
 
 try:  # ISA-L's inflate: 4 ms against zlib's 26 ms for the 15 MB gpt2_pathologies trace
     from isal.isal_zlib import decompressobj as _decompressobj
@@ -29,12 +39,62 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib serves wher
     from zlib import decompressobj as _decompressobj
     from zlib import error as _InflateError
 
-from trainprof.trace.model import KEPT_CATEGORIES, EventTable, Trace
+from trainprof.trace.model import CATEGORY_ALIASES, KEPT_CATEGORIES, EventTable, Trace
 from trainprof.user_code import CodeLayout
 
+logger = logging.getLogger("trainprof")
+
 SYNCSITES_SUFFIX = ".syncsites.json"
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,9})", re.IGNORECASE)
+# tensorboard_trace_handler's timestamp: ms (torch <= 2.0) or ns since the epoch, 13+ digits; a short
+# number after a dot is part of the worker's own name (`Qwen1.5`).
+_TIMESTAMP = re.compile(r"\.\d{10,}$")
 _NAN = math.nan
+
+MAX_TRACE_BYTES_ENV = "TRAINPROF_MAX_TRACE_BYTES"
+# The largest trace (JSON bytes, after gunzip) read by default. Loading holds the text plus its parsed
+# events (~2x), so this bounds memory near 6 GiB; a gzip bomb (6 MB that inflates to 6 GiB) stops
+# here instead of exhausting memory. The largest real trace measured here was 1 GB.
+DEFAULT_MAX_TRACE_BYTES = 2 * 2**30
+_max_bytes_override: int | None = None
+
+
+def max_trace_bytes() -> int:
+    """The size limit in force: `trace_size_limit()`'s, else env `TRAINPROF_MAX_TRACE_BYTES`, else 2 GiB.
+
+    The env value is bytes, or a number with a K/M/G/T suffix (powers of 1024), e.g. `8G`.
+    """
+    if _max_bytes_override is not None:
+        return _max_bytes_override
+    text = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_TRACE_BYTES
+    limit = parse_size(text)
+    if limit is None:
+        raise TraceLoadError(f"{MAX_TRACE_BYTES_ENV}={text!r}: not a size (bytes, or e.g. 8G)")
+    return limit
+
+
+def parse_size(text: str) -> int | None:
+    """`123`, `64K`, `8G` ... as bytes (powers of 1024); None when `text` is not a size."""
+    match = re.fullmatch(r"\s*(\d{1,15})\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if match is None:
+        return None
+    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+
+
+@contextlib.contextmanager
+def trace_size_limit(limit_bytes: int | None) -> Iterator[None]:
+    """Read traces up to `limit_bytes` (after gunzip) inside the block; None keeps the current limit."""
+    global _max_bytes_override
+    previous = _max_bytes_override
+    if limit_bytes is not None:
+        _max_bytes_override = limit_bytes
+    try:
+        yield
+    finally:
+        _max_bytes_override = previous
 
 
 class TraceLoadError(ValueError):
@@ -50,6 +110,10 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
     if not root.exists():
         raise TraceLoadError(f"{root}: no such file or folder")
     if root.is_dir():
+        run, runs = newest_run(root)
+        if run is not None:
+            logger.info("%s holds %d runs; loading the newest, %s", root, len(runs), run.name)
+            root = run
         files = trace_files(root)
         traces = []
         for index, file in enumerate(files):
@@ -63,35 +127,74 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
         if not traces:
             raise TraceLoadError(f"{root}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
         traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.path.name))
+        _number_windows(traces)
         return traces
     if on_file is not None:
         on_file(root, 0, 1)
     return [load_trace(root)]
 
 
+def _number_windows(traces: list[Trace]) -> None:
+    """Set `window` 0, 1, ... on the traces of each process, in order of their first event."""
+    by_process: dict[object, list[Trace]] = {}
+    for trace in traces:
+        by_process.setdefault(trace.process, []).append(trace)
+    for windows in by_process.values():
+        windows.sort(key=_first_event_us)
+        for index, trace in enumerate(windows):
+            trace.window = index
+
+
+def _first_event_us(trace: Trace) -> float:
+    starts = [float(table.start_us[0]) for table in trace.events.values() if len(table)]
+    return min(starts) if starts else 0.0
+
+
+def _profiler_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.is_file())
+
+
 def trace_files(folder: Path) -> list[Path]:
     """The candidate trace files of a folder (see the module docstring for the rule)."""
-    files = sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_file() and p.name.endswith((".pt.trace.json", ".pt.trace.json.gz"))
-    )
+    files = _profiler_files(folder)
     if not files:
         files = sorted(
             p
             for p in folder.iterdir()
-            if p.is_file()
-            and p.name.endswith((".json", ".json.gz"))
+            if p.name.endswith((".json", ".json.gz"))
             and not p.name.endswith(SYNCSITES_SUFFIX)
+            and p.is_file()
         )
     if not files:
         raise TraceLoadError(f"{folder}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
     return files
 
 
+def newest_run(folder: Path) -> tuple[Path | None, list[Path]]:
+    """For a folder of run folders (no `*.pt.trace.json[.gz]` of its own, sub-folders with some):
+    the newest run (by its newest trace file's modification time) and every run, oldest first.
+    `(None, [])` for any other folder."""
+    if _profiler_files(folder):
+        return None, []
+    runs = []
+    for sub in folder.iterdir():
+        if sub.is_dir():
+            with contextlib.suppress(OSError):
+                files = _profiler_files(sub)
+                if files:
+                    runs.append((max(f.stat().st_mtime for f in files), sub.name, sub))
+    runs.sort()
+    return (runs[-1][2], [run for _, _, run in runs]) if runs else (None, [])
+
+
 def worker_name(path: Path) -> str:
-    """The worker part of a trace file name: everything before the first `.`."""
-    return path.name.split(".", 1)[0]
+    """The worker part of a trace file name: the name less the suffixes Kineto adds (module docstring)."""
+    name = path.name
+    for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return _TIMESTAMP.sub("", name) or name
 
 
 def sync_sites_path(path: Path) -> Path:
@@ -121,11 +224,12 @@ def load_trace(path: str | Path) -> Trace:
         names, threads, tables, memory, metadata = _parse(path)
 
     distributed = metadata.get("distributedInfo")
+    distributed = distributed if isinstance(distributed, dict) else None
     worker = worker_name(path)
-    rank = None
-    if isinstance(distributed, dict) and isinstance(distributed.get("rank"), int):
-        rank = distributed["rank"]
-    else:
+    rank = distributed.get("rank") if distributed is not None else None
+    if type(rank) is not int or not 0 <= rank < 2**31:  # not bool, not a 5000-digit number
+        rank = None
+    if rank is None:
         match = _RANK_IN_NAME.search(worker)
         rank = int(match.group(1)) if match else None
     sites_path = sync_sites_path(path)
@@ -139,8 +243,8 @@ def load_trace(path: str | Path) -> Trace:
         threads=threads,
         events=tables,
         memory=memory,
-        device_properties=list(metadata.get("deviceProperties") or []),
-        distributed_info=distributed if isinstance(distributed, dict) else None,
+        device_properties=[d for d in _as_list(metadata.get("deviceProperties")) if isinstance(d, dict)],
+        distributed_info=distributed,
         metadata=metadata,
         sync_sites=sites,
         sync_sites_path=sites_path if sites is not None else None,
@@ -177,13 +281,21 @@ class _Event(msgspec.Struct):
 
 
 class _Document(msgspec.Struct):
-    """A trace file's top level: the events plus the metadata the analyses read."""
+    """A trace file's top level: the events plus the metadata the analyses read.
+
+    The metadata is decoded as it is (`Any`) and checked by its readers: a wrong-typed
+    `deviceProperties` must not make the events unreadable.
+    """
 
     traceEvents: list[_Event]  # noqa: N815 (the trace format's name)
-    deviceProperties: list | None = None  # noqa: N815
-    distributedInfo: dict | None = None  # noqa: N815
-    schemaVersion: int | None = None  # noqa: N815
-    traceName: str | None = None  # noqa: N815
+    deviceProperties: Any = None  # noqa: N815
+    distributedInfo: Any = None  # noqa: N815
+    schemaVersion: Any = None  # noqa: N815
+    traceName: Any = None  # noqa: N815
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else []
 
 
 # Typed decoding builds compact structs and skips unused fields in one pass: ~6x faster than a
@@ -196,11 +308,11 @@ def _parse(path: Path):
     """Read, parse and bucket one file; returns (names, threads, tables, memory, metadata)."""
     raw = _read_bytes(path)
     try:
-        document = _DOCUMENT.decode(raw)
-    except msgspec.ValidationError:
-        document = _lenient_document(path, raw)
-    except msgspec.DecodeError as error:
-        raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
+        document = _decode(path, raw)
+    except UnicodeDecodeError:
+        # Kineto can cut a name inside a multi-byte character; read such bytes as U+FFFD. Only here
+        # (rare) is the text scanned a second time.
+        document = _decode(path, raw.decode("utf-8", "replace").encode())
     if isinstance(document, _Document):
         events = document.traceEvents
         metadata = {
@@ -215,9 +327,25 @@ def _parse(path: Path):
     return (*_bucket(events, path), metadata)
 
 
+def _decode(path: Path, raw: bytes) -> _Document | list[_Event]:
+    """Parse the JSON text into events; TraceLoadError when it is not a trace (UnicodeDecodeError passes)."""
+    try:
+        try:
+            return _DOCUMENT.decode(raw)
+        except msgspec.ValidationError:
+            return _lenient_document(path, raw)
+    except msgspec.DecodeError as error:
+        raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
+    except RecursionError:
+        raise TraceLoadError(f"{path}: JSON nested too deeply to be a profiler trace") from None
+
+
 def _lenient_document(path: Path, raw: bytes) -> _Document | list[_Event]:
     """A trace from another tool whose field types differ from torch's (e.g. string times), or no trace."""
-    generic = msgspec.json.decode(raw)  # raw already parsed as JSON once: this cannot fail
+    try:
+        generic = msgspec.json.decode(raw)
+    except msgspec.ValidationError as error:  # valid JSON that msgspec cannot hold, e.g. 1e400
+        raise TraceLoadError(f"{path}: unreadable number in the JSON ({_first_line(error)})") from None
     if isinstance(generic, dict):
         if not isinstance(generic.get("traceEvents"), list):
             raise TraceLoadError(f"{path}: JSON but not a profiler trace (no 'traceEvents' list)")
@@ -236,16 +364,48 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
+# The typed fields of a captured site and of its stack frames (DEVELOPING.md); a value of another
+# type (a string step, a list for a file) is dropped as if absent, so the analyses can trust them.
+_SITE_FIELDS = {"step": int, "call": str, "file": str, "line": int, "function": str}
+_FRAME_FIELDS = {"file": str, "line": int, "function": str}
+
+
 def read_sync_sites(path: Path) -> list[dict]:
-    """The `sites` list of a `<worker>.syncsites.json` file (contract in DEVELOPING.md)."""
+    """The `sites` list of a `<worker>.syncsites.json` file (contract in DEVELOPING.md).
+
+    Wrong-typed fields of a site or stack frame are removed; a site that is not an object is an error.
+    """
     try:
         document = msgspec.json.decode(_read_bytes(path))
-    except msgspec.DecodeError as error:
+    except UnicodeDecodeError:
+        raise TraceLoadError(f"{path}: not UTF-8 text") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
+    except RecursionError:
+        raise TraceLoadError(f"{path}: JSON nested too deeply to be a sync sites file") from None
     sites = document.get("sites") if isinstance(document, dict) else None
     if not isinstance(sites, list) or not all(isinstance(s, dict) for s in sites):
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
-    return sites
+    return [_typed_site(site) for site in sites]
+
+
+def _typed_fields(record: dict, fields: dict[str, type]) -> dict:
+    return {
+        key: value
+        for key, value in record.items()
+        if key not in fields or (isinstance(value, fields[key]) and not isinstance(value, bool))
+    }
+
+
+def _typed_site(site: dict) -> dict:
+    clean = _typed_fields(site, _SITE_FIELDS)
+    if "stack" in clean:
+        stack = clean["stack"]
+        if isinstance(stack, list):
+            clean["stack"] = [_typed_fields(f, _FRAME_FIELDS) for f in stack if isinstance(f, dict)]
+        else:
+            del clean["stack"]
+    return clean
 
 
 def read_code_layout(path: Path) -> CodeLayout | None:
@@ -254,33 +414,81 @@ def read_code_layout(path: Path) -> CodeLayout | None:
     return CodeLayout.from_dict(document.get("code_layout")) if isinstance(document, dict) else None
 
 
+class _TooLarge(Exception):
+    """The inflated text passed the size limit."""
+
+
 def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip."""
+    """The file's bytes, gunzipped when it is gzip: at most `max_trace_bytes()`, regular files only."""
+    limit = max_trace_bytes()
+    too_large = (
+        f"{path}: more than {limit:,} bytes of JSON; to read it anyway, raise the limit with "
+        f"--max-trace-bytes or env {MAX_TRACE_BYTES_ENV} (e.g. 8G)"
+    )
     try:
-        raw = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise TraceLoadError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
+            if info.st_size > limit:
+                raise TraceLoadError(too_large)
+            # A size of 0 may still hold text (/proc files): read those up to the limit only.
+            raw = file.read() if info.st_size else file.read(limit + 1)
     except OSError as error:
         raise TraceLoadError(f"{path}: cannot read ({error.strerror or error})") from None
+    if len(raw) > limit:
+        raise TraceLoadError(too_large)
     if not raw:
         raise TraceLoadError(f"{path}: empty file")
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = _gunzip(raw)
+            raw = _gunzip(raw, limit)
         except (_InflateError, EOFError, OSError) as error:
             raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
+        except _TooLarge:
+            raise TraceLoadError(too_large + ", after gunzip") from None
         if not raw:
             raise TraceLoadError(f"{path}: empty file (inside gzip)")
     return raw
 
 
-def _gunzip(raw: bytes) -> bytes:
-    """Inflate a gzip file's bytes; raises EOFError when the stream ends early."""
-    inflater = _decompressobj(wbits=31)
-    data = inflater.decompress(raw)
-    if not inflater.eof:
-        raise EOFError("the compressed stream ends early")
-    if inflater.unused_data:  # more gzip members follow (rare): the general reader joins them all
-        data = gzip.decompress(raw)
-    return data
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    return next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
+
+
+def _gunzip(raw: bytes, limit: int) -> bytes:
+    """Inflate a gzip file's bytes, every member, stopping past `limit` bytes (raises `_TooLarge`).
+
+    Raises EOFError when a stream ends early. The output is bounded as it is produced, so a gzip
+    bomb costs at most `limit` bytes of memory.
+    """
+    parts = []
+    size = 0
+    rest = raw
+    while rest:
+        inflater = _decompressobj(wbits=31)
+        data = inflater.decompress(rest, limit - size + 1)
+        size += len(data)
+        if size > limit:
+            raise _TooLarge
+        if not inflater.eof:
+            raise EOFError("the compressed stream ends early")
+        parts.append(data)
+        rest = inflater.unused_data  # more gzip members follow (rare)
+        if not rest.strip(b"\0"):  # zero padding after the last member, as gzip tolerates
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _bucket(events: list, path: Path):
@@ -294,10 +502,12 @@ def _bucket(events: list, path: Path):
     try:
         # Comprehensions over the ~50k events, one per column, run faster than one loop of appends.
         groups: dict[str, list] = {category: [] for category in KEPT_CATEGORIES}
+        # Every name a category has had -> its list: older schemas cost no extra work per event.
+        group_of = {**groups, **{alias: groups[target] for alias, target in CATEGORY_ALIASES.items()}}
         memory_events = []
         for event in events:
             if event.ph == "X":
-                group = groups.get(event.cat)
+                group = group_of.get(event.cat)
                 if group is not None:
                     group.append(event)
             elif event.ph == "i" and event.name == "[memory]":
@@ -316,8 +526,9 @@ def _bucket(events: list, path: Path):
                 columns[category] += ([arg.sequence for arg in args], [arg.fwd_thread for arg in args])
         for event in memory_events:
             args = event.args or _NO_ARGS
-            if args.total_allocated is None or args.device_type != 1:  # 1 = CUDA; skip host memory
-                continue
+            allocated = args.total_allocated
+            if allocated is None or args.device_type != 1 or not math.isfinite(allocated):
+                continue  # 1 = CUDA; host memory and non-numbers ("Total Allocated": "inf") are skipped
             mem_ts.append(event.ts)
             mem_alloc.append(args.total_allocated)
             mem_thread.append(thread_ids.setdefault((event.pid, event.tid), len(thread_ids)))
@@ -334,5 +545,39 @@ def _bucket(events: list, path: Path):
     for key, tid in thread_ids.items():
         threads[tid] = key
     if not any(len(table) for table in tables.values()):
-        raise TraceLoadError(f"{path}: JSON but not a profiler trace (no cpu_op/kernel/runtime events)")
+        raise TraceLoadError(f"{path}: {_what_is_missing(events)}")
+    _steps_to_annotations(tables, names)
     return names, threads, tables, memory
+
+
+def _what_is_missing(events: list) -> str:
+    """The message for events none of which the analyses read: what they need, and what the file has."""
+    found: dict[str, int] = {}
+    for event in events:
+        key = f"{event.ph or '?'}:{event.cat or '-'}"
+        found[key] = found.get(key, 0) + 1
+    common = ", ".join(f"{key} x{n}" for key, n in sorted(found.items(), key=lambda kv: -kv[1])[:6])
+    return (
+        "no events trainprof reads: it needs complete ('ph': 'X') events of a category such as "
+        f"cpu_op, kernel or cuda_runtime (or PyTorch 1.8's Operator, Kernel, Runtime); this file has {common}"
+    )
+
+
+def _steps_to_annotations(tables: dict[str, EventTable], names: list[str]) -> None:
+    """PyTorch <= 1.9 wrote `ProfilerStep#N` as an `Operator` (now `cpu_op`) event; the analyses read
+    steps from `user_annotation`, where later versions put them: move them there."""
+    ops, annotations = tables["cpu_op"], tables["user_annotation"]
+    if not len(ops):
+        return
+    is_step = np.fromiter((n.startswith("ProfilerStep#") for n in names), dtype=bool, count=len(names))
+    moved = is_step[ops.name]
+    if not moved.any() or is_step[annotations.name].any():
+        return
+    steps = ops.select(moved)
+    tables["cpu_op"] = ops.select(~moved)
+    tables["user_annotation"] = EventTable.from_columns(
+        *(np.concatenate((getattr(annotations, c), getattr(steps, c))) for c in _COLUMNS)
+    )
+
+
+_COLUMNS = ("start_us", "dur_us", "thread", "name", "correlation", "value")

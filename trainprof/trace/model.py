@@ -20,7 +20,26 @@ from trainprof.user_code import CodeLayout
 # GPU events carry `args.correlation`, which joins them to their runtime call without the flow events.
 CPU_CATEGORIES = ("cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
-KEPT_CATEGORIES = CPU_CATEGORIES + GPU_CATEGORIES
+# CUPTI's synchronization records (`Stream Sync`, `Event Sync`, ...), drawn on the GPU's stream rows
+# but spanning the host's wait: kept apart, since the GPU does no work during them.
+SYNC_CATEGORIES = ("cuda_sync",)
+KEPT_CATEGORIES = CPU_CATEGORIES + GPU_CATEGORIES + SYNC_CATEGORIES
+
+# Other names Kineto has written for the kept categories -> the name the analyses read. One table:
+# PyTorch 1.8-1.9 (torch-tb-profiler's samples) wrote capitalised names; ROCm builds write the CUDA
+# names with `hip*` calls inside; XPU and out-of-tree (privateuse1) backends name their runtime.
+CATEGORY_ALIASES = {
+    "Operator": "cpu_op",  # PyTorch <= 1.9; its ProfilerStep#N ranges too (moved to user_annotation)
+    "Runtime": "cuda_runtime",  # PyTorch <= 1.9
+    "Kernel": "kernel",  # PyTorch <= 1.9
+    "Memcpy": "gpu_memcpy",  # PyTorch <= 1.9
+    "Memset": "gpu_memset",  # PyTorch <= 1.9
+    "Python function": "python_function",  # PyTorch 1.9 with_stack
+    "xpu_runtime": "cuda_runtime",  # Intel GPUs (call names zeXxx / urXxx)
+    "xpu_driver": "cuda_driver",
+    "privateuse1_runtime": "cuda_runtime",  # out-of-tree accelerators
+    "privateuse1_driver": "cuda_driver",
+}
 # Categories whose events nest by time on a CPU thread and describe "what the code was doing".
 FRAME_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
 
@@ -58,24 +77,27 @@ class EventTable:
     def from_columns(
         cls, start, dur, thread, name, correlation, value, sequence=None, fwd_thread=None
     ) -> EventTable:
-        """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread` optional)."""
+        """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread` optional).
+
+        Events whose start or end is not a finite number are left out, and a negative duration
+        counts as 0: no real trace has them, and one such event would break every interval question.
+        """
         start_us = np.asarray(start, dtype=np.float64)
+        dur_us = np.maximum(np.asarray(dur, dtype=np.float64), 0.0)
+        finite = np.isfinite(start_us + dur_us)
         order = np.argsort(start_us, kind="stable")
+        if not finite.all():
+            order = order[finite[order]]
         return cls(
             start_us=start_us[order],
-            dur_us=np.asarray(dur, dtype=np.float64)[order],
+            dur_us=dur_us[order],
             thread=np.asarray(thread, dtype=np.int32)[order],
             name=np.asarray(name, dtype=np.int32)[order],
-            correlation=np.asarray(correlation, dtype=np.int64)[order],
+            correlation=_int64_column(correlation)[order],
             value=np.asarray(value, dtype=np.float64)[order],
-            sequence=None if sequence is None else np.asarray(sequence, dtype=np.int64)[order],
-            fwd_thread=None if fwd_thread is None else np.asarray(fwd_thread, dtype=np.int64)[order],
+            sequence=None if sequence is None else _int64_column(sequence)[order],
+            fwd_thread=None if fwd_thread is None else _int64_column(fwd_thread)[order],
         )
-
-    @classmethod
-    def empty(cls) -> EventTable:
-        """A table with no events."""
-        return cls.from_columns([], [], [], [], [], [])
 
     def select(self, mask: np.ndarray) -> EventTable:
         """The events where `mask` is true (order kept)."""
@@ -91,14 +113,12 @@ class EventTable:
         )
 
 
-@dataclass
-class Frame:
-    """One enclosing event of a CPU call: its category, name and time span (µs)."""
-
-    category: str
-    name: str
-    start_us: float
-    end_us: float
+def _int64_column(values) -> np.ndarray:
+    """An id column (-1 = absent) as int64; an id outside int64 (e.g. 2**80) becomes -1."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:  # rare: only then pay for a Python pass
+        return np.asarray([v if -(2**63) <= v < 2**63 else -1 for v in values], dtype=np.int64)
 
 
 class ThreadFrames:
@@ -152,23 +172,16 @@ class ThreadFrames:
         out.reverse()
         return out
 
-    def frame(self, index: int) -> Frame:
-        """The frame at `index`."""
-        return Frame(
-            self.categories[index],
-            self.names[self.name_ids[index]],
-            float(self.starts[index]),
-            float(self.ends[index]),
-        )
-
 
 @dataclass
 class Trace:
-    """One loaded trace file (one rank / worker).
+    """One loaded trace file: one profiling window of one process (rank / worker).
 
     `events` maps each kept category (`KEPT_CATEGORIES`) to its `EventTable`; `memory` holds the
     `[memory]` instant events (`value` = Total Allocated bytes). `sync_sites` is the `sites` list of
     the `<worker>.syncsites.json` found beside the file (see `trainprof.trace.load`), or None.
+    A process that profiles several windows (`schedule(repeat=2)`) writes one file per window:
+    those traces share `worker` and `rank` (hence `process`) and differ in `window`.
     """
 
     path: Path
@@ -185,7 +198,10 @@ class Trace:
     sync_sites_path: Path | None = None
     code_layout: CodeLayout | None = None
     """Where the run's library code lived (`trainprof.user_code.CodeLayout`), from the sync sites file."""
+    window: int = 0
+    """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
+    _frame_rows: _FrameRows | None = field(default=None, repr=False)
     _name_ids: dict[str, int] | None = field(default=None, repr=False)
 
     def name_id(self, name: str) -> int:
@@ -202,22 +218,52 @@ class Trace:
         """The nested frame events of one CPU thread (built on first use)."""
         frames = self._frames.get(thread)
         if frames is None:
-            cats: list[str] = []
-            starts, ends, name_ids = [], [], []
-            for category in FRAME_CATEGORIES:
-                table = self.events[category]
-                mask = table.thread == thread
-                cats.extend([category] * int(mask.sum()))
-                starts.append(table.start_us[mask])
-                ends.append(table.end_us[mask])
-                name_ids.append(table.name[mask])
-            frames = ThreadFrames(
-                cats, self.names, np.concatenate(starts), np.concatenate(ends), np.concatenate(name_ids)
-            )
+            if self._frame_rows is None:
+                self._frame_rows = _FrameRows(self.events)
+            frames = self._frame_rows.of_thread(thread, self.names)
             self._frames[thread] = frames
         return frames
+
+    @property
+    def process(self) -> int | str:
+        """The process that recorded the trace: its rank when known, else its worker name.
+
+        The windows of one process share it, so a `repeat=2` run is one process, not two ranks.
+        """
+        return self.rank if self.rank is not None else self.worker
 
     @property
     def label(self) -> str:
         """A short name for reports: `rank N` when known, else the worker name."""
         return f"rank {self.rank}" if self.rank is not None else self.worker
+
+
+class _FrameRows:
+    """The frame events of every thread, grouped by thread once.
+
+    Selecting one thread's events with a mask over all events would cost O(threads x events) for a
+    trace with many threads (150k threads: minutes); slicing these groups keeps it linear.
+    """
+
+    def __init__(self, events: dict[str, EventTable]):
+        tables = [events[category] for category in FRAME_CATEGORIES]
+        category = np.concatenate([np.full(len(t), i, dtype=np.int8) for i, t in enumerate(tables)])
+        thread = np.concatenate([t.thread for t in tables])
+        order = np.argsort(thread, kind="stable")  # stable: categories keep FRAME_CATEGORIES order
+        self.thread = thread[order]
+        self.category = category[order]
+        self.starts = np.concatenate([t.start_us for t in tables])[order]
+        self.ends = np.concatenate([t.end_us for t in tables])[order]
+        self.name_ids = np.concatenate([t.name for t in tables])[order]
+
+    def of_thread(self, thread: int, names: list[str]) -> ThreadFrames:
+        """The nested frames of one thread."""
+        lo = int(np.searchsorted(self.thread, thread, side="left"))
+        hi = int(np.searchsorted(self.thread, thread, side="right"))
+        return ThreadFrames(
+            [FRAME_CATEGORIES[c] for c in self.category[lo:hi].tolist()],
+            names,
+            self.starts[lo:hi],
+            self.ends[lo:hi],
+            self.name_ids[lo:hi],
+        )
