@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
     demo.add_argument("--log-dir", default="log", help="where the run folder goes (default log)")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+
+    from trainprof.run import add_run_parser
+
+    add_run_parser(commands)  # `trainprof run [options] script.py [args]` (trainprof.run)
     return parser
 
 
@@ -156,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_analyze(args.path, args.json, debug=args.debug, max_trace_bytes=args.max_trace_bytes)
     if args.command == "demo":
         return run_demo(args.steps, args.log_dir, args.device)
+    if args.command == "run":
+        from trainprof.run import run_command
+
+        return run_command(args)  # the script's exit code; its exceptions are its own (trainprof.run)
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 

@@ -1,0 +1,161 @@
+"""`trainprof run [options] script.py [args]`: an unchanged script under a session.
+
+    trainprof run train.py --lr 3e-4                                  # one process
+    torchrun --nproc_per_node=8 -m trainprof run train.py --lr 3e-4   # every rank, one run folder
+
+The script runs as `python script.py args` would run it (the way `nsys profile python train.py`
+wraps a program): `sys.argv` is `[script, *args]`, the script's folder is `sys.path[0]`, its code
+runs as `__main__`, its exit code is kept, and an exception it raises is printed with the script's
+own traceback (trainprof's frames left out) and exits with 1. Steps are the script's
+`optimizer.step()` calls, as in any session.
+
+Under a launcher, every rank's session writes into one run folder without any communication: the
+folder's name comes from `TRAINPROF_RUN_NAME`, else from torchrun's run id (`TORCHELASTIC_RUN_ID`,
+the same on every node of a job), else from the launcher process that the ranks of one node share.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import socket
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from trainprof.session import Session, process_rank, session
+
+RUN_NAME_VARIABLE = "TRAINPROF_RUN_NAME"
+"""An environment variable that names the run folder for every process that reads it."""
+
+
+def shared_run_name() -> str | None:
+    """The run folder name that all ranks of one launch agree on, or None outside a launcher.
+
+    1. `TRAINPROF_RUN_NAME`, when set (any launcher, e.g. `srun`: export it before the launch);
+    2. under torchrun (or `accelerate launch`, which uses it): `run-torchrun-<run id>`, from
+       `TORCHELASTIC_RUN_ID`; a single-node `torchrun` draws a fresh uuid per launch, a multi-node
+       job shares its `--rdzv-id`;
+    3. under a launcher whose run id is the default `none` (multi-node static rendezvous without
+       `--rdzv-id`), or any launcher that sets `LOCAL_RANK`: `run-<host>-<launcher pid>`, shared by
+       the ranks of one node (their parent process is the launcher).
+    """
+    explicit = os.environ.get(RUN_NAME_VARIABLE, "").strip()
+    if explicit:
+        return _folder_name(explicit)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run_id and run_id != "none":
+        return _folder_name(f"run-torchrun-{run_id[:8]}")
+    if run_id or os.environ.get("LOCAL_RANK", "").strip():
+        host = socket.gethostname().split(".")[0]
+        return _folder_name(f"run-{host}-{os.getppid()}")
+    return None
+
+
+def _folder_name(name: str) -> str:
+    """`name` as one plain folder name (no separators, no leading dots)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip(".") or "run"
+
+
+def run_script(
+    script: str | os.PathLike[str], args: list[str] | None = None, **options: Any
+) -> tuple[int, Session]:
+    """Run `script` with `args` as `__main__` inside `trainprof.session(**options)`.
+
+    Returns the script's exit code (0 when it ends normally, else its `SystemExit` code; 1 after an
+    exception, whose traceback is printed to stderr as Python prints an uncaught one) and the
+    finished session. `KeyboardInterrupt` propagates. Unless given, `run_name` comes from
+    `shared_run_name()`. Raises FileNotFoundError when `script` is not a file.
+    """
+    path = Path(script)
+    if not path.is_file():
+        raise FileNotFoundError(f"{script}: no such file")
+    if options.get("run_name") is None:
+        options["run_name"] = shared_run_name()
+    sess = session(**options)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *(args or [])]
+    # As `python script.py` does: the script's folder first on the import path.
+    sys.path[0:1] = [str(path.resolve().parent)]
+    try:
+        with sess:
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as stop:
+                # A script that exits (with any code) ended its work; its steps are reported.
+                return _exit_code(stop.code), sess
+        return 0, sess
+    except Exception as error:  # the script's own error: the session stopped without a report
+        # Python prints an exception with its own __traceback__: shorten it to the script's frames.
+        error = error.with_traceback(_script_frames(error.__traceback__, path))
+        sys.excepthook(type(error), error, error.__traceback__)
+        return 1, sess
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _exit_code(code: Any) -> int:
+    """The process exit status that `sys.exit(code)` gives (a message goes to stderr, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def _script_frames(tb: types.TracebackType | None, script: Path) -> types.TracebackType | None:
+    """The traceback from the script's first frame on (trainprof's and runpy's frames dropped)."""
+    target = os.path.realpath(script)
+    entry = tb
+    while entry is not None:
+        if os.path.realpath(entry.tb_frame.f_code.co_filename) == target:
+            return entry
+        entry = entry.tb_next
+    return tb  # the error came before the script ran (e.g. a syntax error): keep everything
+
+
+def add_run_parser(commands: Any) -> None:
+    """Add the `run` subcommand to the CLI's subparsers (`trainprof.cli`)."""
+    import argparse
+
+    run = commands.add_parser(
+        "run",
+        help="run an unchanged script under a session: trainprof run [options] script.py [args]",
+        description="Run a training script under trainprof.session(), as `python script.py args` would "
+        "run it. Under torchrun: torchrun --nproc_per_node=N -m trainprof run script.py args",
+    )
+    run.add_argument("--log-dir", default="log", help="where the run folder goes (default log)")
+    run.add_argument("--run-name", default=None,
+                     help=f"the run folder's name (default: ${RUN_NAME_VARIABLE}, torchrun's run id, "
+                     "or run-YYYYmmdd-HHMMSS)")
+    for name, default in (("wait", 1), ("warmup", 1), ("active", 3), ("repeat", 1), ("skip-first", 0)):
+        run.add_argument(f"--{name}", type=int, default=default, metavar="N",
+                         help=f"torch.profiler.schedule's {name.replace('-', '_')} (default {default})")
+    for flag, option in (("--no-stack", "with_stack"), ("--no-shapes", "record_shapes"),
+                         ("--no-memory", "profile_memory"), ("--no-sync-capture", "capture_syncs")):
+        run.add_argument(flag, dest=option, action="store_false", help=f"session option {option}=False")
+    run.add_argument("--quiet", action="store_true", help="no console report (files are written)")
+    run.add_argument("script", help="the Python script to run")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def run_command(args: Any) -> int:
+    """`trainprof run`: the script's exit code; a missing script or a bad option is a one-line error."""
+    options = {
+        "log_dir": args.log_dir, "run_name": args.run_name, "wait": args.wait, "warmup": args.warmup,
+        "active": args.active, "repeat": args.repeat, "skip_first": args.skip_first,
+        "with_stack": args.with_stack, "record_shapes": args.record_shapes,
+        "profile_memory": args.profile_memory, "capture_syncs": args.capture_syncs,
+        # One console report per launch: the other ranks write their files silently.
+        "console": not args.quiet and process_rank() in (None, 0),
+    }
+    try:
+        code, _ = run_script(args.script, args.script_args, **options)
+    except (FileNotFoundError, ValueError) as error:
+        sys.stderr.write(f"trainprof: error: {error}\n")
+        return 2
+    # The session itself says where its files went, or why nothing was recorded.
+    return code
