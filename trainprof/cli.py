@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-trace-bytes", type=_size, default=None, metavar="SIZE",
                          help="read traces up to this size after gunzip, e.g. 8G (default 2G, "
                               "or env TRAINPROF_MAX_TRACE_BYTES)")
+    analyze.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                         help="override a verdict threshold (repeatable); names and reasons: "
+                              "trainprof/analysis/thresholds.py")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
 
@@ -60,16 +63,16 @@ def _one_line(text: str) -> str:
     return "".join(" " if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text).strip()
 
 
-def _load_and_analyze(path: str, progress: IO[str]):  # -> Analysis
+def _load_and_analyze(path: str, progress: IO[str], thresholds: dict | None = None):  # -> Analysis
     from trainprof.analysis import analyze
 
     if not progress.isatty():
-        return analyze(path)
+        return analyze(path, thresholds=thresholds)
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return analyze(path)
+        return analyze(path, thresholds=thresholds)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, console=Console(file=progress), transient=True) as bar:
@@ -78,19 +81,32 @@ def _load_and_analyze(path: str, progress: IO[str]):  # -> Analysis
         def advance(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total)
 
-        return analyze(path, on_progress=advance)
+        return analyze(path, on_progress=advance, thresholds=thresholds)
 
 
-def run_analyze(path: str, as_json: bool, debug: bool = False, max_trace_bytes: int | None = None) -> int:
+def run_analyze(
+    path: str,
+    as_json: bool,
+    debug: bool = False,
+    max_trace_bytes: int | None = None,
+    thresholds: list[str] | None = None,
+) -> int:
     """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
+
+    `thresholds`: `NAME=VALUE` overrides of `trainprof.analysis.thresholds` (a bad one: exit 2).
 
     Every failure is one line on stderr and exit 2 (the error boundary); with `debug`, an internal
     error (not bad input) raises with its traceback instead.
     """
+    from trainprof.analysis.thresholds import parse_threshold_args
     from trainprof.trace import TraceLoadError
 
     try:
-        return _analyze_and_print(path, as_json, max_trace_bytes)
+        overrides = parse_threshold_args(thresholds or [])
+    except ValueError as exc:
+        return _error(str(exc))
+    try:
+        return _analyze_and_print(path, as_json, max_trace_bytes, overrides)
     except TraceLoadError as exc:
         return _error(str(exc) or f"{path}: not a profiler trace")
     except KeyboardInterrupt:
@@ -111,7 +127,7 @@ def run_analyze(path: str, as_json: bool, debug: bool = False, max_trace_bytes: 
         )
 
 
-def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None) -> int:
+def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict) -> int:
     from trainprof.trace import newest_run, trace_size_limit
 
     target = Path(path)
@@ -126,7 +142,7 @@ def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None) ->
                 + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
             ) + "\n")
     with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, sys.stderr)
+        analysis = _load_and_analyze(path, sys.stderr, thresholds)
     result = analysis.to_dict()
     if as_json:
         from trainprof.report.json import dumps
@@ -157,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `trainprof` console script."""
     args = _parser().parse_args(argv)
     if args.command == "analyze":
-        return run_analyze(args.path, args.json, debug=args.debug, max_trace_bytes=args.max_trace_bytes)
+        return run_analyze(
+            args.path,
+            args.json,
+            debug=args.debug,
+            max_trace_bytes=args.max_trace_bytes,
+            thresholds=args.threshold,
+        )
     if args.command == "demo":
         return run_demo(args.steps, args.log_dir, args.device)
     if args.command == "run":
