@@ -32,8 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace import Trace
+from trainprof.user_code import is_user_file
 
 PHASES = (None, "forward", "backward", "optimizer")
 """Phase codes of `KernelOwners.phase`: index 0 is "no phase" (None)."""
@@ -388,6 +390,34 @@ class _ModuleIndex:
                 )
             ref_of_frame[i] = ref
         return ref_of_frame[frame], refs
+
+
+class UserFrames:
+    """The user's own `python_function` frames (`trainprof.user_code.is_user_file`), nested per thread.
+
+    Answers "the innermost user frame around each of these CPU spans" at once; each distinct frame
+    name is parsed once, and only user frames are nested (a `with_stack` trace holds ~10^5 library
+    frames, which `trainprof.analysis.frames.UserFrameIndex` nests in full).
+    """
+
+    def __init__(self, trace: Trace):
+        python = trace.events["python_function"]
+        self._frames: dict[int, PyFrame] = {}
+        for name_id in np.unique(python.name).tolist() if len(python) else []:
+            frame = parse_py_frame(trace.names[name_id])
+            if frame is not None and is_user_file(frame.file, trace.code_layout):
+                self._frames[name_id] = frame
+        is_user = np.zeros(len(trace.names), dtype=bool)
+        is_user[list(self._frames)] = True
+        self._rows = np.flatnonzero(is_user[python.name]) if len(python) else np.zeros(0, dtype=np.int64)
+        self._name = python.name[self._rows]
+        rows = self._rows
+        self._nesting = _Nesting(python.thread[rows], python.start_us[rows], python.end_us[rows])
+
+    def innermost(self, thread: np.ndarray, start_us: np.ndarray, end_us: np.ndarray) -> list[PyFrame | None]:
+        """Per span (`thread` -1: none), the innermost user frame enclosing it, or None."""
+        found = self._nesting.innermost(thread, start_us, end_us)
+        return [self._frames[int(self._name[i])] if i >= 0 else None for i in found.tolist()]
 
 
 def _optimizer_nesting(trace: Trace) -> _Nesting:

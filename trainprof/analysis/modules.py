@@ -22,8 +22,9 @@ from trainprof.analysis.attribution import (
     OPTIMIZER,
     KernelOwners,
     ModuleRef,
+    UserFrames,
 )
-from trainprof.analysis.frames import UserFrameIndex, parse_py_frame
+from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding
 from trainprof.analysis.timeline import Timeline
 
@@ -141,20 +142,16 @@ def owner_costs(timeline: Timeline, owners: KernelOwners, tiny: np.ndarray) -> O
     )
     group = group_of_ref[owners.module[in_steps]]  # -1 indexes the trailing -1: no module
     functions: dict[tuple[str, str], int] = {}
-    indexes: dict[int, UserFrameIndex] = {}
-    for position in np.flatnonzero(group < 0).tolist():
-        k = int(in_steps[position])
-        thread = int(owners.site_thread[k])
-        if thread < 0:
-            continue
-        index = indexes.get(thread)
-        if index is None:
-            index = indexes[thread] = UserFrameIndex(trace, thread)
-        frame = index.user_frame(float(owners.site_start_us[k]), float(owners.site_end_us[k]))
-        if frame is not None:
-            group[position] = len(class_paths) + functions.setdefault(
-                (frame.function, frame.file), len(functions)
-            )
+    outside = np.flatnonzero(group < 0)
+    if len(outside):
+        k = in_steps[outside]
+        sites = (owners.site_thread[k], owners.site_start_us[k], owners.site_end_us[k])
+        frames = UserFrames(trace).innermost(*sites)
+        for position, frame in zip(outside.tolist(), frames, strict=True):
+            if frame is not None:
+                group[position] = len(class_paths) + functions.setdefault(
+                    (frame.function, frame.file), len(functions)
+                )
 
     groups = len(class_paths) + len(functions)
     owned = group >= 0
