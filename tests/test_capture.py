@@ -133,3 +133,25 @@ def test_capture_judges_frames_with_this_process_layout():
         ],
     )
     assert (site.file, site.line, site.function) == ("/code/train.py", 30, "main")
+
+
+def test_session_records_the_code_layout_beside_the_sync_sites(tmp_path):
+    import json
+
+    import trainprof
+    from trainprof.trace import load_traces
+
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with trainprof.session(log_dir=tmp_path, run_name="layout", wait=0, warmup=1, active=1,
+                           record_shapes=False, profile_memory=False, analyze=False, console=False) as sess:
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    (sites_file,) = sess.run_dir.glob("*.syncsites.json")
+    document = json.loads(sites_file.read_text())
+    assert document["version"] == 2 and document["sites"] == []  # nothing synchronizes on the CPU
+    assert "torch" in document["code_layout"]["library_packages"]
+    (trace,) = load_traces(sess.run_dir)
+    assert trace.code_layout is not None and trace.code_layout.version_of("torch") == torch.__version__

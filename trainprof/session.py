@@ -311,7 +311,14 @@ class Session:
 
     def _write_sync_sites(self) -> None:
         path = self.run_dir / f"{self.worker}{SYNCSITES_SUFFIX}"
-        payload = {"version": 1, "worker": self.worker, "sites": self.sync_sites}
+        layout = self._capture.layout if self._capture is not None else None
+        payload = {
+            "version": 2,
+            "worker": self.worker,
+            # where library code lived in this run, so the analysis draws the user/library line here too
+            "code_layout": layout.to_dict() if layout is not None else None,
+            "sites": self.sync_sites,
+        }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload, indent=1))
         tmp.replace(path)
