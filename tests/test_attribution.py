@@ -282,3 +282,19 @@ def test_synthetic_unlinked_without_sequence_numbers(tmp_path):
     assert owners.phase[backward] == BACKWARD and not owners.linked.any()
     assert owners.op_of(backward) == "AddmmBackward0"
     assert owners.module_of(backward) is None
+
+
+@needs_fixtures
+def test_reports_render_the_module_table():
+    """The console and report.md show the module table as a table of its own, not as a findings row."""
+    from trainprof.report.console import render_text
+    from trainprof.report.markdown import render_markdown
+
+    result = analyze(TRACES / "gpt2_clean").to_dict()
+    markdown = render_markdown(result)
+    table = markdown.split("## GPU time by module (forward + backward)", 1)[1]
+    assert "| NewGELUActivation | fwd+bwd | 6 |" in table
+    assert "module_costs" not in markdown and "GPU time by nn.Module" not in markdown
+    text = render_text(result)
+    assert "GPU time by module (forward + backward):" in text
+    assert "GPT2Attention/Conv1D (fwd+bwd)" in text
