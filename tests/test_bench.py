@@ -44,7 +44,8 @@ def test_time_fn_on_cpu_uses_host_clock_and_measures_a_known_sleep():
     assert timing.clock == bench.CLOCK_HOST and timing.device == "cpu"
     assert len(calls) == 2 + 5 * 3
     assert len(timing.samples_ms) == 5 and timing.calls_per_sample == 3
-    assert 2.0 <= timing.median_ms < 6.0  # sleep(2 ms) never returns early; a loaded host adds a little
+    # sleep(2 ms) never returns early; a loaded host delays some samples (255 ms seen on 2 shared cores)
+    assert 2.0 <= timing.min_ms <= timing.median_ms and timing.min_ms < 20.0
     assert timing.q1_ms <= timing.median_ms <= timing.q3_ms
 
 

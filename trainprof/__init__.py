@@ -17,7 +17,8 @@ from trainprof.session import Session, session  # rebinds `trainprof.session` to
 
 __version__ = "0.1.0"
 
-_LAZY = {"analyze": "trainprof.analysis", "Analysis": "trainprof.analysis"}
+_LAZY = {"analyze": "trainprof.analysis", "Analysis": "trainprof.analysis",
+         "ab": "trainprof.ab"}  # trainprof.ab(factory, variants=...): the module is callable
 
 __all__ = ["Analysis", "Session", "SessionConfig", "__version__", "analyze", "session"]
 

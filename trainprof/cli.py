@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     from trainprof.run import add_run_parser
 
     add_run_parser(commands)  # `trainprof run [options] script.py [args]` (trainprof.run)
+
+    from trainprof.cli_ab import add_ab_parsers
+
+    add_ab_parsers(commands)  # `trainprof ab`, `trainprof diff` (trainprof.cli_ab)
     return parser
 
 
@@ -186,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainprof.run import run_command
 
         return run_command(args)  # the script's exit code; its exceptions are its own (trainprof.run)
+    if args.command in ("ab", "diff"):
+        from trainprof.cli_ab import run
+
+        return run(args)
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 

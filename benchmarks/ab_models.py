@@ -1,0 +1,78 @@
+"""Does fused_layers.swap pay off end to end, against torch.compile and Liger, on GPT-2 124M and a
+~1B Llama? Runs `trainprof ab` once per model, each in its own process, and keeps its JSON, its
+Markdown section and each variant's profiled step.
+
+    python benchmarks/ab_models.py --out log/ab_models                  # both models, 50 steps
+    python benchmarks/ab_models.py --out /tmp/ab --models gpt2-tiny --steps 6 --device cpu   # smoke run
+
+Per model (issue #8's bars):
+- gpt2-124m: fp32 parameters under bf16 autocast, batch 8 x 1024;
+- llama-1b (Llama-3.2-1B's shape): bf16 parameters, batch 4 x 2048;
+variants bare, fused, liger (skipped where liger-kernel is missing), compile, fused+compile; 50
+steps each (5 untimed warm-up steps, where torch.compile compiles), timed in interleaved blocks of
+5. Loss parity is over all 50 steps. Writes OUT/<model>.json, OUT/<model>.md, OUT/<model>.log
+and OUT/<model>-traces/<variant>/ (read them with `trainprof diff`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNS = {
+    "gpt2-124m": ["--batch", "8", "--seq", "1024", "--dtype", "fp32", "--autocast"],
+    "llama-1b": ["--batch", "4", "--seq", "2048", "--dtype", "bf16"],
+    "gpt2-tiny": [],  # CPU smoke run
+}
+VARIANTS = "bare,fused,liger,compile,fused+compile"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--models", default="gpt2-124m,llama-1b", help=f"some of {', '.join(RUNS)}")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--block", type=int, default=5)
+    parser.add_argument("--variants", default=VARIANTS)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--timeout", type=int, default=540, help="seconds per model before it is stopped")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for model in args.models.split(","):
+        command = [
+            sys.executable, "-m", "trainprof", "ab", "--model", model, "--variants", args.variants,
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--block", str(args.block),
+            *RUNS[model], "--json", "--markdown", str(out / f"{model}.md"),
+            "--log-dir", str(out / f"{model}-traces"),
+        ]
+        if args.device:
+            command += ["--device", args.device]
+        started = time.time()
+        print(f"$ {' '.join(command)}", flush=True)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired as expired:
+            print(f"{model}: stopped after {args.timeout} s", flush=True)
+            (out / f"{model}.log").write_text(str(expired.stderr or ""), encoding="utf-8")
+            failed += 1
+            continue
+        (out / f"{model}.log").write_text(done.stderr, encoding="utf-8")
+        if done.returncode != 0:
+            print(f"{model}: exit {done.returncode}; last lines of {out / f'{model}.log'}:", flush=True)
+            print("\n".join(done.stderr.splitlines()[-15:]), flush=True)
+            failed += 1
+            continue
+        (out / f"{model}.json").write_text(done.stdout, encoding="utf-8")
+        print(f"{model}: {time.time() - started:.0f} s", flush=True)
+        print((out / f"{model}.md").read_text(encoding="utf-8"), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""trainprof.ab on the CPU: gpt2-tiny, bare vs fused, a few steps (one run shared by the tests).
+
+The fused ops run their plain-torch fallback here (TRITON_INTERPRET unset for the run: the Triton
+interpreter costs ~2 s a step); swap still replaces HF's NewGELUActivation (pow, tanh, mul, add)
+by one gelu op, which the diff must show.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import trainprof
+from trainprof.ab import REPLACED_RANGE, Variant, ab_model, median_ci
+from trainprof.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("ab")
+    patch = pytest.MonkeyPatch()
+    patch.delenv("TRITON_INTERPRET", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 2 shared cores: spinning worker threads made steps 100x slower
+    try:
+        result = ab_model(
+            "gpt2-tiny", ["bare", "fused"], steps=3, warmup=1, block=1, device="cpu", log_dir=log_dir
+        )
+    finally:
+        torch.set_num_threads(threads)
+        patch.undo()
+    return result, log_dir
+
+
+def test_json_shape_and_host_clock(tiny_run):
+    result, _ = tiny_run
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["clock"] == "host" and "host time" in data["method"]["timing"]
+    assert [v["name"] for v in data["variants"]] == ["bare", "fused"]
+    for variant in data["variants"]:
+        assert len(variant["blocks_ms"]) == 2 and len(variant["losses"]) == 3
+        assert variant["ci_low_ms"] <= variant["median_ms"] <= variant["ci_high_ms"]
+        assert variant["tokens_per_s"] > 0 and 0 < variant["mfu"] < 1
+        assert variant["peak_memory_bytes"] is None  # not measured on a CPU
+    assert data["variants"][0]["speedup"] == 1.0
+    assert "replaced LayerNorm x5, NewGELUActivation x2" in data["variants"][1]["notes"][0]
+    assert data["config"]["tokens_per_step"] == 2 * 32 and data["config"]["flops_per_step"] > 0
+
+
+def test_loss_parity_holds(tiny_run):
+    result, _ = tiny_run
+    bare, fused = result.variant("bare"), result.variant("fused")
+    assert bare.losses[0] == pytest.approx(6.24, abs=0.05)  # ln(512) = 6.24 at a random init
+    assert fused.parity_ok and fused.parity_max_rel_diff <= 1e-3
+    assert bare.losses != [bare.losses[0]] * 3  # the model trains: the loss moves
+
+
+def test_diff_lists_the_swapped_ops(tiny_run):
+    result, log_dir = tiny_run
+    ops = {row["name"]: row for row in result.diffs["fused"]["ops"]}
+    # NewGELUActivation's tanh formula became one gelu op, forward and backward.
+    assert ops["aten::tanh"]["status"] == "removed" and ops["aten::tanh"]["calls_a"] == 2.0
+    assert ops["aten::gelu"]["status"] == "added" and ops["aten::gelu"]["calls_b"] == 2.0
+    assert ops["aten::gelu_backward"]["status"] == "added"
+    assert sorted(p.name for p in log_dir.iterdir()) == ["_prediction", "bare", "fused"]
+    assert main(["diff", str(log_dir / "bare"), str(log_dir / "fused"), "--json"]) == 0
+
+
+def test_prediction_sees_the_replaced_modules(tiny_run):
+    result, _ = tiny_run
+    prediction = result.prediction
+    assert prediction["replaced_modules"] == 7 and prediction["replaced_calls_per_step"] == 7.0
+    assert prediction["ranges_per_step"] == 14.0  # forward and backward of each, in the profiled step
+    assert prediction["host_ms_per_step"] > 0
+    assert prediction["available"] is False and "CPU" in prediction["reason"]
+
+
+def test_markdown_and_console_render(tiny_run):
+    import io
+
+    from trainprof.report.ab import print_ab, render_ab_markdown
+
+    data = tiny_run[0].to_dict()
+    markdown = render_ab_markdown(data)
+    assert markdown.startswith("## A/B: gpt2-tiny") and "a CPU run: every time is host time" in markdown
+    out = io.StringIO()
+    print_ab(data, out)
+    assert "bare -> fused: ops that changed" in out.getvalue()
+
+
+def test_user_step_function_api():
+    def factory(variant: Variant):
+        torch.manual_seed(0)
+        model = variant.apply(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+
+        def step(i: int) -> torch.Tensor:
+            loss = model(data).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+
+        return step
+
+    result = trainprof.ab(
+        factory, variants=("bare",), steps=4, warmup=1, block=1, device="cpu", profile=False
+    )
+    assert result.variants[0].parity_ok and len(result.variants[0].losses) == 4
+    assert result.variants[0].losses[-1] < result.variants[0].losses[0]
+
+
+def test_variant_parsing_and_median_ci():
+    assert Variant.parse("fused+compile") == Variant("fused+compile", fused=True, compile=True)
+    for bad in ("fast", "fused+liger", "fused+fused", ""):
+        with pytest.raises(ValueError):
+            Variant.parse(bad)
+    low, high, coverage = median_ci([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0, 8.0, 6.0])
+    assert (low, high) == (2.0, 8.0) and coverage == pytest.approx(0.9609, abs=1e-4)
+    assert median_ci([1.0, 2.0]) == (1.0, 2.0, 0.5)
+    assert REPLACED_RANGE.startswith("trainprof.")
+
+
+def test_cli_unknown_model_is_one_line(capsys):
+    assert main(["ab", "--model", "/nonexistent/config-dir", "--steps", "2", "--warmup", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainprof: error: --model /nonexistent/config-dir") and err.count("\n") == 1

@@ -1,0 +1,150 @@
+"""trainprof.analysis.diff on two real H200 fixtures (gpt2_pathologies -> gpt2_clean) and on minimal
+synthetic traces; the `trainprof diff` command line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from trainprof.analysis.diff import ADDED, REMOVED, SAME, diff_traces, range_cost
+from trainprof.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "traces"
+PATHOLOGIES, CLEAN = FIXTURES / "gpt2_pathologies", FIXTURES / "gpt2_clean"
+
+
+@pytest.fixture(scope="module")
+def fixture_diff():
+    return diff_traces(PATHOLOGIES, CLEAN)
+
+
+def test_fixture_diff_per_step_headline(fixture_diff):
+    head = {row["metric"]: (row["a"], row["b"]) for row in fixture_diff.headline}
+    assert fixture_diff.a["steps"] == 3 and fixture_diff.b["steps"] == 3
+    # The per-parameter grad-norm loop (~230 tiny kernels) is gone; fused AdamW replaces foreach.
+    assert head["kernels / step"] == (820.0, 591.0)
+    assert head["launches / step"] == (820.0, 591.0)
+    # Two .item() syncs and a pageable copy per step in A; none in B.
+    assert head["syncs / step"][0] == 3.0 and head["syncs / step"][1] == 0.0
+
+
+def test_fixture_diff_removed_loop_ops_and_kernels(fixture_diff):
+    pow_row = fixture_diff.op("aten::pow")
+    assert pow_row.calls_a == 94.0 and pow_row.calls_b == 18.0  # 76 loop calls (one per parameter) gone
+    assert fixture_diff.op("aten::sum").calls_a - fixture_diff.op("aten::sum").calls_b == 152.0
+    # Fused AdamW appears, the foreach AdamW pieces go.
+    assert fixture_diff.op("aten::_fused_adamw_").status == ADDED
+    assert fixture_diff.op("aten::_foreach_addcdiv_").status == REMOVED
+    sum_kernels = [
+        k
+        for k in fixture_diff.kernels
+        if k.kind == "kernel" and "sum_functor<float" in k.name and k.status == REMOVED
+    ]
+    assert sum_kernels and sum_kernels[0].count_a == 76.0  # the loop's .sum() of each parameter
+
+
+def test_fixture_diff_memcpy_change(fixture_diff):
+    copies = {k.name: k for k in fixture_diff.kernels if k.kind == "memcpy"}
+    assert copies["Memcpy HtoD (Pageable -> Device)"].status == REMOVED
+    assert copies["Memcpy HtoD (Pinned -> Device)"].status == ADDED
+    assert copies["Memcpy DtoH (Device -> Pinned)"].count_a == 2.0  # the two .item() reads
+    assert copies["Memcpy DtoH (Device -> Pinned)"].status == REMOVED
+
+
+def test_fixture_diff_findings(fixture_diff):
+    changes = {(c.kind, c.status) for c in fixture_diff.findings}
+    assert ("sync_point", REMOVED) in changes
+    assert not any(c.kind == "sync_point" and c.status == ADDED for c in fixture_diff.findings)
+    top = next(c for c in fixture_diff.findings if c.kind == "top_kernels")
+    assert top.per_step_a == 820.0 and top.per_step_b == 591.0
+
+
+def test_same_trace_diffs_to_nothing():
+    result = diff_traces(CLEAN, CLEAN)
+    assert all(row.status == SAME for row in result.ops + result.kernels)
+    assert all(change.status == "changed" for change in result.findings)
+
+
+# ---- minimal synthetic traces -------------------------------------------------------------------
+
+
+def _event(name, cat, ts, dur, tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def _trace(path: Path, with_gelu: bool) -> Path:
+    """One step: an annotated range holding an op whose launch runs a kernel; optionally a gelu op."""
+    events = [_event("ProfilerStep#1", "user_annotation", 0, 1000)]
+    events += [
+        _event("trainprof.ab.replaced", "user_annotation", 100, 300),
+        _event("aten::layer_norm", "cpu_op", 110, 200),
+        _event("cudaLaunchKernel", "cuda_runtime", 150, 10, correlation=1),
+        {
+            "ph": "X",
+            "name": "layer_norm_kernel",
+            "cat": "kernel",
+            "ts": 170,
+            "dur": 50,
+            "pid": 0,
+            "tid": 7,
+            "args": {"correlation": 1, "device": 0, "stream": 7},
+        },
+    ]
+    if with_gelu:
+        events += [
+            _event("aten::gelu", "cpu_op", 500, 100),
+            _event("cudaLaunchKernel", "cuda_runtime", 520, 10, correlation=2),
+            {
+                "ph": "X",
+                "name": "gelu_kernel",
+                "cat": "kernel",
+                "ts": 540,
+                "dur": 30,
+                "pid": 0,
+                "tid": 7,
+                "args": {"correlation": 2, "device": 0, "stream": 7},
+            },
+        ]
+    path.mkdir(parents=True, exist_ok=True)
+    file = path / "worker.1.pt.trace.json.gz"
+    file.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    return file
+
+
+def test_synthetic_diff_op_removed(tmp_path):
+    a, b = _trace(tmp_path / "a", with_gelu=True), _trace(tmp_path / "b", with_gelu=False)
+    result = diff_traces(a, b)
+    gelu = result.op("aten::gelu")
+    assert gelu.status == REMOVED and gelu.calls_a == 1.0 and gelu.gpu_ms_a == 0.03 and gelu.kernels_a == 1.0
+    layer_norm = result.op("aten::layer_norm")
+    assert layer_norm.status == SAME and layer_norm.gpu_ms_a == layer_norm.gpu_ms_b == 0.05
+    kernels = {k.name: k.status for k in result.kernels}
+    assert kernels == {"gelu_kernel": REMOVED, "layer_norm_kernel": SAME}
+
+
+def test_synthetic_range_cost(tmp_path):
+    file = _trace(tmp_path / "a", with_gelu=True)
+    cost = range_cost(file, "trainprof.ab.replaced")
+    # Only the layer_norm kernel was launched inside the range; the range's host time is 300 µs.
+    assert cost == {
+        "gpu_ms_per_step": 0.05,
+        "kernels_per_step": 1.0,
+        "host_ms_per_step": 0.3,
+        "ranges_per_step": 1.0,
+    }
+
+
+def test_cli_diff_json_and_bad_input(tmp_path, capsys):
+    a, b = _trace(tmp_path / "a", with_gelu=True), _trace(tmp_path / "b", with_gelu=False)
+    assert main(["diff", str(a), str(b), "--json", "--markdown", str(tmp_path / "diff.md")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"a", "b", "headline", "ops", "kernels", "findings"}
+    assert "aten::gelu" in (tmp_path / "diff.md").read_text()
+    assert main(["diff", str(a), str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainprof: error:") and err.count("\n") == 1
+    assert main(["diff", str(a), str(b)]) == 0
+    assert "aten::gelu" in capsys.readouterr().out

@@ -1,0 +1,125 @@
+"""`trainprof ab` and `trainprof diff`: their arguments and what they run (thin over trainprof.ab
+and trainprof.analysis.diff). Importing this module imports neither torch nor the analysis."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def add_ab_parsers(commands: argparse._SubParsersAction) -> None:
+    """Add the `ab` and `diff` subcommands to the CLI's subparsers."""
+    ab = commands.add_parser(
+        "ab", help="time a training step in variants (bare, fused, liger, compile, ...) side by side"
+    )
+    ab.add_argument(
+        "--model",
+        default="gpt2-tiny",
+        help="preset gpt2-tiny | gpt2-124m | llama-1b, or a Hugging Face config path "
+        "(or a config name already in the local cache); default gpt2-tiny",
+    )
+    ab.add_argument(
+        "--variants",
+        default="bare,fused,compile,fused+compile",
+        help="comma-separated: bare, or fused|liger|compile joined by + (default %(default)s)",
+    )
+    ab.add_argument("--steps", type=int, default=20, help="steps per variant, warm-up included (default 20)")
+    ab.add_argument("--warmup", type=int, default=3, help="untimed first steps per variant (default 3)")
+    ab.add_argument("--block", type=int, default=2, help="steps per timed block (default 2)")
+    ab.add_argument("--batch", type=int, default=None, help="batch size (default: the preset's)")
+    ab.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
+    ab.add_argument(
+        "--dtype", choices=("fp32", "bf16"), default="fp32", help="parameter dtype (default fp32)"
+    )
+    ab.add_argument("--autocast", action="store_true", help="forward under torch.autocast(bfloat16)")
+    ab.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    ab.add_argument("--no-profile", action="store_true", help="skip the profiled step and the diffs")
+    ab.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ab.add_argument("--markdown", default=None, metavar="FILE", help="also write the Markdown section here")
+    ab.add_argument(
+        "--log-dir",
+        default=None,
+        help="keep each variant's profiled step as a trace in DIR/<variant>/ (for trainprof diff)",
+    )
+
+    diff = commands.add_parser(
+        "diff", help="ops, kernels and findings that changed between two traces or runs"
+    )
+    diff.add_argument("a", help="the before trace file or run folder")
+    diff.add_argument("b", help="the after trace file or run folder")
+    diff.add_argument("--json", action="store_true", help="print the diff as one JSON object")
+    diff.add_argument("--markdown", default=None, metavar="FILE", help="also write the diff as Markdown here")
+
+
+def _error(message: str) -> int:
+    sys.stderr.write(f"trainprof: error: {' '.join(message.split())}\n")
+    return EXIT_BAD_INPUT
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `trainprof ab` or `trainprof diff` from parsed arguments; exit code."""
+    return run_ab(args) if args.command == "ab" else run_diff(args)
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    """`trainprof ab`: console tables, or JSON with --json; Markdown with --markdown."""
+    from trainprof.ab import ModelNotFound, ab_model
+    from trainprof.report import ab as render
+
+    variants = [name for name in args.variants.split(",") if name.strip()]
+    try:
+        result = ab_model(
+            args.model,
+            variants,
+            steps=args.steps,
+            warmup=args.warmup,
+            block=args.block,
+            batch=args.batch,
+            seq=args.seq,
+            dtype=args.dtype,
+            autocast=args.autocast,
+            device=args.device,
+            log_dir=args.log_dir,
+            profile=not args.no_profile,
+        )
+    except ModelNotFound as error:
+        return _error(str(error))
+    except ValueError as error:  # bad variants, steps, ...
+        return _error(str(error))
+    data = result.to_dict()
+    if args.markdown:
+        Path(args.markdown).write_text(render.render_ab_markdown(data), encoding="utf-8")
+    if args.json:
+        from trainprof.report.json import dumps
+
+        sys.stdout.write(dumps(data) + "\n")
+    else:
+        render.print_ab(data, sys.stdout)
+    return 0
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """`trainprof diff A B`: console tables, or JSON with --json."""
+    from trainprof.analysis.diff import diff_traces
+    from trainprof.report import ab as render
+    from trainprof.trace import TraceLoadError
+
+    for path in (args.a, args.b):
+        if not Path(path).exists():
+            return _error(f"{path}: no such file or directory")
+    try:
+        data = diff_traces(args.a, args.b).to_dict()
+    except TraceLoadError as error:
+        return _error(str(error) or "not a profiler trace")
+    if args.markdown:
+        Path(args.markdown).write_text(render.render_diff_markdown(data), encoding="utf-8")
+    if args.json:
+        from trainprof.report.json import dumps
+
+        sys.stdout.write(dumps(data) + "\n")
+    else:
+        render.print_diff(data, sys.stdout)
+    return 0
