@@ -7,12 +7,18 @@ PY := $(VENV)/bin/python
 # that already has torch, override it: make demo TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint
+.PHONY: demo test lint FORCE
 
-$(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+# The torch spec of the last install: rewritten (and so newer than .installed) only when TORCH_SPEC
+# changes, so that `make test TORCH_SPEC=...` reinstalls torch in an existing .venv.
+$(VENV)/.torch-spec: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch-spec
+	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[all,dev]"
 	touch $@
 

@@ -15,9 +15,12 @@ EXIT_BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
+    from trainprof import __version__
+
     parser = argparse.ArgumentParser(
         prog="trainprof", description="Find out what holds a PyTorch training step back."
     )
+    parser.add_argument("--version", action="version", version=f"trainprof {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     analyze = commands.add_parser("analyze", help="analyse a profiler trace file or folder")
@@ -163,13 +166,13 @@ def run_demo(steps: int, log_dir: str, device: str | None) -> int:
     """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the report."""
     if steps < 6:
         return _error(f"--steps {steps}: the demo needs at least 6 (wait 1, warmup 1, active 3, then one)")
+    from trainprof.demo import DemoUnavailable
     from trainprof.demo import run_demo as demo
 
-    sess = demo(steps=steps, log_dir=log_dir, device=device)
-    sys.stdout.write(
-        f"\nWrote {sess.run_dir}/: traces (*.pt.trace.json.gz), sync sites, summary.json, report.md\n"
-        f"Browse: tensorboard --logdir {log_dir}   |   Re-analyse: trainprof analyze {sess.run_dir}\n"
-    )
+    try:
+        demo(steps=steps, log_dir=log_dir, device=device)  # the session says where its files went
+    except DemoUnavailable as exc:
+        return _error(str(exc))
     return 0
 
 

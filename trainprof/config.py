@@ -23,7 +23,10 @@ class SessionConfig:
     """Folder for all runs; `tensorboard --logdir <log_dir>` shows them."""
 
     run_name: str | None = None
-    """Subfolder of `log_dir` for this run; default `run-YYYYmmdd-HHMMSS` (local time at start)."""
+    """Subfolder of `log_dir` for this run: a plain folder name (no separator, not `.` or `..`).
+
+    Default `run-YYYYmmdd-HHMMSS` (local time at start), with `-2`, `-3`... appended when that
+    folder exists already, so two sessions never share a default folder."""
 
     wait: int = 1
     """Steps per cycle with the profiler off, before warmup (the first steps are often atypical)."""
@@ -70,7 +73,7 @@ class SessionConfig:
                 raise ValueError(f"SessionConfig.{name} must be >= 0, got {value}")
         if self.active < 1:
             raise ValueError(f"SessionConfig.active must be >= 1, got {self.active}")
-        if self.run_name is not None and (not self.run_name or os.sep in self.run_name):
+        if self.run_name is not None and not _is_plain_name(self.run_name):
             raise ValueError(f"SessionConfig.run_name must be a plain folder name, got {self.run_name!r}")
 
     @property
@@ -87,6 +90,25 @@ class SessionConfig:
             first + cycle * self.cycle_steps + i for cycle in range(self.repeat) for i in range(self.active)
         ]
 
+    def action_at(self, step: int) -> str:
+        """The schedule's action at profiler step `step` (torch.profiler.schedule's rule).
+
+        `"none"` (profiler off: skipped, waiting, or every cycle done), `"warmup"`, `"record"`, or
+        `"save"` (the last recorded step of a window; its trace is written when it ends). The session
+        uses this instead of `torch.profiler.schedule`, which warns when `warmup == 0`.
+        """
+        if step < self.skip_first:
+            return "none"
+        step -= self.skip_first
+        if self.repeat > 0 and step >= self.repeat * self.cycle_steps:
+            return "none"
+        in_cycle = step % self.cycle_steps
+        if in_cycle < self.wait:
+            return "none"
+        if in_cycle < self.wait + self.warmup:
+            return "warmup"
+        return "record" if in_cycle < self.cycle_steps - 1 else "save"
+
     def resolved_run_name(self) -> str:
         """`run_name`, or a timestamped default such as `run-20261121-233000`."""
         return self.run_name or time.strftime("run-%Y%m%d-%H%M%S")
@@ -95,3 +117,14 @@ class SessionConfig:
     def option_names(cls) -> list[str]:
         """All field names (used to split `session(**options)`)."""
         return [f.name for f in fields(cls)]
+
+
+def _is_plain_name(name: str) -> bool:
+    """A name that stays one folder inside `log_dir`: no separator, no `.`/`..`, no control character."""
+    separators = {"/", "\\", os.sep, os.altsep or "/"}
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and not any(sep in name for sep in separators)
+        and all(ch.isprintable() for ch in name)
+    )

@@ -1,21 +1,33 @@
 """The demo behind `trainprof demo` / `make demo`: a small GPT-2-shaped model, trained for a few
-steps under a session, with two habits common in real loops that the report should point at.
+steps under a session, with three habits common in real loops that the report should point at.
 
 This file's loop counts as user code for sync capture (see trainprof.capture.syncs).
 """
 
 from __future__ import annotations
 
-import time
-
 from trainprof.session import Session, session
 
 
+class DemoUnavailable(RuntimeError):
+    """The demo cannot run here (no CUDA for `--device cuda`, or the `hf` extra missing); one line."""
+
+
 def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) -> Session:
-    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session."""
+    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session.
+
+    Raises `DemoUnavailable` when `device="cuda"` has no GPU or transformers is not installed.
+    """
     import torch
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DemoUnavailable("--device cuda: this torch sees no CUDA GPU (a CPU build, or no driver); "
+                              "use --device cpu")
+    try:
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as exc:
+        raise DemoUnavailable(f"the demo needs transformers ({exc}): pip install 'trainprof[hf]'") from None
 
     transformers.logging.set_verbosity_error()  # config notes about unused tokens are not the point
 
@@ -28,8 +40,7 @@ def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) ->
     model = GPT2LMHeadModel(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     losses = []
-    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
-    with session(log_dir=log_dir, run_name=run_name, wait=1, warmup=1, active=3) as sess:
+    with session(log_dir=log_dir, wait=1, warmup=1, active=3) as sess:  # a fresh run-... folder
         for _ in range(steps):
             batch = torch.randint(0, config.vocab_size, (batch_size, seq_len))
             ids = batch.to(device)  # habit: a pageable host-to-device copy (blocks the CPU on a GPU)

@@ -9,15 +9,30 @@ manually only, and a first manual call right after an optimizer-ended step close
 so a loop calling both `opt.step(); sess.step()` (either order) counts each step once.
 
 Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
-- `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab;
+- `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
+  (checked after export; a failed or truncated export is removed, never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md);
-- at exit: `summary.json` (the analysis), `report.md`, and TensorBoard scalars (`events.out...`).
+- at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
+  process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars.
+  Every file is written to a temporary name and renamed: a full disk leaves no half-written file.
+
+The step path stays cheap: at a window's end only torch's export runs (inside the step that ends
+it); the analysis runs once, at exit, over the last `MAX_WINDOWS` windows (memory stays bounded with
+`repeat=0`).
+
+Only one profiler can run in a process (two overlapping torch profilers crash it): a session that
+finds one running, or sees another start while it runs, steps aside with one warning.
+
+Warnings from trainprof can never raise into the user's loop, even under `python -W error`: they
+are logged instead when the warnings filter turns them into exceptions.
 
 This module imports no torch at import time: `import trainprof` stays cheap.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import logging
 import os
@@ -38,31 +53,62 @@ logger = logging.getLogger("trainprof")
 
 SYNCSITES_SUFFIX = ".syncsites.json"
 TRACE_SUFFIX = ".pt.trace.json.gz"
+MAX_WINDOWS = 8
+"""Recorded windows kept for the analysis at exit (the most recent ones; older traces stay on disk)."""
+
+# A rank as torchrun writes it: ASCII digits, at most 9 (str.isdigit() also accepts '²', and int()
+# refuses 5000 digits).
+_RANK_VALUE = re.compile(r"[0-9]{1,9}")
+_PROFILER_STEP = re.compile(r"ProfilerStep#(\d{1,18})")
 
 
-def worker_name() -> str:
+def warn(message: str) -> None:
+    """Warn the user without ever raising into their loop.
+
+    Under `python -W error` (or a filter that turns RuntimeWarning into an error) `warnings.warn`
+    raises; the message is then logged on the `trainprof` logger instead.
+    """
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:
+        logger.warning("%s", message)
+
+
+def process_rank() -> int | None:
+    """This process's rank: from an initialised torch.distributed group, else env RANK / LOCAL_RANK.
+
+    A variable that is not a plain number (`RANK=²`, 5000 digits) is ignored with one warning.
+    """
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a broken distributed setup must not stop profiling
+        pass
+    for variable in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            continue
+        if _RANK_VALUE.fullmatch(value):
+            return int(value)
+        warn(f"trainprof: ignoring {variable}={value[:20]!r}{'...' if len(value) > 20 else ''}: "
+             "not a rank (a number); files are named without a rank")
+    return None
+
+
+def worker_name(rank: int | None = None) -> str:
     """This process's name in file names: `rank<R>_<host>_<pid>`, or `<host>_<pid>` without a rank.
 
     No dots: a trace's worker is its file name up to the first `.` (trainprof.trace), and
     TensorBoard's profiler plugin reads `<node>_<pid>` from it.
 
-    The rank comes from an initialised torch.distributed group, else from env RANK / LOCAL_RANK, so
-    ranks never overwrite each other's files even before (or without) a process group.
+    The rank (default `process_rank()`) comes from an initialised torch.distributed group, else from
+    env RANK / LOCAL_RANK, so ranks never overwrite each other's files even before (or without) a
+    process group.
     """
-    rank: int | None = None
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
-    except Exception:  # a broken distributed setup must not stop profiling
-        rank = None
     if rank is None:
-        for variable in ("RANK", "LOCAL_RANK"):
-            value = os.environ.get(variable, "").strip()
-            if value.isdigit():
-                rank = int(value)
-                break
+        rank = process_rank()
     host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname().split(".")[0]) or "host"
     name = f"{host}_{os.getpid()}"
     return f"rank{rank}_{name}" if rank is not None else name
@@ -71,25 +117,41 @@ def worker_name() -> str:
 # The text of torch.profiler's once-per-process warning at the start of a second cycle.
 _CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 
+_ACTIVE: Session | None = None
+"""The session whose profiler runs in this process, if any (torch allows one profiler at a time)."""
+
+_NOT_PROFILED = "not-profiled"
+
+
+class ProfilerBusy(RuntimeError):
+    """Another profiler runs (or started) in this process: the session steps aside for it."""
+
+
 class Session:
     """A profiling session around a training loop; see `trainprof.session`.
 
-    After a recorded window (and at exit) `findings`, `summary` and `analysis` hold the result.
+    At exit `findings`, `summary` and `analysis` hold the result. `summary["verdict"]` always
+    exists: `"not-profiled"` (with `summary["reason"]`) when nothing was recorded or analysed.
     """
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config or SessionConfig()
         self.run_dir = Path(self.config.log_dir) / self.config.resolved_run_name()
-        self.worker = worker_name()
+        """This run's folder; a default name gets `-2`, `-3`... when taken (decided at start)."""
+        self.rank = process_rank()
+        self.worker = worker_name(self.rank)
         self.analysis: Analysis | None = None
         self.findings: list[dict[str, Any]] = []
-        self.summary: dict[str, Any] = {}
-        self.trace_files: list[Path] = []
-        """The trace files this session wrote, one per recorded window."""
+        self.summary: dict[str, Any] = {"verdict": _NOT_PROFILED, "reason": "the session has not ended"}
+        self.written: dict[str, Path] = {}
+        """The files written at exit: `summary`, `report` (per-rank names when the process has a rank)."""
+        self.windows_written = 0
+        """Recorded windows exported so far (each one trace file)."""
         self.steps_ended = 0
         """Steps ended so far (optimizer steps or manual `step()` calls)."""
-        self.sync_sites: list[dict[str, Any]] = []
-        """All captured sync sites (JSON form), in order."""
+        self._windows: collections.deque[tuple[Path, list[dict[str, Any]]]] = collections.deque(
+            maxlen=MAX_WINDOWS
+        )
         self._profiler: Any = None
         self._capture: SyncCapture | None = None
         self._optimizer_hook: Any = None
@@ -97,9 +159,24 @@ class Session:
         self._manual = False
         self._last_step_by_optimizer = False
         self._running = False
+        self._discard = False
         self._failure: tuple[str, BaseException] | None = None
         self._user_error = False
         self._cycle_filter: Any = None
+        self._unwatch: Any = None
+        self._nvtx: Any = None
+        self._nvtx_depth = 0
+        self._nvtx_phase: str | None = None
+
+    @property
+    def trace_files(self) -> list[Path]:
+        """The trace files of the last `MAX_WINDOWS` recorded windows, oldest first."""
+        return [path for path, _ in self._windows]
+
+    @property
+    def sync_sites(self) -> list[dict[str, Any]]:
+        """The captured sync sites (JSON form) of those windows, in order."""
+        return [site for _, sites in self._windows for site in sites]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -116,17 +193,26 @@ class Session:
             return self
         try:
             self._start()
+        except ProfilerBusy as exc:
+            self._step_aside(str(exc), None)
         except Exception as exc:
             self._step_aside("starting the profiler", exc)
         return self
 
     def _start(self) -> None:
+        global _ACTIVE
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
+        if _ACTIVE is not None and _ACTIVE._running:
+            raise ProfilerBusy("trainprof: another trainprof session is running in this process; this one "
+                               "steps aside (two profilers at once crash torch), training goes on")
+        if torch.autograd._profiler_enabled():
+            raise ProfilerBusy("trainprof: a torch profiler is already running; the session steps aside "
+                               "so that it keeps recording (two at once crash torch), training goes on")
         config = self.config
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_run_dir()
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -137,13 +223,7 @@ class Session:
         self._cycle_filter = warnings.filters[0]
         self._profiler = profile(
             activities=activities,
-            schedule=schedule(
-                wait=config.wait,
-                warmup=config.warmup,
-                active=config.active,
-                repeat=config.repeat,
-                skip_first=config.skip_first,
-            ),
+            schedule=_TorchSchedule(config),  # not torch's schedule(): it warns when warmup == 0
             on_trace_ready=self._on_trace_ready,
             record_shapes=config.record_shapes,
             profile_memory=config.profile_memory,
@@ -153,10 +233,28 @@ class Session:
             from trainprof.capture.syncs import SyncCapture
 
             self._capture = SyncCapture()
+        self._nvtx = _nvtx_module()
         self._running = True
+        _ACTIVE = self
+        self._unwatch = _watch_other_profilers(self)
         self._profiler.start()
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self._follow_schedule()
+
+    def _claim_run_dir(self) -> None:
+        """Create the run folder; a default name that is taken becomes `<name>-2`, `-3`, ..."""
+        if self.config.run_name is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            return
+        base = self.run_dir
+        for n in itertools.count(1):
+            candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                candidate.mkdir(parents=True)
+            except FileExistsError:
+                continue
+            self.run_dir = candidate
+            return
 
     def stop(self, user_error: bool = False) -> None:
         """Stop profiling, remove every hook, and (unless the loop raised) analyse and report."""
@@ -176,6 +274,7 @@ class Session:
             self._step_aside(*self._failure)
             return
         if user_error:
+            self.summary = {"verdict": _NOT_PROFILED, "reason": "the training loop raised"}
             return
         try:
             self._finish()
@@ -188,9 +287,13 @@ class Session:
         The optimizer hook stays (inert once not running) until `stop()`: this may run inside that
         hook, and torch iterates its hook dict while calling it.
         """
+        global _ACTIVE
         self._running = False
+        if _ACTIVE is self:
+            _ACTIVE = None
         errors: list[BaseException] = []
-        for undo in (self._stop_capture, self._stop_profiler, self._remove_cycle_filter):
+        for undo in (self._stop_capture, self._stop_profiler, self._remove_cycle_filter,
+                     self._remove_watch, self._close_nvtx):
             try:
                 undo()
             except Exception as exc:
@@ -209,6 +312,11 @@ class Session:
             if entry in warnings.filters:
                 warnings.filters.remove(entry)
 
+    def _remove_watch(self) -> None:
+        if self._unwatch is not None:
+            unwatch, self._unwatch = self._unwatch, None
+            unwatch()
+
     def _stop_capture(self) -> None:
         if self._capture is not None:
             self._capture.deactivate()
@@ -218,19 +326,30 @@ class Session:
             profiler, self._profiler = self._profiler, None
             profiler.stop()
 
-    def _step_aside(self, what: str, exc: BaseException) -> None:
-        """A failure inside trainprof: warn once, stop everything, let the training loop run on."""
+    def _step_aside(self, what: str, exc: BaseException | None) -> None:
+        """A failure inside trainprof: warn once, stop everything, let the training loop run on.
+
+        `exc` None: `what` is the whole message (another profiler runs: not a failure of trainprof).
+        """
         self._failure = None
+        self._discard = True  # a window flushed while stopping is not exported
         try:
             self._shutdown()
         except Exception:
             logger.debug("trainprof: error while stepping aside", exc_info=True)
-        logger.debug("trainprof: %s failed", what, exc_info=exc)
-        warnings.warn(
-            f"trainprof: {what} failed ({type(exc).__name__}: {exc}); profiling stopped, training goes on",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        if exc is None:
+            message = what
+        else:
+            logger.debug("trainprof: %s failed", what, exc_info=exc)
+            message = (f"trainprof: {what} failed ({type(exc).__name__}: {exc}); profiling stopped, "
+                       "training goes on")
+        self.summary = {"verdict": _NOT_PROFILED, "reason": message}
+        warn(message)
+
+    def _yield_to_other_profiler(self) -> None:
+        """Another torch profiler is starting (the user's own): stop ours first, warn once."""
+        self._step_aside("trainprof: another torch profiler started inside the session; the session "
+                         "stopped so that it records (two at once crash torch), training goes on", None)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -272,7 +391,9 @@ class Session:
             self._step_aside(*self._failure)
 
     def _follow_schedule(self) -> None:
-        """Capture sync sites exactly during the recorded steps."""
+        """Capture sync sites exactly during the recorded steps; NVTX ranges per phase and step."""
+        if self._nvtx is not None:
+            self._mark_nvtx()
         if self._capture is None:
             return
         from torch.profiler import ProfilerAction
@@ -282,32 +403,71 @@ class Session:
         else:
             self._capture.deactivate()
 
+    def _mark_nvtx(self) -> None:
+        """Close the last step's NVTX range (and its phase's, when the phase changes), open the next.
+
+        Nsight Systems then shows `trainprof wait|warmup|record` ranges holding `trainprof step N`.
+        NVTX needs CUDA; any failure turns NVTX off for the session.
+        """
+        try:
+            action = self.config.action_at(self.steps_ended)
+            phase = {"none": "wait", "save": "record"}.get(action, action)
+            if self._nvtx_depth == 2:
+                self._nvtx.range_pop()
+                self._nvtx_depth = 1
+            if phase != self._nvtx_phase:
+                if self._nvtx_depth == 1:
+                    self._nvtx.range_pop()
+                    self._nvtx_depth = 0
+                self._nvtx.range_push(f"trainprof {phase}")
+                self._nvtx_depth, self._nvtx_phase = 1, phase
+            self._nvtx.range_push(f"trainprof step {self.steps_ended}")
+            self._nvtx_depth = 2
+        except Exception:
+            logger.debug("trainprof: NVTX ranges off", exc_info=True)
+            self._nvtx = None
+
+    def _close_nvtx(self) -> None:
+        nvtx, self._nvtx = self._nvtx, None
+        while nvtx is not None and self._nvtx_depth > 0:
+            self._nvtx_depth -= 1
+            nvtx.range_pop()
+
     # -- outputs -----------------------------------------------------------------------------
 
     def _on_trace_ready(self, profiler: Any) -> None:
-        """Export the window's trace, write the sync sites beside it, and analyse it.
+        """Export the window's trace, check it, and write the sync sites beside it.
 
         Runs inside torch's `profiler.step()`/`stop()`: it never raises into torch; a failure is
-        kept and handled (one warning, step aside) once torch is done.
+        kept and handled (one warning, step aside) once torch is done. No analysis here: it runs once
+        at exit, out of the training loop's steps.
         """
-        if self._failure is not None:
+        if self._failure is not None or self._discard:
             return
+        written: list[Path] = []
         try:
             before = set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}"))
-            self._export(profiler)
-            written = sorted(set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}")) - before)
+            try:
+                self._export(profiler)
+            finally:
+                written = sorted(set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}")) - before)
             if not written:
                 raise RuntimeError(f"no trace file appeared in {self.run_dir}")
             trace_path = written[-1]
-            self.trace_files.append(trace_path)
+            _check_trace_file(trace_path)
+            written.clear()
+            sites: list[dict[str, Any]] = []
             if self._capture is not None:
                 self._capture.deactivate()  # the window is over; nothing may be recorded past it
-                self.sync_sites.extend(site.to_dict() for site in self._capture.take_sites())
+                sites = [site.to_dict() for site in self._capture.take_sites()]
+            self._windows.append((trace_path, sites))
+            self.windows_written += 1
+            if self._capture is not None:
                 self._write_sync_sites()
-            if self.config.analyze and not self._user_error:
-                self._analyze([trace_path])
         except Exception as exc:
-            self._failure = ("exporting or analysing the trace", exc)
+            for partial in written:  # a failed or truncated export is not left as a trace
+                partial.unlink(missing_ok=True)
+            self._failure = ("exporting the trace", exc)
 
     def _write_sync_sites(self) -> None:
         path = self.run_dir / f"{self.worker}{SYNCSITES_SUFFIX}"
@@ -319,64 +479,165 @@ class Session:
             "code_layout": layout.to_dict() if layout is not None else None,
             "sites": self.sync_sites,
         }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload, indent=1))
-        tmp.replace(path)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(payload, indent=1))
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
-    def _analyze(self, trace_paths: list[Path]) -> None:
-        from trainprof.analysis import analyze
+    def _load_finished_steps(self) -> list[Any]:
+        """The kept windows' traces, less the step that never ended (a loop that stopped mid-window).
 
-        if len(trace_paths) == 1:
-            # The trace loader reads `W.syncsites.json` beside the trace (written just before).
-            analysis = analyze(str(trace_paths[0]))
-        else:
-            from trainprof.trace import load_traces
+        torch closes the current `ProfilerStep#N` when it stops; step N never ran to its end, so
+        counting it would report a step that is only the time between the last step and the exit.
+        """
+        import numpy as np
 
-            traces = [trace for path in trace_paths for trace in load_traces(str(path))]
-            analysis = analyze(traces)
-        self.analysis = analysis
-        self.findings = [_as_dict(finding) for finding in analysis.findings]
-        self.summary = dict(_as_dict(analysis.summary))
+        from trainprof.trace import load_traces
 
-    @property
-    def report_dir(self) -> Path:
-        """Where summary.json, report.md and the scalars go: the run folder, except for rank R > 0,
-        whose report goes into `run_dir/rank<R>/` so that ranks sharing a run folder (torchrun,
-        `trainprof run`) never overwrite each other's."""
-        rank = re.match(r"rank(\d+)_", self.worker)
-        if rank is not None and int(rank.group(1)) > 0:
-            return self.run_dir / f"rank{rank.group(1)}"
-        return self.run_dir
+        traces = []
+        for path, _ in self._windows:
+            for trace in load_traces(str(path)):
+                unfinished = [
+                    i for i, name in enumerate(trace.names)
+                    if (m := _PROFILER_STEP.fullmatch(name)) and int(m.group(1)) >= self.steps_ended
+                ]
+                annotations = trace.events["user_annotation"]
+                if unfinished:
+                    annotations = annotations.select(~np.isin(annotations.name, unfinished))
+                    trace.events["user_annotation"] = annotations
+                if any(_PROFILER_STEP.fullmatch(trace.names[i]) for i in set(annotations.name.tolist())):
+                    traces.append(trace)
+        return traces
 
     def _finish(self) -> None:
-        """At exit: the analysis of every window, then summary.json, report.md, scalars, console."""
-        if not self.config.analyze or not self.trace_files:
+        """At exit: one analysis of the kept windows, then the reports, then say where files went."""
+        if not self._windows:
+            self._say_nothing_recorded()
             return
-        if len(self.trace_files) > 1:
-            self._analyze(self.trace_files)
-        assert self.analysis is not None
+        if not self.config.analyze:
+            self.summary = {"verdict": _NOT_PROFILED, "reason": "analyze=False: traces written, not analysed"}
+            self._say_where(analysed=False)
+            return
+        traces = self._load_finished_steps()
+        if not traces:
+            self._say_nothing_recorded()
+            return
+        from trainprof.analysis import analyze
+
+        self.analysis = analyze(traces)
+        result = _plain(self.analysis.to_dict())
+        self.findings = result["findings"]
+        self.summary = dict(result["trace"]["summary"])
         from trainprof.report import write_reports
 
-        self.report_dir.mkdir(parents=True, exist_ok=True)
-        write_reports(
-            self.analysis.to_dict(),
-            self.report_dir,
+        self.written = write_reports(
+            result,
+            self.run_dir,
             tensorboard_scalars=self.config.tensorboard_scalars,
             console=self.config.console,
+            rank=self.rank,
         )
+        self._say_where(analysed=True)
+
+    def _say_nothing_recorded(self) -> None:
+        """The loop ended before a recorded step ended: say so, and how to fix it."""
+        config = self.config
+        first = config.skip_first + config.wait + config.warmup
+        if self.steps_ended == 0:
+            reason = ("no step ended inside the session, so nothing was profiled: steps end at each "
+                      "optimizer.step() of a torch.optim optimizer; a loop without one calls sess.step() "
+                      "once per iteration")
+        else:
+            reason = (f"the loop ended after {self.steps_ended} step(s), before a recorded step ended "
+                      f"(recording starts after skip_first + wait + warmup = {first} steps and needs one "
+                      "step to end): nothing was profiled; run more steps or lower wait/warmup")
+        self.summary = {"verdict": _NOT_PROFILED, "reason": reason}
+        warn(f"trainprof: {reason}")
+
+    def _say_where(self, analysed: bool) -> None:
+        names = [path.name for path in self.trace_files] + [path.name for path in self.written.values()]
+        if self.config.console:
+            from trainprof.report.console import print_written
+
+            print_written(self.run_dir, names, self.windows_written)
+        logger.info("trainprof: wrote %s: %s", self.run_dir, ", ".join(names))
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    to_dict = getattr(value, "to_dict", None)
-    if to_dict is not None:
-        return to_dict()
-    from dataclasses import asdict, is_dataclass
+class _TorchSchedule:
+    """`SessionConfig.action_at` as torch.profiler's schedule (step -> ProfilerAction)."""
 
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return dict(vars(value))
+    def __init__(self, config: SessionConfig) -> None:
+        from torch.profiler import ProfilerAction
+
+        self._config = config
+        self._actions = {"none": ProfilerAction.NONE, "warmup": ProfilerAction.WARMUP,
+                         "record": ProfilerAction.RECORD, "save": ProfilerAction.RECORD_AND_SAVE}
+
+    def __call__(self, step: int) -> Any:
+        return self._actions[self._config.action_at(step)]
+
+
+def _check_trace_file(path: Path) -> None:
+    """Raise unless `path` is a whole gzipped JSON object (a full TMPDIR or disk cuts exports short)."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(path, "rb") as f:
+            head = f.read(64).lstrip()
+            end = f.seek(0, os.SEEK_END)  # inflates to the end: a truncated stream raises here
+            f.seek(max(end - 64, 0))
+            tail = f.read().rstrip()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise RuntimeError(f"{path.name} is not a whole gzip file ({exc})") from exc
+    if not (head.startswith(b"{") and tail.endswith(b"}")):
+        raise RuntimeError(f"{path.name} is not a whole trace (empty or cut short)")
+
+
+def _nvtx_module() -> Any:
+    """torch.cuda.nvtx when CUDA is present, else None (NVTX raises on a CPU-only build)."""
+    import torch
+
+    return torch.cuda.nvtx if torch.cuda.is_available() else None
+
+
+def _watch_other_profilers(owner: Session) -> Any:
+    """While `owner` runs, a torch profiler other than its own that starts makes it step aside first.
+
+    Every torch profiler (torch.profiler.profile and torch.autograd.profiler.profile) enables itself
+    through `torch.autograd.profiler.profile._prepare_trace`. Returns the undo.
+    """
+    from torch.autograd import profiler as autograd_profiler
+
+    cls = autograd_profiler.profile
+    original = cls._prepare_trace
+    session_ref = weakref.ref(owner)
+
+    def _prepare_trace(prof: Any, *args: Any, **kwargs: Any) -> Any:
+        session = session_ref()
+        if session is not None and session._running:
+            ours = getattr(session._profiler, "profiler", None)
+            if prof is not ours:
+                session._yield_to_other_profiler()
+        return original(prof, *args, **kwargs)
+
+    _prepare_trace.__wrapped__ = original  # type: ignore[attr-defined]
+    cls._prepare_trace = _prepare_trace
+
+    def undo() -> None:
+        if cls.__dict__.get("_prepare_trace") is _prepare_trace:
+            cls._prepare_trace = original
+
+    return undo
+
+
+def _plain(value: Any) -> Any:
+    """JSON-shaped data with plain Python numbers (no numpy scalars) for the Python API."""
+    from trainprof.report.json import dumps
+
+    return json.loads(dumps(value))
 
 
 def session(

@@ -72,6 +72,8 @@ class Finding:
     cause: str | None = None
 
     def __post_init__(self) -> None:
+        self.count, self.per_step, self.cost_ms = plain((self.count, self.per_step, self.cost_ms))
+        self.details = plain(self.details)
         if isinstance(self.where, dict):
             self.where = Where(**{k: self.where.get(k) for k in ("file", "line", "function")})
         elif self.where is None:
@@ -99,6 +101,21 @@ class Finding:
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
+def plain(value: Any) -> Any:
+    """`value` with numpy scalars and arrays (in dicts, lists, tuples) as Python numbers and lists.
+
+    The Python API hands out plain floats and ints: `np.float64` prints as `np.float64(2.5)` and
+    surprises `json.dumps` and `type(x) is float` checks.
+    """
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(item) for item in value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
 @dataclass
 class Analysis:
     """What `analyze()` found: `steps` (one dict per step and rank), `findings`, `summary`, `trace`."""
@@ -107,6 +124,9 @@ class Analysis:
     steps: list[dict]
     findings: list[Finding]
     summary: dict
+
+    def __post_init__(self) -> None:
+        self.trace, self.steps, self.summary = plain(self.trace), plain(self.steps), plain(self.summary)
 
     def to_dict(self) -> dict[str, Any]:
         """`{"trace": {...}, "steps": [...], "findings": [...]}`; the summary lives in `trace["summary"]`."""

@@ -1,12 +1,45 @@
 """Renderers of an analysis (`Analysis.to_dict()`): console, json, markdown, tensorboard scalars.
 
-A report never computes a metric; it renders what the analysis holds.
+A report never computes a metric; it renders what the analysis holds. Every string that comes from
+a trace (kernel, op, function and file names) is cleaned of control characters before display, and
+escaped for the format it lands in (rich markup on the console, Markdown/HTML in report.md).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+
+def output_names(rank: int | None) -> dict[str, str]:
+    """File names of the summary and the report: per rank when the process has one.
+
+    Ranks share a run folder (the same `run_name`), so each writes its own pair instead of the last
+    writer's winning: `summary.rank1.json`, `report.rank1.md`; `summary.json`, `report.md` otherwise.
+    """
+    if rank is None:
+        return {"summary": "summary.json", "report": "report.md"}
+    return {"summary": f"summary.rank{rank}.json", "report": f"report.rank{rank}.md"}
+
+
+def write_text_atomically(path: str | Path, text: str) -> Path:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`.
+
+    A failure (a full disk) removes the temporary file and raises: `path` is either the old file or
+    the whole new one, never empty or cut short.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def write_reports(
@@ -15,15 +48,18 @@ def write_reports(
     *,
     tensorboard_scalars: bool = True,
     console: bool = True,
+    rank: int | None = None,
 ) -> dict[str, Path]:
-    """Write summary.json and report.md into `run_dir`, scalars if asked, and print the summary."""
+    """Write the summary (JSON) and the report (Markdown) into `run_dir`, scalars if asked, and print
+    the summary; returns `{"summary": path, "report": path}` (names from `output_names(rank)`)."""
     from trainprof.report.json import write_json
     from trainprof.report.markdown import write_markdown
 
     run_dir = Path(run_dir)
+    names = output_names(rank)
     written = {
-        "summary": write_json(analysis, run_dir / "summary.json"),
-        "report": write_markdown(analysis, run_dir / "report.md"),
+        "summary": write_json(analysis, run_dir / names["summary"]),
+        "report": write_markdown(analysis, run_dir / names["report"]),
     }
     if tensorboard_scalars:
         from trainprof.report.tensorboard import write_scalars

@@ -1,29 +1,38 @@
 """Shared wording of the reports: turns values the analysis computed into display strings.
 
-Nothing here computes a metric; it only picks fields out of `Analysis.to_dict()` and formats them.
+Nothing here computes a metric; it only picks fields out of `Analysis.to_dict()` (the summary lives
+in `trace["summary"]`) and formats them. Every trace-derived string passes through `clean()`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
-# Each headline row: (label, candidate keys in the summary, unit suffix, decimals).
-HEADLINE_ROWS: tuple[tuple[str, tuple[str, ...], str, int], ...] = (
-    ("verdict", ("verdict",), "", 0),
-    ("step time", ("mean_step_ms", "step_ms_mean", "step_time_ms", "mean_step_time_ms"), " ms", 1),
-    ("GPU busy", ("gpu_busy_pct", "mean_gpu_busy_pct"), " %", 1),
-    ("syncs / step", ("syncs_per_step", "sync_per_step", "sync_points_per_step"), "", 1),
-    ("kernels / step", ("kernels_per_step", "kernel_launches_per_step"), "", 0),
+# Each headline row: (label, summary key, unit suffix, decimals): the keys analysis/core.py writes.
+HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
+    ("verdict", "verdict", "", 0),
+    ("step time", "mean_step_ms", " ms", 1),
+    ("GPU busy", "gpu_busy_pct", " %", 1),
+    ("syncs / step", "syncs_per_step", "", 1),
+    ("kernels / step", "kernels_per_step", "", 0),
 )
+
+# C0 and C1 control characters (ESC starts terminal sequences, CR rewrites a line) and the Unicode
+# bidirectional overrides that reorder what a reader sees. Tabs and newlines become spaces.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(text: Any) -> str:
+    """`text` as one display line: control characters removed, whitespace runs kept as spaces."""
+    text = str(text)
+    return _CONTROL.sub(lambda m: " " if m.group() in "\t\n\r\v\f" else "", text)
 
 
 def summary_of(analysis: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers of an `Analysis.to_dict()`."""
-    summary = analysis.get("summary")
-    if summary is None:
-        summary = analysis.get("trace", {}).get("summary", {})
-    return summary or {}
+    """The headline numbers of an `Analysis.to_dict()` (its `trace["summary"]`)."""
+    return (analysis.get("trace") or {}).get("summary") or {}
 
 
 def number(value: Any, decimals: int = 1, unit: str = "") -> str:
@@ -31,19 +40,18 @@ def number(value: Any, decimals: int = 1, unit: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{value}{unit}"
+        return f"{clean(value)}{unit}"
     return f"{value:,.{decimals}f}{unit}"
 
 
 def headline(analysis: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows of the headline; rows whose value the analysis lacks are left out."""
     summary = summary_of(analysis)
-    rows = []
-    for label, keys, unit, decimals in HEADLINE_ROWS:
-        key = next((k for k in keys if summary.get(k) is not None), None)
-        if key is None:
-            continue
-        rows.append((label, number(summary[key], decimals, unit)))
+    rows = [
+        (label, number(summary[key], decimals, unit))
+        for label, key, unit, decimals in HEADLINE_ROWS
+        if summary.get(key) is not None
+    ]
     if summary.get("peak_memory_bytes") is not None:
         rows.append(("peak memory", size(summary["peak_memory_bytes"])))
     return rows
@@ -59,46 +67,53 @@ def size(num_bytes: float) -> str:
     raise AssertionError  # the loop returns at GiB
 
 
-def shorten(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters with an ellipsis."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def where(finding: dict[str, Any]) -> str:
     """`file:line function` of a finding (file shown by its base name)."""
     place = finding.get("where") or {}
     file, line, function = place.get("file"), place.get("line"), place.get("function")
     if not file and not function:
         return "-"
-    text = os.path.basename(file) if file else "?"
+    text = os.path.basename(str(file)) if file else "?"
     if line is not None:
         text += f":{line}"
     if function:
         text += f" {function}"
-    return text
+    return clean(text)
 
 
 FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "cost ms", "fix")
 TOP_KERNELS_KIND = "top_kernels"  # rendered as its own table, not as a findings row
+MODULE_COSTS_KIND = "module_costs"  # likewise
+_TABLE_KINDS = (TOP_KERNELS_KIND, MODULE_COSTS_KIND)
 
 
-def finding_row(finding: dict[str, Any], text_limit: int | None = None) -> tuple[str, ...]:
-    """The cells of one finding, in FINDING_COLUMNS order; long texts cut to `text_limit`."""
-    cut = (lambda text: shorten(text, text_limit)) if text_limit else (lambda text: text)
+def has_ranks(findings: list[dict[str, Any]]) -> bool:
+    """Whether the findings come from more than one rank: the reports then show each one's rank."""
+    return len({f.get("rank") for f in findings}) > 1
+
+
+def rank_of(finding: dict[str, Any]) -> str:
+    """The finding's rank for display ('-' for findings over all ranks)."""
+    rank = finding.get("rank")
+    return "-" if rank is None else str(rank)
+
+
+def finding_row(finding: dict[str, Any]) -> tuple[str, ...]:
+    """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts)."""
     return (
-        str(finding.get("severity") or "-"),
-        cut(str(finding.get("title") or finding.get("kind") or "-")),
-        cut(str(finding.get("op") or "-")),
+        clean(finding.get("severity") or "-"),
+        clean(finding.get("title") or finding.get("kind") or "-"),
+        clean(finding.get("op") or "-"),
         where(finding),
         number(finding.get("per_step"), 1),
         number(finding.get("cost_ms"), 2),
-        cut(str(finding.get("fix") or "-")),
+        clean(finding.get("fix") or "-"),
     )
 
 
 def top_findings(analysis: dict[str, Any], limit: int = 10) -> list[dict[str, Any]]:
     """The findings in the analysis's order (it ranks them), at most `limit`."""
-    findings = [f for f in analysis.get("findings") or [] if f.get("kind") != TOP_KERNELS_KIND]
+    findings = [f for f in analysis.get("findings") or [] if f.get("kind") not in _TABLE_KINDS]
     return findings[:limit]
 
 
@@ -107,12 +122,12 @@ KERNEL_COLUMNS = ("kernel", "calls", "total ms", "mean us", "% GPU time")
 
 def kernel_name(name: str, limit: int = 60) -> str:
     """A demangled kernel name without `void ` and its argument list, cut to `limit`."""
-    name = name.removeprefix("void ")
+    name = clean(name).removeprefix("void ")
     for bracket in ("<", "("):
         if bracket in name and name.index(bracket) > 0:
             name = name[: name.index(bracket)]
             break
-    return shorten(name, limit)
+    return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
 def top_kernels(analysis: dict[str, Any], limit: int = 5) -> list[tuple[str, ...]]:
@@ -131,11 +146,33 @@ def top_kernels(analysis: dict[str, Any], limit: int = 5) -> list[tuple[str, ...
     ]
 
 
+MODULE_COLUMNS = ("module", "phases", "instances", "kernels / step", "GPU ms / step", "% tiny", "top tiny op")
+
+
+def module_costs(analysis: dict[str, Any], limit: int = 10) -> list[tuple[str, ...]]:
+    """Rows of the per-module cost table (`nn.Module` class paths by GPU time, forward + backward),
+    from the first module-costs finding; `% tiny`: kernels shorter than their launch."""
+    finding = next((f for f in analysis.get("findings") or [] if f.get("kind") == MODULE_COSTS_KIND), None)
+    modules = ((finding or {}).get("details") or {}).get("modules") or []
+    return [
+        (
+            clean(row.get("module") or "-"),
+            clean(row.get("phases") or "-"),
+            number(row.get("instances"), 0),
+            number(row.get("kernels_per_step"), 0),
+            number(row.get("gpu_ms_per_step"), 2),
+            number(row.get("tiny_kernel_pct"), 0),
+            clean((row.get("top_ops") or [{}])[0].get("op") or "-"),
+        )
+        for row in modules[:limit]
+    ]
+
+
 def trace_name(analysis: dict[str, Any]) -> str:
     """What was analysed, for the report's title: the trace file(s) by base name."""
-    trace = analysis.get("trace") or {}
-    files = trace.get("files") or ([trace["path"]] if trace.get("path") else [])
+    files = (analysis.get("trace") or {}).get("files") or []
     if not files:
         return "trace"
     names = [os.path.basename(str(f)) for f in files]
-    return names[0] if len(names) == 1 else f"{len(names)} traces in {os.path.dirname(str(files[0]))}"
+    text = names[0] if len(names) == 1 else f"{len(names)} traces in {os.path.dirname(str(files[0]))}"
+    return clean(text)

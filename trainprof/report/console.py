@@ -1,55 +1,75 @@
-"""Render an analysis to the terminal: headline, top findings, top kernels (rich if installed)."""
+"""Render an analysis to the terminal: headline, top findings, top kernels (rich if installed).
+
+Findings are blocks, not table rows, so that a title or a fix wraps at word boundaries on any
+terminal width (80 columns included) instead of being cut or broken mid-word. Trace-derived text
+goes to rich as `Text` (never as markup), so a name like `gemm[/x]` or `[link=...]` shows as written.
+"""
 
 from __future__ import annotations
 
 import sys
+import textwrap
+from pathlib import Path
 from typing import IO, Any
 
 from trainprof.report import _format
 
-_CELL_LIMIT = 90  # the console shows the start of long titles and fixes; report.md has them whole
+
+def _console(file: IO[str], width: int | None) -> Any:
+    from rich.console import Console
+
+    if width is None and not (hasattr(file, "isatty") and file.isatty()):
+        width = 160  # logs and pipes: wide enough that paths and fixes are not folded
+    return Console(file=file, highlight=False, markup=False, emoji=False, width=width)
 
 
 def print_report(
     analysis: dict[str, Any], file: IO[str] | None = None, limit: int = 10, width: int | None = None
 ) -> None:
-    """Print `Analysis.to_dict()` to `file` (default stdout) as tables.
+    """Print `Analysis.to_dict()` to `file` (default stdout).
 
-    Width: the terminal's; 160 columns when `file` is not a terminal (logs, pipes), so that file
-    paths and fixes are not folded.
+    Width: the terminal's; 160 columns when `file` is not a terminal (logs, pipes).
     """
     file = file or sys.stdout
     try:
-        from rich.console import Console
+        console = _console(file, width)
     except ImportError:
-        file.write(render_text(analysis, limit))
+        file.write(render_text(analysis, limit, width or 80))
         return
-    if width is None and not (hasattr(file, "isatty") and file.isatty()):
-        width = 160
-    _print_rich(analysis, Console(file=file, highlight=False, soft_wrap=False, width=width), limit)
+    _print_rich(analysis, console, limit)
+
+
+def _finding_lines(finding: dict[str, Any], index: int, show_rank: bool) -> tuple[str, str, str]:
+    """The three lines of a finding block: headline, evidence, fix."""
+    severity, title, op, where, per_step, cost, fix = _format.finding_row(finding)
+    rank = f"rank {_format.rank_of(finding)}  " if show_rank else ""
+    head = f"{index:>2}. [{severity}] {rank}{title}"
+    evidence = f"op {op}   at {where}   {per_step} per step   cost {cost} ms"
+    return head, evidence, f"fix: {fix}"
 
 
 def _print_rich(analysis: dict[str, Any], console: Any, limit: int) -> None:
+    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
     console.print(Text.assemble(("trainprof", "bold"), f": {_format.trace_name(analysis)}"))
     head = Table(show_header=False, box=None)
-    head.add_column(style="bold")
+    head.add_column(style="bold", no_wrap=True)
     head.add_column()
     for label, value in _format.headline(analysis):
-        head.add_row(label, value)
+        head.add_row(label, Text(value))
     console.print(head)
 
     findings = _format.top_findings(analysis, limit)
     if findings:
-        table = Table(title="Top findings", title_justify="left", show_lines=False)
-        for column in _format.FINDING_COLUMNS:
-            numeric = column in ("per step", "cost ms")
-            table.add_column(column, justify="right" if numeric else "left", overflow="fold")
-        for finding in findings:
-            table.add_row(*_format.finding_row(finding, text_limit=_CELL_LIMIT))
-        console.print(table)
+        console.print(Text("Top findings", style="italic"))
+        show_rank = _format.has_ranks(findings)
+        for index, finding in enumerate(findings, 1):
+            first, evidence, fix = _finding_lines(finding, index, show_rank)
+            console.print(Text(first, style="bold"))
+            console.print(Padding(Text(evidence), (0, 0, 0, 4)))
+            console.print(Padding(Text(fix), (0, 0, 0, 4)))
     else:
         console.print("No findings.")
 
@@ -57,25 +77,57 @@ def _print_rich(analysis: dict[str, Any], console: Any, limit: int) -> None:
     if kernels:
         table = Table(title="Top kernels", title_justify="left")
         for column in _format.KERNEL_COLUMNS:
-            table.add_column(column, justify="left" if column == "kernel" else "right", overflow="fold")
+            if column == "kernel":
+                table.add_column(column, overflow="ellipsis", no_wrap=True, ratio=1)
+            else:
+                table.add_column(column, justify="right", no_wrap=True)
         for row in kernels:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+
+    modules = _format.module_costs(analysis)
+    if modules:
+        table = Table(title="GPU time by module (forward + backward)", title_justify="left")
+        for column in _format.MODULE_COLUMNS:
+            numeric = column not in ("module", "phases", "top tiny op")
+            table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
+        for row in modules:
+            table.add_row(*(Text(cell) for cell in row))
         console.print(table)
 
 
-def render_text(analysis: dict[str, Any], limit: int = 10) -> str:
-    """Plain-text form of the same report (used when rich is not installed)."""
+def render_text(analysis: dict[str, Any], limit: int = 10, width: int = 80) -> str:
+    """Plain-text form of the same report (used when rich is not installed), wrapped at `width`."""
     lines = [f"trainprof: {_format.trace_name(analysis)}"]
     lines += [f"  {label:<15} {value}" for label, value in _format.headline(analysis)]
     findings = _format.top_findings(analysis, limit)
     lines.append("Top findings:" if findings else "No findings.")
-    for finding in findings:
-        severity, title, op, where, per_step, cost, fix = _format.finding_row(finding, _CELL_LIMIT)
-        lines.append(f"  [{severity}] {title}  op={op}  at {where}  per step={per_step}  cost={cost} ms")
-        lines.append(f"      fix: {fix}")
+    show_rank = _format.has_ranks(findings)
+    for index, finding in enumerate(findings, 1):
+        first, evidence, fix = _finding_lines(finding, index, show_rank)
+        lines += textwrap.wrap(first, width, subsequent_indent="    ", break_long_words=False)
+        for line in (evidence, fix):
+            lines += textwrap.wrap(line, width, initial_indent="    ", subsequent_indent="    ",
+                                   break_long_words=False)
     kernels = _format.top_kernels(analysis)
     if kernels:
         lines.append("Top kernels:")
         lines += [f"  {name}  calls={calls}  total={ms} ms  mean={mean} us  {pct}%"
                   for name, calls, ms, mean, pct in kernels]
+    modules = _format.module_costs(analysis)
+    if modules:
+        lines.append("GPU time by module (forward + backward):")
+        lines += [f"  {name} ({phases})  x{instances}  kernels/step={count}  GPU={ms} ms/step  "
+                  f"tiny={tiny}%  op={op}" for name, phases, instances, count, ms, tiny, op in modules]
     return "\n".join(lines) + "\n"
+
+
+def print_written(run_dir: str | Path, names: list[str], windows: int, file: IO[str] | None = None) -> None:
+    """Say where a session's files went: the run folder, what is in it, how to look at it again."""
+    file = file or sys.stdout
+    run_dir = Path(run_dir)
+    message = (
+        f"trainprof: wrote {run_dir}/ ({windows} trace window(s); {', '.join(names)})\n"
+        f"  browse: tensorboard --logdir {run_dir.parent}   re-analyse: trainprof analyze {run_dir}\n"
+    )
+    file.write(message)

@@ -25,7 +25,7 @@ def dumps(analysis: dict[str, Any], indent: bool = False) -> str:
 
 
 def write_json(analysis: dict[str, Any], path: str | Path) -> Path:
-    """Write summary.json; returns its path."""
-    path = Path(path)
-    path.write_text(dumps(analysis, indent=True) + "\n", encoding="utf-8")
-    return path
+    """Write summary.json (atomically: a full disk leaves no half-written file); returns its path."""
+    from trainprof.report import write_text_atomically
+
+    return write_text_atomically(path, dumps(analysis, indent=True) + "\n")

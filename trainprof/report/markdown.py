@@ -1,15 +1,33 @@
-"""Render an analysis as report.md: the same headline, findings and kernels as the console."""
+"""Render an analysis as report.md: the same headline, findings and kernels as the console.
+
+Trace-derived text is escaped: HTML (`<script>`, `<img onerror=...>`) shows as text, and Markdown
+syntax (links, emphasis, table pipes) is backslash-escaped, so a name cannot inject a link, a
+`javascript:` URL or markup into a viewer that renders the report.
+"""
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 from typing import Any
 
 from trainprof.report import _format
 
+# Characters that start inline syntax (code, emphasis, links and images, strikethrough) or end a
+# table cell, wherever they stand. Text never starts a line here (cells and bullets do), so the
+# line-start syntax (`#`, `-`, `1.`) needs no escape; `<` and `>` are already HTML entities.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def escape(text: Any) -> str:
+    """`text` as literal Markdown: control characters dropped, HTML and Markdown syntax escaped."""
+    text = html.escape(_format.clean(text), quote=False)  # & < > first: escapes below add none
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return escape(text)
 
 
 def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
@@ -20,18 +38,26 @@ def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 def render_markdown(analysis: dict[str, Any], limit: int = 20) -> str:
     """`Analysis.to_dict()` as a Markdown document."""
-    lines = [f"# trainprof report: {_format.trace_name(analysis)}", ""]
-    lines += [f"- **{label}**: {value}" for label, value in _format.headline(analysis)]
+    lines = [f"# trainprof report: {escape(_format.trace_name(analysis))}", ""]
+    lines += [f"- **{label}**: {escape(value)}" for label, value in _format.headline(analysis)]
     lines += ["", "## Top findings", ""]
     findings = _format.top_findings(analysis, limit)
     if findings:
-        lines += _table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
+        if _format.has_ranks(findings):
+            rows = [(_format.rank_of(f), *_format.finding_row(f)) for f in findings]
+            lines += _table(("rank", *_format.FINDING_COLUMNS), rows)
+        else:
+            lines += _table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
     else:
         lines.append("No findings.")
     kernels = _format.top_kernels(analysis)
     if kernels:
         lines += ["", "## Top kernels", ""]
         lines += _table(_format.KERNEL_COLUMNS, kernels)
+    modules = _format.module_costs(analysis)
+    if modules:
+        lines += ["", "## GPU time by module (forward + backward)", ""]
+        lines += _table(_format.MODULE_COLUMNS, modules)
     steps = analysis.get("steps") or []
     if steps:
         lines += ["", "## Steps", ""]
@@ -51,6 +77,6 @@ def render_markdown(analysis: dict[str, Any], limit: int = 20) -> str:
 
 def write_markdown(analysis: dict[str, Any], path: str | Path) -> Path:
     """Write report.md; returns its path."""
-    path = Path(path)
-    path.write_text(render_markdown(analysis), encoding="utf-8")
-    return path
+    from trainprof.report import write_text_atomically
+
+    return write_text_atomically(path, render_markdown(analysis))
