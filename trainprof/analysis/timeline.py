@@ -33,11 +33,6 @@ class StepWindow:
     start_us: float
     end_us: float
 
-    @property
-    def duration_us(self) -> float:
-        """Length of the step window."""
-        return self.end_us - self.start_us
-
 
 @dataclass
 class Timeline:
