@@ -9,6 +9,14 @@ compact table last.
 
     python benchmarks/fused_layers.py --out log/fused_layers_bench          # full run
     python benchmarks/fused_layers.py --quick --out /tmp/bench               # smoke run
+    python benchmarks/fused_layers.py --launch --out log/norm_launch         # host vs kernel time
+
+``--launch`` answers a narrower question for LayerNorm and RMSNorm forward+backward at the norm
+shapes: per call, the back-to-back time, the host's time without a sync (``trainprof.bench.host_time``),
+and the GPU kernel time summed from the profiler, each kernel time also as a fraction of copy
+bandwidth; for eager torch, ours with the direct launch, ours through Triton's own launcher
+(``FUSED_LAYERS_DIRECT_LAUNCH=0`` behaviour) and the CUDA C++ LayerNorm. Bars: kernel time >= 85%
+of copy, host time <= eager's. About a minute on an H200.
 
 Bytes counted (bf16, 2 bytes an element, weights negligible): forward reads the inputs and
 writes the output; backward reads the inputs and dy and writes each input's gradient; the
@@ -281,7 +289,8 @@ def _table(result: dict) -> str:
             cells.append("-" if r is None else (f"{r['tbps']:.2f}" if "tbps" in r else "err"))
         pct = row.get("ours_pct_copy")
         lines.append(
-            f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | {row['pass']} | " + " | ".join(cells)
+            f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | {row['pass']} | "
+            + " | ".join(cells)
             + f" | {'-' if pct is None else f'{pct:.0f}%'} | {'yes' if row.get('meets_copy_bar') else 'NO'}"
             + f" | {'yes' if row.get('meets_best_other') else 'NO'} |"
         )
@@ -303,6 +312,129 @@ def _write(result: dict, out: str) -> None:
     path.with_suffix(".md").write_text(_table(result) + "\n")
 
 
+LAUNCH_KERNEL_BAR = 0.85  # GPU kernel time of ours as a fraction of copy bandwidth
+
+
+def _launch_contenders(op: str):
+    """Yield (name, fn, direct launch on?) for the --launch mode."""
+    yield "eager", _eager(op), True
+    yield "ours", _ours(op, "triton"), True
+    yield "ours_triton_launcher", _ours(op, "triton"), False
+    if op == "layer_norm":
+        yield "ours_cuda", _ours(op, "cuda"), True
+
+
+def _kernel_us(call: Callable[[], None], calls: int = 10) -> float:
+    """GPU time per call summed over every kernel, memcpy and memset the profiler saw."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    return sum(event.self_device_time_total for event in prof.key_averages()) / calls
+
+
+def run_launch(args: argparse.Namespace) -> dict:
+    """--launch: host µs, kernel µs and back-to-back µs per forward+backward of each norm."""
+    from fused_layers.ops import _library
+    from trainprof.bench import host_time, measure_copy_bandwidth, time_fn
+
+    copy_bps = measure_copy_bandwidth("cuda")
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "copy_tbps": copy_bps / 1e12,
+        "rows": [],
+    }
+    shapes = QUICK_SHAPES if args.quick else NORM_SHAPES
+    for op in ("layer_norm", "rms_norm"):
+        for shape in shapes:
+            inputs, _ = _inputs(op, shape, grad=True)
+            dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            nbytes = _min_bytes(op, shape[0] * shape[1], "fwd+bwd")
+            row = {"op": op, "shape": list(shape), "min_bytes": nbytes, "results": {}}
+            for name, fn, direct in _launch_contenders(op):
+
+                def call(fn=fn, inputs=inputs, dy=dy) -> None:
+                    for leaf in inputs:
+                        leaf.grad = None
+                    fn(*inputs).backward(dy)
+
+                saved = _library.DIRECT_LAUNCH
+                _library.DIRECT_LAUNCH = saved and direct
+                try:
+                    steady = time_fn(call, device="cuda", target_ms=5.0 if args.quick else 25.0)
+                    host = host_time(call, device="cuda", calls_per_sample=10)
+                    kernel_us = _kernel_us(call)
+                    row["results"][name] = {
+                        "steady_us": steady.median_us,
+                        "host_us": host.median_us,
+                        "host_iqr_us": host.iqr_ms * 1e3,
+                        "kernel_us": kernel_us,
+                        "kernel_pct_copy": 100 * nbytes / (kernel_us * 1e-6) / copy_bps,
+                    }
+                except Exception as exc:  # one contender failing must not end the run
+                    row["results"][name] = {"error": repr(exc)[:500]}
+                finally:
+                    _library.DIRECT_LAUNCH = saved
+            ours, eager = row["results"].get("ours", {}), row["results"].get("eager", {})
+            if "kernel_us" in ours and "host_us" in eager:
+                row["meets_kernel_bar"] = ours["kernel_pct_copy"] >= 100 * LAUNCH_KERNEL_BAR
+                row["meets_host_bar"] = ours["host_us"] <= eager["host_us"]
+            result["rows"].append(row)
+            inputs = dy = None
+            torch.cuda.empty_cache()
+            _write_launch(result, args.out)
+    return result
+
+
+def _launch_table(result: dict) -> str:
+    names = ["eager", "ours", "ours_triton_launcher", "ours_cuda"]
+    lines = [
+        f"device: {result['device']}  date: {result['date']}  torch {result['torch']}  triton "
+        f"{result['triton']}  copy: {result['copy_tbps']:.2f} TB/s (read+write)",
+        "forward+backward, bf16, µs per call: back-to-back (CUDA events) / host, no sync / GPU kernels "
+        f"(profiler) and kernels as % of copy; bars: ours' kernels >= {100 * LAUNCH_KERNEL_BAR:.0f}% of "
+        "copy, ours' host <= eager's",
+        "",
+        "| op | shape | " + " | ".join(names) + " | kernel bar | host bar |",
+        "|---|---|" + "---|" * len(names) + "---|---|",
+    ]
+    for row in result["rows"]:
+        cells = []
+        for name in names:
+            r = row["results"].get(name)
+            if r is None or "error" in r:
+                cells.append("-" if r is None else "err")
+            else:
+                times = f"{r['steady_us']:.0f} / {r['host_us']:.0f} / {r['kernel_us']:.0f}"
+                cells.append(f"{times} ({r['kernel_pct_copy']:.0f}%)")
+        verdict = {True: "yes", False: "NO", None: "-"}
+        lines.append(
+            f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | " + " | ".join(cells)
+            + f" | {verdict[row.get('meets_kernel_bar')]} | {verdict[row.get('meets_host_bar')]} |"
+        )  # fmt: skip
+    errors = {
+        f"{row['op']}/{name}": r["error"][:200]
+        for row in result["rows"]
+        for name, r in row["results"].items()
+        if "error" in r
+    }
+    if errors:
+        lines += ["", "errors:"] + [f"- {k}: {v}" for k, v in errors.items()]
+    return "\n".join(lines)
+
+
+def _write_launch(result: dict, out: str) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    path.with_suffix(".md").write_text(_launch_table(result) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -311,6 +443,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two small shapes, short timing: a smoke run")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     parser.add_argument(
+        "--launch", action="store_true", help="norms only: host vs GPU kernel time per forward+backward"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 330)),
         help="past this many seconds, skip further torch.compile contenders (their compiles dominate)",
     )  # fmt: skip
@@ -318,6 +453,11 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/fused_layers.py needs a CUDA device (it times with CUDA events)")
     torch.manual_seed(0)
+    if args.launch:
+        result = run_launch(args)
+        _write_launch(result, args.out)
+        print(_launch_table(result))
+        return
     result = run(args)
     _write(result, args.out)
     print(_table(result))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import OPS, TOLERANCES
 
-from fused_layers.ops import _dispatch, _launch, geglu, gelu, layer_norm, rms_norm, swiglu
+from fused_layers.ops import _dispatch, _launch, _library, geglu, gelu, layer_norm, rms_norm, swiglu
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WIDTHS = (1, 7, 127, 1000, 4097)
@@ -113,7 +113,7 @@ def test_backend_errors():
 
 def test_cpu_fallback_warns_once(monkeypatch):
     """Off CUDA and without the interpreter, every op runs its torch version; one warning per process."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_library, "INTERPRETING", False)
     monkeypatch.setattr(_dispatch, "_warned_fallback", False)
     x = torch.randn(3, 16, requires_grad=True)
     w = torch.randn(16)
@@ -121,8 +121,8 @@ def test_cpu_fallback_warns_once(monkeypatch):
         warnings.simplefilter("always")
         outs = [gelu(x), layer_norm(x, w), rms_norm(x, w), geglu(x, x), swiglu(x, x), gelu(x, backend="cuda")]
     assert len([c for c in caught if "not on a CUDA device" in str(c.message)]) == 1
-    for out in outs:  # torch versions: autograd graph of torch ops, not our Functions
-        assert "Function" not in type(out.grad_fn).__name__ or "Backward" in type(out.grad_fn).__name__
+    for out in outs:  # torch versions: autograd graph of torch's own ops, no Python autograd.Function
+        assert not isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction), type(out.grad_fn)
     torch.testing.assert_close(outs[0], torch.nn.functional.gelu(x, approximate="tanh"))
 
 
@@ -173,3 +173,75 @@ def test_measured_defaults_step_aside_for_triton_off_gpu():
     assert _dispatch._default_backend("layer_norm", (x,)) == "triton"
     with torch.no_grad():
         assert _dispatch._default_backend("layer_norm", (x,)) == "triton"
+
+
+# ---- the custom ops (torch.ops.fused_layers.*): registration, fake tensors, tracing -------------------
+
+
+def _custom_op_cases() -> list:
+    """(op name, args) for every Triton custom op, forward and backward, with odd shapes."""
+    x = torch.randn(3, 5, 40)
+    w, b = torch.randn(40), torch.randn(40)
+    dy = torch.randn(3, 5, 40)
+    stats = torch.stack([torch.randn(15), torch.rand(15) + 0.5])
+    return [
+        ("layer_norm", (x, w, b, 1e-5)),
+        ("layer_norm", (x.to(torch.bfloat16), None, None, 1e-5)),
+        ("layer_norm_backward", (dy, x, w, stats, True, True)),
+        ("layer_norm_backward", (dy, x, None, stats, False, False)),
+        ("rms_norm", (x, w, 1e-6)),
+        ("rms_norm_backward", (dy, x, w, stats[1], True)),
+        ("gelu", (x.transpose(0, 2), "tanh")),
+        ("gelu_backward", (dy, x, "none")),
+        ("gated", (x, x + 1, 2)),
+        ("gated_backward", (dy, x, x + 1, 0)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_custom_op_opcheck(case):
+    """torch.library.opcheck: schema, fake implementation against the real one, autograd registration."""
+    _library.register_custom_ops()
+    name, args = _custom_op_cases()[case]
+    if name in ("layer_norm", "rms_norm", "gelu", "gated"):  # differentiable inputs for the autograd check
+        args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                     and a.dim() > 0 else a for a in args)  # fmt: skip
+    torch.library.opcheck(getattr(torch.ops.fused_layers, name).default, args)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fake_tensor_shapes(op):
+    """Under FakeTensorMode the fused functions return fake outputs of the eager outputs' shape and dtype."""
+    from conftest import _ours
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    x, b = torch.randn(2, 2, 3, 24, dtype=torch.bfloat16)
+    inputs = {"x": x, "b": b, "weight": torch.randn(24), "bias": torch.randn(24)}
+    expected = _ours(op, inputs, "triton")
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {k: mode.from_tensor(v) for k, v in inputs.items()}
+        out = _ours(op, fake, "triton")
+    assert isinstance(out, FakeTensor)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+
+
+def test_eager_calls_skip_the_dispatcher_and_traced_calls_use_it():
+    """Plain eager tensors run the thin autograd.Function; make_fx records the custom ops instead."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w, b = torch.randn(4, 32, requires_grad=True), torch.randn(32), torch.randn(32)
+    assert "LayerNormFunction" in type(layer_norm(x, w, b, backend="triton").grad_fn).__name__
+    assert "RMSNormFunction" in type(rms_norm(x, w, backend="triton").grad_fn).__name__
+    assert not _library.traced(x)
+
+    def step(x, w, b):
+        y = layer_norm(x, w, b, backend="triton")
+        return swiglu(gelu(y, backend="triton"), rms_norm(y, w, backend="triton"), backend="triton")
+
+    graph = make_fx(step, tracing_mode="fake")(x.detach(), w, b)
+    calls = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    targets = [str(target) for target in calls if "getitem" not in str(target)]
+    assert targets == [f"fused_layers.{op}.default" for op in ("layer_norm", "gelu", "rms_norm", "gated")], (
+        targets
+    )
+    torch.testing.assert_close(graph(x.detach(), w, b), step(x.detach(), w, b))

@@ -278,3 +278,57 @@ def test_cuda_backend_only_where_the_extension_has_the_op():
     swap(model, backend="cuda")  # builds nothing: the backend is only stored until a forward
     assert model["ln"].backend == "cuda"
     assert model["rms"].backend is None and model["mlp"].backend is None
+
+
+def _compile_counting(model: nn.Module) -> tuple[nn.Module, list]:
+    """``torch.compile(model)`` with a backend that records each graph and runs it through aot_eager.
+
+    aot_eager traces forward and backward with fake tensors (the custom ops' fake implementations
+    and registered autograd) and then runs the graphs eagerly; one graph per break plus one.
+    """
+    import torch._dynamo
+
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    return torch.compile(model, backend=backend), graphs
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_compile_swapped_model_no_more_graphs_and_same_numbers(family):
+    """torch.compile sees the fused ops as custom ops: no extra graph breaks, same loss and grads."""
+    import torch._dynamo
+
+    ids = _batches(1)[0]
+    counts, results = {}, {}
+    for variant in ("bare", "swapped"):
+        model = _build(family).train()
+        if variant == "swapped":
+            assert swap(model).replaced
+        torch._dynamo.reset()
+        compiled, graphs = _compile_counting(model)
+        loss = _loss(compiled, ids)
+        loss.backward()
+        counts[variant] = len(graphs)
+        results[variant] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+        if variant == "swapped":  # every fused op went into a graph, none ran outside one
+            graph_ops = {str(node.target) for gm in graphs for node in gm.graph.nodes}
+            assert any("fused_layers" in target for target in graph_ops), graph_ops
+            eager_model = copy.deepcopy(model)
+            for param in eager_model.parameters():
+                param.grad = None
+            eager_loss = _loss(eager_model, ids)
+            eager_loss.backward()
+            torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=1e-5)
+            for name, param in eager_model.named_parameters():
+                torch.testing.assert_close(param.grad, results[variant][1][name], atol=1e-5, rtol=1e-4)
+    assert counts["swapped"] <= counts["bare"], counts
+    bare_loss, bare_grads = results["bare"]
+    swapped_loss, swapped_grads = results["swapped"]
+    torch.testing.assert_close(swapped_loss, bare_loss, atol=1e-4, rtol=1e-4)
+    for name, grad in bare_grads.items():
+        torch.testing.assert_close(swapped_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)

@@ -5,12 +5,11 @@ One table says which backend each op uses by default; the benchmark results deci
 
 from __future__ import annotations
 
-import importlib
-import os
 import warnings
-from types import ModuleType
 
 import torch
+
+from fused_layers.ops import _library
 
 #: Backend each op uses when called with ``backend=None``: (for a call that autograd will
 #: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured by
@@ -34,18 +33,15 @@ _BACKENDS = ("triton", "torch", "cuda")
 _warned_fallback = False
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def resolve_backend(op: str, backend: str | None, *tensors: torch.Tensor) -> str:
+def resolve_backend(op: str, backend: str | None, *maybe_tensors: torch.Tensor | None) -> str:
     """Return the backend that will run ``op`` on ``tensors``: "triton", "torch" or "cuda".
 
     Raises ValueError for an unknown backend, or "cuda" for an op the extension lacks. A
     Triton or CUDA choice on tensors that are not on a GPU falls back to "torch" (Triton
     kernels still run when ``TRITON_INTERPRET=1``), with one warning per process, so that a
-    model with swapped layers still trains on a CPU.
+    model with swapped layers still trains on a CPU. ``None`` among the tensors is skipped.
     """
+    tensors = tuple(t for t in maybe_tensors if t is not None)
     choice = _default_backend(op, tensors) if backend is None else backend
     if choice not in _BACKENDS:
         raise ValueError(f"{op}: unknown backend {choice!r}; expected one of {_BACKENDS}")
@@ -53,7 +49,7 @@ def resolve_backend(op: str, backend: str | None, *tensors: torch.Tensor) -> str
         raise ValueError(f"{op}: no CUDA C++ version; use backend 'triton' or 'torch'")
     if choice == "torch" or all(t.is_cuda for t in tensors):
         return choice
-    if choice == "triton" and _interpreting():
+    if choice == "triton" and _library.INTERPRETING:
         return choice
     global _warned_fallback
     if not _warned_fallback:
@@ -87,8 +83,10 @@ def _cuda_extension_builds() -> bool:
     """
     global _cuda_extension_state
     if _cuda_extension_state is None:
+        from fused_layers.cuda._build import load_extension  # here: fused_layers.cuda imports this package
+
         try:
-            cuda_extension().load_extension()
+            load_extension()
             _cuda_extension_state = True
         except Exception as error:  # no toolchain, or a compiler error: Triton serves instead
             _cuda_extension_state = False
@@ -101,6 +99,6 @@ def _cuda_extension_builds() -> bool:
     return _cuda_extension_state
 
 
-def cuda_extension() -> ModuleType:
-    """Import ``fused_layers.cuda`` on first use: it compiles C++ at import, which most calls never need."""
-    return importlib.import_module("fused_layers.cuda")
+# Dynamo runs it once while tracing and uses the result as a constant (what
+# torch.compiler.assume_constant_result sets, without importing Dynamo here).
+_cuda_extension_builds._dynamo_marked_constant = True  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ interpreter, so block sizes come from the fixed rules below; each rule says why.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -47,8 +48,7 @@ RESIDENT_WARPS_PER_SM = 16
 def flat_config(n_elements: int) -> tuple[int, int, int]:
     """Return (grid size, BLOCK, num_warps) for a flat elementwise kernel over ``n_elements``."""
     block = min(FLAT_BLOCK, max(16, triton.next_power_of_2(n_elements)))
-    num_warps = FLAT_WARPS if block >= FLAT_BLOCK else min(FLAT_WARPS, 4)
-    return triton.cdiv(n_elements, block), block, num_warps
+    return triton.cdiv(n_elements, block), block, FLAT_WARPS
 
 
 def row_tile(n_rows: int, width: int, backward: bool = False) -> tuple[int, int, int]:
@@ -78,7 +78,7 @@ def persistent_programs(work_items: int, num_warps: int, device: torch.device) -
 
     Each program keeps its own fp32 partial sums of dweight/dbias in registers over all the
     rows it visits and writes them once, so the partials cost (programs x N) floats instead of
-    a second pass over dy and x. About 32 resident warps per SM are enough to keep HBM busy;
+    a second pass over dy and x. RESIDENT_WARPS_PER_SM (16) resident warps per SM keep HBM busy;
     more programs would only grow the partial buffer that torch then sums.
     """
     if device.type == "cuda":
@@ -88,6 +88,48 @@ def persistent_programs(work_items: int, num_warps: int, device: torch.device) -
         # Triton's CPU interpreter runs programs one after another: few programs, less overhead.
         slots = 4
     return max(1, min(work_items, slots))
+
+
+class NormPlan(NamedTuple):
+    """How a norm kernel is launched on (n_rows, width) rows."""
+
+    fused: bool  # the row fits one block (width <= MAX_FUSED_WIDTH); else the looped kernel
+    programs: int  # grid size
+    rows: int  # ROWS: rows per tile (fused kernels only)
+    block_n: int  # BLOCK_N: the row's block (fused) or the loop's chunk (looped)
+    num_warps: int
+
+
+_plans: dict[tuple, NormPlan] = {}
+
+
+def norm_plan(n_rows: int, width: int, device: torch.device, backward: bool = False) -> NormPlan:
+    """The launch plan of a norm forward or (persistent) backward, cached per shape.
+
+    The cache spares each eager call the few microseconds of Python that the rules take; a
+    traced call (symbolic row counts) computes its plan without caching it.
+    """
+    if type(n_rows) is not int or type(width) is not int:
+        return _norm_plan(n_rows, width, device, backward)
+    key = (n_rows, width, device, backward, MAX_FUSED_WIDTH, LOOP_BLOCK)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _norm_plan(n_rows, width, device, backward)
+        if len(_plans) > 4096:  # a run with ever-changing shapes: start over
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def _norm_plan(n_rows: int, width: int, device: torch.device, backward: bool) -> NormPlan:
+    if width <= MAX_FUSED_WIDTH:
+        rows, block_n, num_warps = row_tile(n_rows, width, backward)
+        tiles = triton.cdiv(n_rows, rows)
+        programs = persistent_programs(tiles, num_warps, device) if backward else tiles
+        return NormPlan(True, programs, rows, block_n, num_warps)
+    num_warps = loop_warps()
+    programs = persistent_programs(n_rows, num_warps, device) if backward else n_rows
+    return NormPlan(False, programs, 1, LOOP_BLOCK, num_warps)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

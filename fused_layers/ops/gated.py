@@ -6,6 +6,8 @@ autograd.Function. The gate's GELU maths is shared with ``gelu.py``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -14,6 +16,7 @@ from torch import Tensor
 
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._launch import flat_config
+from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
 from fused_layers.ops.gelu import _APPROXIMATIONS, _gelu_value, _gelu_value_and_grad
 
 # ACTIVATION constexpr values
@@ -85,33 +88,64 @@ def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
         )
 
 
+def _gated_fwd(a: Tensor, b: Tensor, activation: int) -> Tensor:
+    """Launch the forward; returns act(a) * b, contiguous. The body of ``fused_layers::gated``."""
+    a, b = a.contiguous(), b.contiguous()
+    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    n_elements = a.numel()
+    if n_elements > 0:
+        grid, block, num_warps = flat_config(n_elements)
+        launch(_gated_fwd_kernel, (grid,), (a, b, c, n_elements), BLOCK=block, ACTIVATION=activation,
+               num_warps=num_warps)  # fmt: skip
+    return c
+
+
+def _gated_bwd(dc: Tensor, a: Tensor, b: Tensor, activation: int) -> tuple[Tensor, Tensor]:
+    """Launch the backward; returns da, db. The body of ``fused_layers::gated_backward``."""
+    a, b, dc = a.contiguous(), b.contiguous(), dc.contiguous()
+    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    db = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+    n_elements = a.numel()
+    if n_elements > 0:
+        grid, block, num_warps = flat_config(n_elements)
+        launch(_gated_bwd_kernel, (grid,), (a, b, dc, da, db, n_elements), BLOCK=block,
+               ACTIVATION=activation, num_warps=num_warps)  # fmt: skip
+    return da, db
+
+
+def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, int], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1])  # a and b; the backward recomputes act(a)
+    ctx.activation = inputs[2]
+
+
+def _backward(ctx: Any, dc: Tensor) -> tuple[Tensor, Tensor, None]:
+    """da = dc * b * act'(a), db = dc * act(a); shared by the eager Function and the custom op."""
+    a, b = ctx.saved_tensors
+    if traced(dc) and register_custom_ops():
+        da, db = torch.ops.fused_layers.gated_backward(dc, a, b, ctx.activation)
+    else:
+        da, db = _gated_bwd(dc, a, b, ctx.activation)
+    return da, db, None
+
+
 class GatedFunction(torch.autograd.Function):
-    """``act(a) * b`` with Triton forward and backward; saves a and b, recomputes act in backward."""
+    """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, activation: int) -> Tensor:
-        a, b = a.contiguous(), b.contiguous()
-        c = torch.empty_like(a)
-        ctx.save_for_backward(a, b)
-        ctx.activation = activation
-        if a.numel() > 0:
-            grid, block, num_warps = flat_config(a.numel())
-            _gated_fwd_kernel[(grid,)](
-                a, b, c, a.numel(), BLOCK=block, ACTIVATION=activation, num_warps=num_warps
-            )
-        return c
+    forward = staticmethod(_gated_fwd)
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
 
-    @staticmethod
-    def backward(ctx, dc: Tensor) -> tuple[Tensor, Tensor, None]:
-        a, b = ctx.saved_tensors
-        dc = dc.contiguous()
-        da, db = torch.empty_like(a), torch.empty_like(b)
-        if a.numel() > 0:
-            grid, block, num_warps = flat_config(a.numel())
-            _gated_bwd_kernel[(grid,)](
-                a, b, dc, da, db, a.numel(), BLOCK=block, ACTIVATION=ctx.activation, num_warps=num_warps
-            )
-        return da, db, None
+
+@registers
+def _define() -> None:
+    define("gated_backward", _gated_bwd)
+    define("gated", _gated_fwd).register_autograd(_backward, setup_context=_setup_context)
+
+
+def _gated(a: Tensor, b: Tensor, activation: int) -> Tensor:
+    if traced(a) and register_custom_ops():
+        return torch.ops.fused_layers.gated(a, b, activation)
+    return GatedFunction.apply(a, b, activation)
 
 
 def geglu(a: Tensor, b: Tensor, approximate: str = "tanh", backend: str | None = None) -> Tensor:
@@ -125,7 +159,7 @@ def geglu(a: Tensor, b: Tensor, approximate: str = "tanh", backend: str | None =
     _check_pair("geglu", a, b)
     if resolve_backend("geglu", backend, a, b) == "torch":
         return F.gelu(a, approximate=approximate) * b
-    return GatedFunction.apply(a, b, _GELU_TANH if approximate == "tanh" else _GELU_ERF)
+    return _gated(a, b, _GELU_TANH if approximate == "tanh" else _GELU_ERF)
 
 
 def swiglu(a: Tensor, b: Tensor, backend: str | None = None) -> Tensor:
@@ -137,4 +171,4 @@ def swiglu(a: Tensor, b: Tensor, backend: str | None = None) -> Tensor:
     _check_pair("swiglu", a, b)
     if resolve_backend("swiglu", backend, a, b) == "torch":
         return F.silu(a) * b
-    return GatedFunction.apply(a, b, _SILU)
+    return _gated(a, b, _SILU)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from fused_layers.ops._dispatch import cuda_extension, resolve_backend
+import fused_layers.cuda as fused_cuda
+from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._launch import flat_config
+from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
 
 _APPROXIMATIONS = ("tanh", "none")
 
@@ -73,45 +77,57 @@ def _gelu_bwd_kernel(
     tl.store(dx_ptr + offsets, (dy * dgelu).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _gelu_forward(x: Tensor, approximate: str) -> Tensor:
+def _gelu_fwd(x: Tensor, approximate: str) -> Tensor:
+    """Launch the forward; returns GELU(x), contiguous. The body of ``fused_layers::gelu``."""
     x = x.contiguous()
-    y = torch.empty_like(x)
-    if x.numel() == 0:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_elements = x.numel()
+    if n_elements == 0:
         return y
-    grid, block, num_warps = flat_config(x.numel())
-    _gelu_fwd_kernel[(grid,)](
-        x, y, x.numel(), BLOCK=block, APPROX_TANH=approximate == "tanh", num_warps=num_warps
-    )
+    grid, block, num_warps = flat_config(n_elements)
+    launch(_gelu_fwd_kernel, (grid,), (x, y, n_elements), BLOCK=block, APPROX_TANH=approximate == "tanh",
+           num_warps=num_warps)  # fmt: skip
     return y
 
 
-def _gelu_backward(x: Tensor, dy: Tensor, approximate: str) -> Tensor:
-    dy = dy.contiguous()
-    dx = torch.empty_like(x)
-    if x.numel() == 0:
+def _gelu_bwd(dy: Tensor, x: Tensor, approximate: str) -> Tensor:
+    """Launch the backward; returns dx. The body of ``fused_layers::gelu_backward``."""
+    x, dy = x.contiguous(), dy.contiguous()
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_elements = x.numel()
+    if n_elements == 0:
         return dx
-    grid, block, num_warps = flat_config(x.numel())
-    _gelu_bwd_kernel[(grid,)](
-        x, dy, dx, x.numel(), BLOCK=block, APPROX_TANH=approximate == "tanh", num_warps=num_warps
-    )
+    grid, block, num_warps = flat_config(n_elements)
+    launch(_gelu_bwd_kernel, (grid,), (x, dy, dx, n_elements), BLOCK=block,
+           APPROX_TANH=approximate == "tanh", num_warps=num_warps)  # fmt: skip
     return dx
 
 
+def _setup_context(ctx: Any, inputs: tuple[Tensor, str], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[0])  # only x: the backward recomputes GELU'(x) from it
+    ctx.approximate = inputs[1]
+
+
+def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
+    """dx = dy * GELU'(x); shared by the eager Function and the custom op's autograd."""
+    (x,) = ctx.saved_tensors
+    if traced(dy) and register_custom_ops():
+        return torch.ops.fused_layers.gelu_backward(dy, x, ctx.approximate), None
+    return _gelu_bwd(dy, x, ctx.approximate), None
+
+
 class GELUFunction(torch.autograd.Function):
-    """GELU with Triton forward and backward; saves only x (the backward recomputes from it)."""
+    """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    @staticmethod
-    def forward(ctx, x: Tensor, approximate: str) -> Tensor:
-        x = x.contiguous()
-        y = _gelu_forward(x, approximate)
-        ctx.save_for_backward(x)
-        ctx.approximate = approximate
-        return y
+    forward = staticmethod(_gelu_fwd)
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
 
-    @staticmethod
-    def backward(ctx, dy: Tensor) -> tuple[Tensor, None]:
-        (x,) = ctx.saved_tensors
-        return _gelu_backward(x, dy, ctx.approximate), None
+
+@registers
+def _define() -> None:
+    define("gelu_backward", _gelu_bwd)
+    define("gelu", _gelu_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
 def gelu(x: Tensor, approximate: str = "tanh", backend: str | None = None) -> Tensor:
@@ -127,5 +143,7 @@ def gelu(x: Tensor, approximate: str = "tanh", backend: str | None = None) -> Te
     if choice == "torch":
         return F.gelu(x, approximate=approximate)
     if choice == "cuda":
-        return cuda_extension().gelu(x, approximate)
+        return fused_cuda.gelu(x, approximate)
+    if traced(x) and register_custom_ops():
+        return torch.ops.fused_layers.gelu(x, approximate)
     return GELUFunction.apply(x, approximate)

@@ -8,14 +8,18 @@ program over many rows (see ``persistent_programs``) before a small torch reduct
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
+import fused_layers.cuda as fused_cuda
 from fused_layers.ops import _launch
-from fused_layers.ops._dispatch import cuda_extension, resolve_backend
+from fused_layers.ops._dispatch import resolve_backend
+from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
 
 
 @triton.jit
@@ -24,8 +28,7 @@ def _layer_norm_fwd_fused(
     y_ptr,  # (M, N) contiguous, input dtype
     w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
     b_ptr,  # (N,) bias; unused unless HAS_BIAS
-    mean_ptr,  # (M,) fp32
-    rstd_ptr,  # (M,) fp32
+    stats_ptr,  # (2, M) fp32: mean, rstd
     x_row_stride,
     M,
     N,
@@ -51,8 +54,8 @@ def _layer_norm_fwd_fused(
     if HAS_BIAS:
         y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_mask)
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    tl.store(stats_ptr + rows, mean, mask=row_mask)
+    tl.store(stats_ptr + M + rows, rstd, mask=row_mask)
 
 
 @triton.jit
@@ -61,9 +64,9 @@ def _layer_norm_fwd_looped(
     y_ptr,  # (M, N) contiguous, input dtype
     w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
     b_ptr,  # (N,) bias; unused unless HAS_BIAS
-    mean_ptr,  # (M,) fp32
-    rstd_ptr,  # (M,) fp32
+    stats_ptr,  # (2, M) fp32: mean, rstd
     x_row_stride,
+    M,
     N,
     eps,
     BLOCK_N: tl.constexpr,
@@ -97,8 +100,8 @@ def _layer_norm_fwd_looped(
         if HAS_BIAS:
             y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    tl.store(stats_ptr + row, mean)
+    tl.store(stats_ptr + M + row, rstd)
 
 
 @triton.jit
@@ -107,10 +110,8 @@ def _layer_norm_bwd_fused(
     dy_ptr,  # (M, N) grad dtype, row stride dy_row_stride
     dx_ptr,  # (M, N) contiguous, input dtype
     w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
-    mean_ptr,  # (M,) fp32
-    rstd_ptr,  # (M,) fp32
-    dw_partial_ptr,  # (num_programs, N) fp32; unused unless COMPUTE_DW
-    db_partial_ptr,  # (num_programs, N) fp32; unused unless COMPUTE_DB
+    stats_ptr,  # (2, M) fp32: mean, rstd
+    partial_ptr,  # (num_programs, 2, N) fp32: dweight, dbias sums; unused unless COMPUTE_DW or COMPUTE_DB
     x_row_stride,
     dy_row_stride,
     M,
@@ -140,8 +141,8 @@ def _layer_norm_bwd_fused(
         dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(
             tl.float32
         )
-        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        mean = tl.load(stats_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(stats_ptr + M + rows, mask=row_mask, other=0.0)
         x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_WEIGHT:
             wdy = dy * w[None, :]
@@ -156,9 +157,9 @@ def _layer_norm_bwd_fused(
         if COMPUTE_DB:
             db_acc += dy
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        tl.store(partial_ptr + pid * 2 * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     if COMPUTE_DB:
-        tl.store(db_partial_ptr + pid * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+        tl.store(partial_ptr + (pid * 2 + 1) * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -167,10 +168,8 @@ def _layer_norm_bwd_looped(
     dy_ptr,  # (M, N) grad dtype, row stride dy_row_stride
     dx_ptr,  # (M, N) contiguous, input dtype
     w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
-    mean_ptr,  # (M,) fp32
-    rstd_ptr,  # (M,) fp32
-    dw_partial_ptr,  # (num_programs, N) fp32, zero-filled; unused unless COMPUTE_DW
-    db_partial_ptr,  # (num_programs, N) fp32, zero-filled; unused unless COMPUTE_DB
+    stats_ptr,  # (2, M) fp32: mean, rstd
+    partial_ptr,  # (num_programs, 2, N) fp32, zero-filled: dweight, dbias sums; unused unless COMPUTE_DW/DB
     x_row_stride,
     dy_row_stride,
     M,
@@ -183,14 +182,14 @@ def _layer_norm_bwd_looped(
     # Persistent over rows; a row is too wide for registers, so the partial sums live in this
     # program's own row of the partial buffer (no other program touches it: no atomics).
     pid = tl.program_id(0)
-    dw_row = dw_partial_ptr + pid * N
-    db_row = db_partial_ptr + pid * N
+    dw_row = partial_ptr + pid * 2 * N
+    db_row = dw_row + N
     for row in range(pid, M, tl.num_programs(0)):
         x_row = x_ptr + tl.cast(row, tl.int64) * x_row_stride
         dy_row = dy_ptr + tl.cast(row, tl.int64) * dy_row_stride
         dx_row = dx_ptr + tl.cast(row, tl.int64) * N
-        mean = tl.load(mean_ptr + row)
-        rstd = tl.load(rstd_ptr + row)
+        mean = tl.load(stats_ptr + row)
+        rstd = tl.load(stats_ptr + M + row)
         acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -223,103 +222,113 @@ def _layer_norm_bwd_looped(
                 tl.store(db_row + cols, tl.load(db_row + cols, mask=col_mask) + dy, mask=col_mask)
 
 
-def _layer_norm_forward(
-    x2d: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch the forward on (M, N) rows; returns y (M, N) and fp32 mean, rstd (M,)."""
-    n_rows, width = x2d.shape
-    y = torch.empty((n_rows, width), dtype=x2d.dtype, device=x2d.device)
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x2d.device)
-    rstd = torch.empty_like(mean)
+def _layer_norm_fwd(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    """Launch the forward over x's last dim; returns y (x's shape) and fp32 stats (2, rows): mean, rstd.
+
+    The body of the custom op ``fused_layers::layer_norm`` and of the eager Function alike.
+    """
+    width = x.shape[-1]
+    x2d = _launch.as_rows(x)
+    n_rows = x2d.shape[0]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    stats = torch.empty((2, n_rows), dtype=torch.float32, device=x.device)
     if n_rows == 0:
-        return y, mean, rstd
+        return y, stats
+    plan = _launch.norm_plan(n_rows, width, x.device)
     # a dummy pointer for an absent weight/bias; the kernel never reads it (constexpr flag)
-    w_arg = weight if weight is not None else x2d
-    b_arg = bias if bias is not None else x2d
-    if width <= _launch.MAX_FUSED_WIDTH:
-        rows, block_n, num_warps = _launch.row_tile(n_rows, width)
-        _layer_norm_fwd_fused[(triton.cdiv(n_rows, rows),)](
-            x2d, y, w_arg, b_arg, mean, rstd, x2d.stride(0), n_rows, width, eps,
-            ROWS=rows, BLOCK_N=block_n, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            num_warps=num_warps,
+    args = (x2d, y, x2d if weight is None else weight, x2d if bias is None else bias, stats,
+            x2d.stride(0), n_rows, width, eps)  # fmt: skip
+    if plan.fused:
+        launch(
+            _layer_norm_fwd_fused, (plan.programs,), args, ROWS=plan.rows, BLOCK_N=plan.block_n,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, num_warps=plan.num_warps,
         )  # fmt: skip
     else:
-        _layer_norm_fwd_looped[(n_rows,)](
-            x2d, y, w_arg, b_arg, mean, rstd, x2d.stride(0), width, eps,
-            BLOCK_N=_launch.LOOP_BLOCK, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            num_warps=_launch.loop_warps(),
+        launch(
+            _layer_norm_fwd_looped, (plan.programs,), args, BLOCK_N=plan.block_n,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, num_warps=plan.num_warps,
         )  # fmt: skip
-    return y, mean, rstd
+    return y, stats
 
 
-def _layer_norm_backward(
-    x2d: Tensor,
-    dy2d: Tensor,
-    weight: Tensor | None,
-    mean: Tensor,
-    rstd: Tensor,
-    compute_dw: bool,
-    compute_db: bool,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Launch the backward; returns dx (M, N) and dweight, dbias summed to (N,) fp32 (or None)."""
-    n_rows, width = x2d.shape
-    dx = torch.empty((n_rows, width), dtype=x2d.dtype, device=x2d.device)
+def _layer_norm_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor | None, stats: Tensor, compute_dw: bool, compute_db: bool
+) -> tuple[Tensor, Tensor]:
+    """Launch the backward; returns dx (x's shape) and (2, N) sums of dweight, dbias in weight's dtype.
+
+    The (2, N) rows not asked for hold garbage; with neither asked for it is (0, N). The body of
+    the custom op ``fused_layers::layer_norm_backward``.
+    """
+    width = x.shape[-1]
+    x2d, dy2d = _launch.as_rows(x), _launch.as_rows(dy)
+    n_rows = x2d.shape[0]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sums_dtype = weight.dtype if weight is not None else x.dtype
+    want_sums = compute_dw or compute_db
     if n_rows == 0:
-        zeros = torch.zeros(width, dtype=torch.float32, device=x2d.device)
-        return dx, zeros if compute_dw else None, zeros if compute_db else None
-    fused = width <= _launch.MAX_FUSED_WIDTH
-    if fused:
-        rows, block_n, num_warps = _launch.row_tile(n_rows, width, backward=True)
-        programs = _launch.persistent_programs(triton.cdiv(n_rows, rows), num_warps, x2d.device)
+        return dx, torch.zeros((2 if want_sums else 0, width), dtype=sums_dtype, device=x.device)
+    plan = _launch.norm_plan(n_rows, width, x.device, backward=True)
+    # Per-program partial sums, reduced by torch below: the fused kernel writes each partial row
+    # once, the looped one adds into them.
+    alloc = torch.empty if plan.fused else torch.zeros
+    partial_shape = (plan.programs, 2, width) if want_sums else (1,)
+    partial = alloc(partial_shape, dtype=torch.float32, device=x.device)
+    args = (x2d, dy2d, dx, x2d if weight is None else weight, stats, partial,
+            x2d.stride(0), dy2d.stride(0), n_rows, width)  # fmt: skip
+    kernel = _layer_norm_bwd_fused if plan.fused else _layer_norm_bwd_looped
+    extra = {"ROWS": plan.rows} if plan.fused else {}
+    launch(
+        kernel, (plan.programs,), args, **extra, BLOCK_N=plan.block_n, HAS_WEIGHT=weight is not None,
+        COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=plan.num_warps,
+    )  # fmt: skip
+    if not want_sums:
+        return dx, torch.empty((0, width), dtype=sums_dtype, device=x.device)
+    return dx, partial.sum(0).to(sums_dtype)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for the stats output
+
+
+def _backward(ctx: Any, dy: Tensor | None, _dstats: None) -> tuple[Tensor | None, ...]:
+    """dx, dweight, dbias, None (eps); shared by the eager Function and the custom op's autograd.
+
+    With x_hat = (x - mean) * rstd and g = dy * weight:
+    dx = rstd * (g - mean(g * x_hat) * x_hat - mean(g)), dweight = sum(dy * x_hat), dbias = sum(dy),
+    means over the row, sums over the rows.
+    """
+    if dy is None:
+        return None, None, None, None
+    x, weight, stats = ctx.saved_tensors
+    compute_dw = weight is not None and ctx.needs_input_grad[1]
+    compute_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+    if traced(dy) and register_custom_ops():
+        dx, sums = torch.ops.fused_layers.layer_norm_backward(dy, x, weight, stats, compute_dw, compute_db)
     else:
-        num_warps = _launch.loop_warps()
-        programs = _launch.persistent_programs(n_rows, num_warps, x2d.device)
-    # The fused kernel writes every partial row once; the looped one adds into them.
-    alloc = torch.empty if fused else torch.zeros
-    dw_partial = alloc((programs, width) if compute_dw else (1,), dtype=torch.float32, device=x2d.device)
-    db_partial = alloc((programs, width) if compute_db else (1,), dtype=torch.float32, device=x2d.device)
-    w_arg = weight if weight is not None else x2d
-    common = dict(
-        HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=num_warps
-    )
-    if fused:
-        _layer_norm_bwd_fused[(programs,)](
-            x2d, dy2d, dx, w_arg, mean, rstd, dw_partial, db_partial,
-            x2d.stride(0), dy2d.stride(0), n_rows, width, ROWS=rows, BLOCK_N=block_n, **common,
-        )  # fmt: skip
-    else:
-        _layer_norm_bwd_looped[(programs,)](
-            x2d, dy2d, dx, w_arg, mean, rstd, dw_partial, db_partial,
-            x2d.stride(0), dy2d.stride(0), n_rows, width, BLOCK_N=_launch.LOOP_BLOCK, **common,
-        )  # fmt: skip
-    dw = dw_partial.sum(0) if compute_dw else None
-    db = db_partial.sum(0) if compute_db else None
-    return dx, dw, db
+        dx, sums = _layer_norm_bwd(dy, x, weight, stats, compute_dw, compute_db)
+    dw = sums[0] if compute_dw else None
+    db = sums[1].to(ctx.bias_dtype) if compute_db else None
+    return dx, dw, db, None
 
 
 class LayerNormFunction(torch.autograd.Function):
-    """LayerNorm over the last dim with Triton forward and backward; saves x, mean and rstd."""
+    """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-        x2d = _launch.as_rows(x)
-        y, mean, rstd = _layer_norm_forward(x2d, weight, bias, eps)
-        ctx.save_for_backward(x2d, weight, bias, mean, rstd)
-        return y.view(x.shape)
+    forward = staticmethod(_layer_norm_fwd)
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
 
-    @staticmethod
-    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
-        x2d, weight, bias, mean, rstd = ctx.saved_tensors
-        compute_dw = weight is not None and ctx.needs_input_grad[1]
-        compute_db = bias is not None and ctx.needs_input_grad[2]
-        dy2d = _launch.as_rows(dy)
-        dx, dw, db = _layer_norm_backward(x2d, dy2d, weight, mean, rstd, compute_dw, compute_db)
-        return (
-            dx.view(dy.shape),
-            dw.to(weight.dtype) if dw is not None else None,
-            db.to(bias.dtype) if db is not None else None,
-            None,
-        )
+
+@registers
+def _define() -> None:
+    define("layer_norm_backward", _layer_norm_bwd)
+    define("layer_norm", _layer_norm_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
 def layer_norm(
@@ -339,10 +348,11 @@ def layer_norm(
     for name, param in (("weight", weight), ("bias", bias)):
         if param is not None and param.shape != (width,):
             raise ValueError(f"layer_norm: {name} must have shape ({width},), got {tuple(param.shape)}")
-    tensors = [t for t in (x, weight, bias) if t is not None]
-    choice = resolve_backend("layer_norm", backend, *tensors)
+    choice = resolve_backend("layer_norm", backend, x, weight, bias)
     if choice == "torch":
         return F.layer_norm(x, (width,), weight, bias, eps)
     if choice == "cuda":
-        return cuda_extension().layer_norm(x, weight, bias, eps)
-    return LayerNormFunction.apply(x, weight, bias, eps)
+        return fused_cuda.layer_norm(x, weight, bias, eps)
+    if traced(x) and register_custom_ops():
+        return torch.ops.fused_layers.layer_norm(x, weight, bias, eps)[0]
+    return LayerNormFunction.apply(x, weight, bias, eps)[0]

@@ -7,6 +7,8 @@ promotes (weight, input) to. Rows wider than ``MAX_FUSED_WIDTH`` take a looped p
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +16,7 @@ from torch import Tensor
 
 from fused_layers.ops import _launch
 from fused_layers.ops._dispatch import resolve_backend
+from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
 
 
 @triton.jit
@@ -53,6 +56,7 @@ def _rms_norm_fwd_looped(
     w_ptr,  # (N,) weight; unused unless HAS_WEIGHT
     rstd_ptr,  # (M,) fp32
     x_row_stride,
+    M,
     N,
     eps,
     BLOCK_N: tl.constexpr,
@@ -181,78 +185,94 @@ def _rms_norm_bwd_looped(
                 tl.store(dw_row + cols, tl.load(dw_row + cols, mask=col_mask) + dy * x_normed, mask=col_mask)
 
 
-def _rms_norm_forward(x2d: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
-    """Launch the forward on (M, N) rows; returns y (M, N) and fp32 rstd (M,)."""
-    n_rows, width = x2d.shape
-    out_dtype = torch.promote_types(weight.dtype, x2d.dtype) if weight is not None else x2d.dtype
-    y = torch.empty((n_rows, width), dtype=out_dtype, device=x2d.device)
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x2d.device)
+def _rms_norm_fwd(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """Launch the forward over x's last dim; returns y (x's shape) and fp32 rstd (rows,).
+
+    The body of the custom op ``fused_layers::rms_norm`` and of the eager Function alike.
+    """
+    width = x.shape[-1]
+    x2d = _launch.as_rows(x)
+    n_rows = x2d.shape[0]
+    out_dtype = torch.promote_types(weight.dtype, x.dtype) if weight is not None else x.dtype
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, rstd
-    w_arg = weight if weight is not None else x2d  # never read when HAS_WEIGHT is False
-    if width <= _launch.MAX_FUSED_WIDTH:
-        rows, block_n, num_warps = _launch.row_tile(n_rows, width)
-        _rms_norm_fwd_fused[(triton.cdiv(n_rows, rows),)](
-            x2d, y, w_arg, rstd, x2d.stride(0), n_rows, width, eps,
-            ROWS=rows, BLOCK_N=block_n, HAS_WEIGHT=weight is not None, num_warps=num_warps,
-        )  # fmt: skip
-    else:
-        _rms_norm_fwd_looped[(n_rows,)](
-            x2d, y, w_arg, rstd, x2d.stride(0), width, eps,
-            BLOCK_N=_launch.LOOP_BLOCK, HAS_WEIGHT=weight is not None, num_warps=_launch.loop_warps(),
-        )  # fmt: skip
+    plan = _launch.norm_plan(n_rows, width, x.device)
+    args = (x2d, y, x2d if weight is None else weight, rstd, x2d.stride(0), n_rows, width, eps)
+    kernel = _rms_norm_fwd_fused if plan.fused else _rms_norm_fwd_looped
+    extra = {"ROWS": plan.rows} if plan.fused else {}
+    launch(kernel, (plan.programs,), args, **extra, BLOCK_N=plan.block_n, HAS_WEIGHT=weight is not None,
+           num_warps=plan.num_warps)  # fmt: skip
     return y, rstd
 
 
-def _rms_norm_backward(
-    x2d: Tensor, dy2d: Tensor, weight: Tensor | None, rstd: Tensor, compute_dw: bool
-) -> tuple[Tensor, Tensor | None]:
-    """Launch the backward; returns dx (M, N) and dweight summed to (N,) fp32 (or None)."""
-    n_rows, width = x2d.shape
-    dx = torch.empty((n_rows, width), dtype=x2d.dtype, device=x2d.device)
+def _rms_norm_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor, compute_dw: bool
+) -> tuple[Tensor, Tensor]:
+    """Launch the backward; returns dx (x's shape) and dweight (N,) in weight's dtype ((0,) if not asked).
+
+    The body of the custom op ``fused_layers::rms_norm_backward``.
+    """
+    width = x.shape[-1]
+    x2d, dy2d = _launch.as_rows(x), _launch.as_rows(dy)
+    n_rows = x2d.shape[0]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw_dtype = weight.dtype if weight is not None else x.dtype
     if n_rows == 0:
-        return dx, torch.zeros(width, dtype=torch.float32, device=x2d.device) if compute_dw else None
-    fused = width <= _launch.MAX_FUSED_WIDTH
-    if fused:
-        rows, block_n, num_warps = _launch.row_tile(n_rows, width, backward=True)
-        programs = _launch.persistent_programs(triton.cdiv(n_rows, rows), num_warps, x2d.device)
+        return dx, torch.zeros(width if compute_dw else 0, dtype=dw_dtype, device=x.device)
+    plan = _launch.norm_plan(n_rows, width, x.device, backward=True)
+    # Per-program partial sums, reduced by torch below: the fused kernel writes each partial row
+    # once, the looped one adds into them.
+    alloc = torch.empty if plan.fused else torch.zeros
+    partial = alloc((plan.programs, width) if compute_dw else (1,), dtype=torch.float32, device=x.device)
+    args = (x2d, dy2d, dx, x2d if weight is None else weight, rstd, partial, x2d.stride(0), dy2d.stride(0),
+            n_rows, width)  # fmt: skip
+    kernel = _rms_norm_bwd_fused if plan.fused else _rms_norm_bwd_looped
+    extra = {"ROWS": plan.rows} if plan.fused else {}
+    launch(kernel, (plan.programs,), args, **extra, BLOCK_N=plan.block_n, HAS_WEIGHT=weight is not None,
+           COMPUTE_DW=compute_dw, num_warps=plan.num_warps)  # fmt: skip
+    if not compute_dw:
+        return dx, torch.empty(0, dtype=dw_dtype, device=x.device)
+    return dx, partial.sum(0).to(dw_dtype)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for the rstd output
+
+
+def _backward(ctx: Any, dy: Tensor | None, _drstd: None) -> tuple[Tensor | None, ...]:
+    """dx, dweight, None (eps); shared by the eager Function and the custom op's autograd.
+
+    With x_hat = x * rstd and g = dy * weight: dx = rstd * (g - mean(g * x_hat) * x_hat) (mean
+    over the row), dweight = sum over rows of dy * x_hat rounded to x's dtype (Llama's casting).
+    """
+    if dy is None:
+        return None, None, None
+    x, weight, rstd = ctx.saved_tensors
+    compute_dw = weight is not None and ctx.needs_input_grad[1]
+    if traced(dy) and register_custom_ops():
+        dx, dw = torch.ops.fused_layers.rms_norm_backward(dy, x, weight, rstd, compute_dw)
     else:
-        num_warps = _launch.loop_warps()
-        programs = _launch.persistent_programs(n_rows, num_warps, x2d.device)
-    # The fused kernel writes every partial row once; the looped one adds into them.
-    alloc = torch.empty if fused else torch.zeros
-    dw_partial = alloc((programs, width) if compute_dw else (1,), dtype=torch.float32, device=x2d.device)
-    w_arg = weight if weight is not None else x2d
-    common = dict(HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, num_warps=num_warps)
-    if fused:
-        _rms_norm_bwd_fused[(programs,)](
-            x2d, dy2d, dx, w_arg, rstd, dw_partial, x2d.stride(0), dy2d.stride(0), n_rows, width,
-            ROWS=rows, BLOCK_N=block_n, **common,
-        )  # fmt: skip
-    else:
-        _rms_norm_bwd_looped[(programs,)](
-            x2d, dy2d, dx, w_arg, rstd, dw_partial, x2d.stride(0), dy2d.stride(0), n_rows, width,
-            BLOCK_N=_launch.LOOP_BLOCK, **common,
-        )  # fmt: skip
-    return dx, dw_partial.sum(0) if compute_dw else None
+        dx, dw = _rms_norm_bwd(dy, x, weight, rstd, compute_dw)
+    return dx, dw if compute_dw else None, None
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """Llama-style RMSNorm with Triton forward and backward; saves x and the fp32 rstd."""
+    """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-        x2d = _launch.as_rows(x)
-        y, rstd = _rms_norm_forward(x2d, weight, eps)
-        ctx.save_for_backward(x2d, weight, rstd)
-        return y.view(x.shape)
+    forward = staticmethod(_rms_norm_fwd)
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
 
-    @staticmethod
-    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor | None, None]:
-        x2d, weight, rstd = ctx.saved_tensors
-        compute_dw = weight is not None and ctx.needs_input_grad[1]
-        dx, dw = _rms_norm_backward(x2d, _launch.as_rows(dy), weight, rstd, compute_dw)
-        return dx.view(dy.shape), dw.to(weight.dtype) if dw is not None else None, None
+
+@registers
+def _define() -> None:
+    define("rms_norm_backward", _rms_norm_bwd)
+    define("rms_norm", _rms_norm_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
 def _rms_norm_torch(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -277,7 +297,8 @@ def rms_norm(
     width = x.shape[-1]
     if weight is not None and weight.shape != (width,):
         raise ValueError(f"rms_norm: weight must have shape ({width},), got {tuple(weight.shape)}")
-    tensors = [t for t in (x, weight) if t is not None]
-    if resolve_backend("rms_norm", backend, *tensors) == "torch":
+    if resolve_backend("rms_norm", backend, x, weight) == "torch":
         return _rms_norm_torch(x, weight, eps)
-    return RMSNormFunction.apply(x, weight, eps)
+    if traced(x) and register_custom_ops():
+        return torch.ops.fused_layers.rms_norm(x, weight, eps)[0]
+    return RMSNormFunction.apply(x, weight, eps)[0]
