@@ -264,6 +264,7 @@ _LENDING_KINDS = frozenset(
     {"launch", "graph_launch", "sync", "copy", "memset", "alloc", "free", "context", "stream_create"}
 )
 _STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
+_CATEGORY_CODE = {"user_annotation": 0, "cpu_op": 1, "python_function": 2}
 
 
 @dataclass
@@ -356,7 +357,7 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
         row["idle_gap_count"] = int(gap_count[i])
         per_step.append(row)
 
-    holders, one_offs = _holders(timeline, threads, cause, key, slot, step, lengths, mids, inverse, one_off)
+    holders, one_offs = _holders(timeline, threads, cause, key, slot, pairs, lengths, mids, inverse, one_off)
     host = cause == HOST
     return IdleBreakdown(
         per_step=per_step,
@@ -409,14 +410,21 @@ def _lookup(labels: _ThreadLabels, times: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _nearest(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
-    """Per node, the nearest ancestor-or-self with `mark` set (-1 if none), by pointer jumping."""
+    """Per node, the nearest ancestor-or-self with `mark` set (-1 if none), by pointer jumping.
+
+    Each round, every unresolved node jumps to its candidate's candidate, so a chain of depth d
+    resolves in log2(d) rounds over the shrinking set of unresolved nodes only.
+    """
     nearest = np.where(mark, np.arange(len(parent)), parent)
-    while True:
-        pending = np.flatnonzero(nearest >= 0)
-        pending = pending[~mark[nearest[pending]]]
-        if pending.size == 0:
-            return nearest
-        nearest[pending] = nearest[nearest[pending]]
+    pending = np.flatnonzero(~mark & (nearest >= 0))
+    pending = pending[~mark[nearest[pending]]]
+    while pending.size:
+        candidate = nearest[nearest[pending]]
+        nearest[pending] = candidate
+        unresolved = candidate >= 0
+        unresolved[unresolved] = ~mark[candidate[unresolved]]
+        pending = pending[unresolved]
+    return nearest
 
 
 class _NameFacts:
@@ -465,9 +473,9 @@ def _thread_labels(
     n = len(frames.parent)
     parent = np.asarray(frames.parent, dtype=np.int64)
     name_ids = np.asarray(frames.name_ids, dtype=np.int64)
-    categories = np.array(frames.categories) if n else np.zeros(0, dtype="<U1")
-    is_op = categories == "cpu_op"
-    is_py = categories == "python_function"
+    category = np.fromiter(map(_CATEGORY_CODE.get, frames.categories), dtype=np.int8, count=n)
+    is_op = category == _CATEGORY_CODE["cpu_op"]
+    is_py = category == _CATEGORY_CODE["python_function"]
     starts, ends = frames.starts, frames.ends
 
     calls = timeline.calls
@@ -597,7 +605,7 @@ def _context_names(trace) -> np.ndarray:
     return trace.names_matching(lambda n: call_kind(n) == "context")
 
 
-def _holders(timeline, threads, cause, key, slot, step, lengths, mids, group, one_off):
+def _holders(timeline, threads, cause, key, slot, group_steps, lengths, mids, group, one_off):
     """The largest (cause, event) holders of steady idle time, and the one-off ones with their steps."""
     trace = timeline.trace
     n_steps = max(len(timeline.steps), 1)
@@ -621,9 +629,9 @@ def _holders(timeline, threads, cause, key, slot, step, lengths, mids, group, on
             "idle_ms_per_step": round(float(total[gi]) / 1e3 / n_steps, 4),
         }
         if bool(one_off[piece]):
-            entry["steps"] = sorted(
-                {timeline.steps[int(x)].number for x in np.unique(step[group == gi]).tolist()}
-            )
+            # group_steps: the sorted distinct values of group * n_steps + step
+            lo, hi = np.searchsorted(group_steps, [gi * n_steps, (gi + 1) * n_steps])
+            entry["steps"] = sorted(timeline.steps[x % n_steps].number for x in group_steps[lo:hi].tolist())
             one_offs.append(entry)
         elif len(holders) < 12:
             holders.append(entry)
