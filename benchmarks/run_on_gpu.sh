@@ -4,7 +4,8 @@
 # checks:       tests/gpu, the planted-sync example (each sync's exact line), the demo on the GPU;
 # overhead:     the session-overhead benchmark;
 # fused_layers: benchmarks/fused_layers.py (FUSED_OPS=layer_norm,rms_norm limits the ops);
-# sweep:        benchmarks/norm_backward_sweep.py (launch settings of the norm backward kernels).
+# sweep:        benchmarks/norm_backward_sweep.py (launch settings of the norm backward kernels);
+# launch:       benchmarks/fused_layers.py --launch (norm fwd+bwd: host vs GPU kernel time per call).
 # Uses the python3 on PATH and whatever torch/triton/transformers it has; wheels in .whl/ (e.g.
 # msgspec, liger-kernel) are installed into a scratch folder first when present.
 set -uo pipefail
@@ -33,6 +34,10 @@ for part in $parts; do
     fused_layers)
       python3 benchmarks/fused_layers.py --out "$out/fused_layers" ${FUSED_OPS:+--ops "$FUSED_OPS"} \
         2>&1 | tail -n 70 | tee "$out/fused_layers.log"
+      ;;
+    launch)
+      python3 benchmarks/fused_layers.py --launch --out "$out/norm_launch" 2>&1 | tail -n 20 \
+        | tee "$out/norm_launch.log"
       ;;
     sweep)
       python3 benchmarks/norm_backward_sweep.py --out "$out/norm_backward_sweep.json" 2>&1 | tail -n 20 \
