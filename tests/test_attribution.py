@@ -298,3 +298,19 @@ def test_reports_render_the_module_table():
     text = render_text(result)
     assert "GPU time by module (forward + backward):" in text
     assert "GPT2Attention/Conv1D (fwd+bwd)" in text
+
+
+@needs_fixtures
+def test_trace_without_stacks_still_names_the_op():
+    """torch-tb-profiler's ResNet-50 sample (PyTorch 1.9 schema, no Python stacks): no kernel has a
+    module or user function, but every tiny kernel has its op; SGD's per-parameter `add_` leads."""
+    trace = load_traces(THIRDPARTY / "kineto_resnet50_num_workers_4")[0]
+    timeline = build_timeline(trace)
+    owners = attribute_kernels(timeline)
+    assert not owners.modules
+    assert (owners.op >= 0).all()
+    assert {"forward", "backward", "optimizer"} <= {owners.phase_of(k) for k in range(len(timeline.kernels))}
+    _, totals = launch_stats(timeline)
+    (region,) = totals["regions"]
+    assert region["function"] is None and region["tiny_kernels"] == totals["tiny_kernel_count"]
+    assert region["top_ops"][0]["op"] == "aten::add_"

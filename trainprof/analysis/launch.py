@@ -62,8 +62,20 @@ def launch_stats(timeline: Timeline, costs: OwnerCosts | None = None) -> tuple[l
 
     if costs is None:
         costs = owner_costs(timeline, attribute_kernels(timeline), tiny)
-    by_tiny = sorted((row for row in costs.rows if row.tiny_kernels), key=lambda row: -row.tiny_kernels)
-    region_list = [_region(row, costs.steps) for row in by_tiny[:5]]
+    region_list = [_region(row, costs.steps) for row in costs.rows if row.tiny_kernels]
+    if costs.unowned_tiny_kernels:  # e.g. every tiny kernel of a trace without Python stacks
+        region_list.append(
+            {
+                "function": None,
+                "module": None,
+                "file": None,
+                "line": None,
+                "tiny_kernels": costs.unowned_tiny_kernels,
+                "summary": None,
+                "top_ops": [{"op": op, "tiny_kernels": count} for op, count in costs.unowned_tiny_ops],
+            }
+        )
+    region_list = sorted(region_list, key=lambda region: -region["tiny_kernels"])[:5]
     tiny_in_steps = np.flatnonzero(tiny & (timeline.kernel_step >= 0))
     in_steps = timeline.kernel_step >= 0
     totals = {
@@ -113,7 +125,13 @@ def launch_finding(
     many_tiny = tiny_pct >= limits.tiny_kernel_pct and verdict["gpu_busy_pct"] < limits.tiny_kernel_busy_pct
     if not launch_bound and not (many_tiny and totals["tiny_kernel_count"] > 0):
         return None
-    region = totals["regions"][0] if totals["regions"] else {"function": None, "file": None, "top_ops": []}
+    # The owner (module or user function) of the most tiny kernels; the unowned rest only when no owner.
+    regions = totals["regions"]
+    region = next((r for r in regions if r["function"]), regions[0] if regions else None) or {
+        "function": None,
+        "file": None,
+        "top_ops": [],
+    }
     # One op, the one behind most of the owner's tiny kernels (the rest are in details["regions"]).
     top_op = region["top_ops"][0]["op"] if region.get("top_ops") else None
     loop_owner = region["function"] if not region.get("module") else None

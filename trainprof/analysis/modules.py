@@ -105,7 +105,9 @@ class OwnerCost:
 
 @dataclass
 class OwnerCosts:
-    """Every owner's row (sorted by GPU time), and what no owner was found for (kernels in steps)."""
+    """Every owner's row (sorted by GPU time), and what no owner was found for (kernels in steps):
+    `unowned_tiny_ops` counts the unowned tiny kernels by forward op (a trace without Python stacks
+    has no owners, but its kernels still have ops)."""
 
     rows: list[OwnerCost]
     steps: int
@@ -113,6 +115,7 @@ class OwnerCosts:
     tiny_kernels: int
     unowned_kernels: int
     unowned_tiny_kernels: int
+    unowned_tiny_ops: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def modules(self) -> list[OwnerCost]:
@@ -197,13 +200,16 @@ def owner_costs(timeline: Timeline, owners: KernelOwners, tiny: np.ndarray) -> O
         group_id = len(class_paths) + number
         rows.append(OwnerCost(function, None, function, file, None, 1, *figures(group_id)))
     rows.sort(key=lambda row: -row.gpu_us)
+    unowned_tiny = in_steps[~owned][tiny[in_steps[~owned]]]
+    unowned_ops = _tiny_ops(np.zeros(len(unowned_tiny), dtype=np.int64), owners.op[unowned_tiny], owners.ops)
     return OwnerCosts(
         rows=rows,
         steps=steps,
         kernels=int(in_steps.size),
         tiny_kernels=int(tiny[in_steps].sum()),
         unowned_kernels=int((~owned).sum()),
-        unowned_tiny_kernels=int(tiny[in_steps[~owned]].sum()),
+        unowned_tiny_kernels=int(unowned_tiny.size),
+        unowned_tiny_ops=unowned_ops.get(0, []),
     )
 
 
