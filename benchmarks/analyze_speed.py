@@ -7,6 +7,11 @@ contenders per fixture: trainprof in-process (`analyze(path)`), trainprof as a w
 (`TraceAnalysis(trace_dir=...)` plus its temporal, idle-time and kernel breakdowns).
 
     python benchmarks/analyze_speed.py --hta-python /tmp/hta/bin/python --out speed.json
+
+Scaling (time and peak RSS against trace size; synthetic traces made by repeating a real fixture's
+steps into a scratch folder, deleted after each measurement, never committed):
+
+    python benchmarks/analyze_speed.py --scale ../shared/fixtures/traces/gpt2_pathologies/*.gz /tmp/s 1 4 16
 """
 
 from __future__ import annotations
@@ -86,8 +91,12 @@ def best_of(runs: list[dict]) -> dict:
         values = [run[key] for run in good if run.get(key) is not None]
         return choose(values) if values else None
 
-    return {"process_s": pick("process_s", min), "load_analyze_s": pick("load_analyze_s", min),
-            "peak_rss_mib": pick("peak_rss_mib", max), "runs": len(good)}
+    return {
+        "process_s": pick("process_s", min),
+        "load_analyze_s": pick("load_analyze_s", min),
+        "peak_rss_mib": pick("peak_rss_mib", max),
+        "runs": len(good),
+    }
 
 
 def trace_links(folder: Path, into: Path) -> Path:
@@ -130,16 +139,18 @@ def main() -> None:
                 # fresh wrapper process each time (the wrapper's RUSAGE_CHILDREN starts at zero).
                 runs = []
                 for _ in range(args.repeat):
-                    runs.append(json.loads(
-                        subprocess.run(
-                            [sys.executable, __file__, "--measure", json.dumps(argv)],
-                            capture_output=True,
-                            text=True,
-                            env=env,
-                            cwd=REPO,
-                        ).stdout
-                        or '{"error": "no output"}'
-                    ))
+                    runs.append(
+                        json.loads(
+                            subprocess.run(
+                                [sys.executable, __file__, "--measure", json.dumps(argv)],
+                                capture_output=True,
+                                text=True,
+                                env=env,
+                                cwd=REPO,
+                            ).stdout
+                            or '{"error": "no output"}'
+                        )
+                    )
                 row[name] = best_of(runs)
         rows.append(row)
 
@@ -168,8 +179,86 @@ def main() -> None:
         args.out.write_text(json.dumps({"python": sys.version.split()[0], "rows": rows}, indent=2))
 
 
+def repeat_steps(source: Path, copies: int, out: Path) -> Path:
+    """A synthetic trace: `source`'s events `copies` times over, each copy shifted in time past the
+    previous one, with its step numbers and correlation ids renumbered (never committed: written to
+    `out`, a scratch folder)."""
+    import gzip
+
+    import msgspec
+
+    with gzip.open(source, "rb") if source.suffix == ".gz" else open(source, "rb") as handle:
+        document = msgspec.json.decode(handle.read())
+    events = document["traceEvents"]
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000.0
+    top_correlation = (
+        max(
+            (e.get("args", {}).get("correlation", 0) for e in events if isinstance(e.get("args"), dict)),
+            default=0,
+        )
+        + 1
+    )
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    step_count = max((int(e["name"].split("#")[1]) for e in steps), default=0) + 1
+    repeated = [e for e in events if not isinstance(e.get("ts"), (int, float))]
+    for copy in range(copies):
+        for event in timed:
+            shifted = dict(event, ts=event["ts"] + copy * span)
+            args = event.get("args")
+            if isinstance(args, dict) and "correlation" in args:
+                shifted["args"] = dict(args, correlation=args["correlation"] + copy * top_correlation)
+            if str(event.get("name", "")).startswith("ProfilerStep#"):
+                shifted["name"] = f"ProfilerStep#{int(event['name'].split('#')[1]) + copy * step_count}"
+            repeated.append(shifted)
+    document["traceEvents"] = repeated
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"x{copies}.pt.trace.json"
+    path.write_bytes(msgspec.json.encode(document))
+    return path
+
+
+SCALE_CHILD = """
+import sys, time, resource
+from trainprof.analysis import analyze
+t0 = time.perf_counter()
+analyze(sys.argv[1])
+print(time.perf_counter() - t0)
+"""
+
+
+def scale(source: Path, copies: list[int], scratch: Path) -> None:
+    """Analysis time and peak RSS against trace size: `source` repeated 1, 4, 16, ... times."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    print(f"{'copies':>6} {'JSON MB':>8} {'steps':>6} | {'load+analysis s':>15} {'peak MiB':>9}")
+    for count in copies:
+        folder = scratch / f"x{count}"
+        path = repeat_steps(source, count, folder)
+        size_mb = path.stat().st_size / 1e6
+        argv = [sys.executable, "-c", SCALE_CHILD, str(folder)]
+        measured = json.loads(
+            subprocess.run(
+                [sys.executable, __file__, "--measure", json.dumps(argv)],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=REPO,
+            ).stdout
+            or '{"error": "no output"}'
+        )
+        print(
+            f"{count:6d} {size_mb:8.0f} {3 * count:6d} | {measured.get('load_analyze_s') or 0:15.2f}"
+            f" {measured.get('peak_rss_mib') or 0:9.0f}",
+            flush=True,
+        )
+        path.unlink()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--measure":
         print(json.dumps(run_child(json.loads(sys.argv[2]))))
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--scale":
+        # --scale SOURCE_TRACE SCRATCH_DIR COPIES...  (e.g. gpt2_pathologies' trace, /tmp/s, 1 4 16 64)
+        scale(Path(sys.argv[2]), [int(c) for c in sys.argv[4:]], Path(sys.argv[3]))
     else:
         main()
