@@ -162,8 +162,12 @@ def apply_liger(model: torch.nn.Module) -> str:
         ):
             liger = LigerLayerNorm(module.normalized_shape[0], eps=module.eps, bias=module.bias is not None)
             liger.weight = module.weight
-            if module.bias is not None:
-                liger.bias = module.bias
+            # Liger's kernel always adds a bias: a LayerNorm without one gets a frozen zero bias.
+            liger.bias = (
+                module.bias
+                if module.bias is not None
+                else torch.nn.Parameter(torch.zeros_like(module.weight), requires_grad=False)
+            )
             parent, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent), name, liger)
             layer_norms += 1

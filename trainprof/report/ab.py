@@ -142,8 +142,8 @@ def _header_lines(result: dict[str, Any]) -> list[str]:
     lines.append(shape)
     if result.get("matmul_peak_flops"):
         lines.append(
-            f"matmul peak measured: {result['matmul_peak_flops'] / 1e12:.1f} TFLOP/s; copy bandwidth "
-            f"measured: {(result.get('copy_bytes_per_s') or 0) / 1e9:.1f} GB/s"
+            f"matmul peak measured: {result['matmul_peak_flops'] / 1e12:.3g} TFLOP/s; copy bandwidth "
+            f"measured: {(result.get('copy_bytes_per_s') or 0) / 1e9:.3g} GB/s"
         )
     for name, reason in (result.get("skipped") or {}).items():
         lines.append(f"skipped {name}: {reason}")
