@@ -75,8 +75,21 @@ class TraceWriter:
                     device=0,
                     stream=7,
                 )
-        # GPU work after the sync, so the timeline has a busy GPU
-        self._event("kernel", "gemm", start + span + 5, 20, pid=0, tid=7, device=0, stream=7)
+        # GPU work after the sync, launched by an op as in any training step, so the GPU is busy
+        self.correlation += 1
+        self._event("cpu_op", "aten::mm", start + span + 1, 6)
+        self._event("cuda_runtime", "cudaLaunchKernel", start + span + 2, 3, correlation=self.correlation)
+        self._event(
+            "kernel",
+            "gemm",
+            start + span + 6,
+            20,
+            pid=0,
+            tid=7,
+            device=0,
+            stream=7,
+            correlation=self.correlation,
+        )
         self.now = start + span + 50
 
     def write(self, folder: Path, layout: CodeLayout | None = None, sites: list[dict] | None = None) -> Path:
