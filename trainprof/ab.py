@@ -481,9 +481,14 @@ def _profile_and_diff(
         }
         if runs[0].model is None or not any(run.variant.fused for run in runs):
             return diffs, None
-        with _annotate_swappable(runs[0].model) as seen:
-            _profile_step(runs[0], root / PREDICTION_DIR, device)
-        return diffs, _predict(root / PREDICTION_DIR, seen, copy_bandwidth, results)
+        try:  # the diffs stand without the prediction (e.g. a module whose backward hooks fail)
+            with _annotate_swappable(runs[0].model) as seen:
+                _profile_step(runs[0], root / PREDICTION_DIR, device)
+            return diffs, _predict(root / PREDICTION_DIR, seen, copy_bandwidth, results)
+        except Exception as error:
+            logger.warning("trainprof.ab: fused prediction failed: %r", error)
+            reason = f"failed: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+            return diffs, {"available": False, "reason": reason}
 
 
 def clock_name(device: torch.device) -> str:

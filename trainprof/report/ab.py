@@ -157,6 +157,8 @@ def _prediction_lines(result: dict[str, Any]) -> list[str]:
     prediction = result.get("prediction")
     if not prediction:
         return []
+    if "replaced_modules" not in prediction:  # the annotated step itself failed
+        return [f"no fused prediction: {prediction.get('reason')}"]
     lines = [
         f"fused prediction from the {result['variants'][0]['name']} trace: {prediction['replaced_modules']} "
         f"modules swap replaces, {_number(prediction['kernels_per_step'], 0)} kernels / "
