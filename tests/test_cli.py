@@ -22,7 +22,7 @@ def trainprof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 @pytest.mark.skipif(not TRACES.is_dir(), reason="shared fixtures not present")
 def test_analyze_json_prints_one_object():
     (trace_file,) = PATHOLOGIES.glob("*.pt.trace.json.gz")
-    result = trainprof("analyze", str(trace_file), "--json")
+    result = trainprof("analyze", str(trace_file), "--json", "--debug")
     assert result.returncode == 0, result.stderr
     analysis = json.loads(result.stdout)  # exactly one JSON object, nothing else on stdout
     assert set(analysis) >= {"trace", "steps", "findings"}
@@ -34,7 +34,7 @@ def test_analyze_json_prints_one_object():
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="shared fixtures not present")
 def test_analyze_folder_prints_the_report():
-    result = trainprof("analyze", str(PATHOLOGIES))
+    result = trainprof("analyze", str(PATHOLOGIES), "--debug")
     assert result.returncode == 0, result.stderr
     assert "trainprof" in result.stdout and "Top findings" in result.stdout
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
@@ -63,7 +63,7 @@ def _bad_inputs(tmp: Path) -> dict[str, Path]:
 
 def test_bad_input_exits_2_with_one_line_naming_the_file(tmp_path):
     for name, path in _bad_inputs(tmp_path).items():
-        result = trainprof("analyze", str(path), "--json")
+        result = trainprof("analyze", str(path), "--json", "--debug")
         assert result.returncode == 2, (name, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("trainprof: error: "), (name, result.stderr)

@@ -113,3 +113,81 @@ def test_bad_input_names_the_file(tmp_path, case):
     message = str(error.value)
     assert target.name in message
     assert "\n" not in message
+
+
+THIRDPARTY = FIXTURES.parent / "thirdparty"
+
+
+def test_pytorch_1_8_schema_loads_with_steps_and_two_windows():
+    traces = load_traces(THIRDPARTY / "kineto_resnet50_num_workers_4")
+    assert [(t.worker, t.rank, t.window, t.process) for t in traces] == [
+        ("worker0", None, 0, "worker0"), ("worker0", None, 1, "worker0")]
+    for trace in traces:
+        counts = {category: len(table) for category, table in trace.events.items()}
+        # `Operator` 20562 events of which 6 are ProfilerStep#N (moved to user_annotation), `Runtime`
+        # 12085, `Kernel` 8868, `Memcpy` 12, `Memset` 378: counted with a plain json pass over the file.
+        assert (counts["cpu_op"], counts["user_annotation"]) == (20556, 6)
+        assert (counts["cuda_runtime"], counts["kernel"], counts["gpu_memcpy"], counts["gpu_memset"]) == (
+            12085, 8868, 12, 378)
+        steps = [trace.names[i] for i in trace.events["user_annotation"].name]
+        assert all(name.startswith("ProfilerStep#") for name in steps)
+
+
+def test_cuda_sync_records_are_kept_apart_from_gpu_work():
+    (trace,) = load_traces(THIRDPARTY / "hta_cp_simple_add")
+    assert len(trace.events["cuda_sync"]) == 41
+    assert {trace.names[i] for i in trace.events["cuda_sync"].name} <= {"Stream Sync", "Event Sync",
+                                                                       "Context Sync", "Stream Wait Event"}
+
+
+def test_every_third_party_trace_loads():
+    for folder in sorted(p for p in THIRDPARTY.iterdir() if p.is_dir()):
+        for trace in load_traces(folder):
+            assert len(trace.events["kernel"]) > 0, folder.name
+
+
+def test_repeat_2_windows_are_one_process_not_two_ranks(tmp_path):
+    from trainprof.analysis import analyze
+
+    src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
+    for stamp in ("1795302414630700547", "1795302499999999999"):
+        shutil.copy(src, tmp_path / f"Qwen1.5.{stamp}.pt.trace.json.gz")
+    traces = load_traces(tmp_path)
+    assert [(t.worker, t.window, t.process) for t in traces] == [("Qwen1.5", i, "Qwen1.5") for i in (0, 1)]
+    result = analyze(traces).to_dict()
+    assert result["trace"]["ranks"] == []
+    assert not any(f["kind"] == "straggler" for f in result["findings"])
+
+
+@pytest.mark.parametrize(("name", "worker"), [
+    ("Qwen1.5.1795302414630700547.pt.trace.json.gz", "Qwen1.5"),
+    ("node-1.cluster_4242.1623212756351.pt.trace.json", "node-1.cluster_4242"),
+    ("rank0_host_12.pt.trace.json", "rank0_host_12"),
+    ("control.json.gz", "control"),
+])
+def test_worker_name_keeps_its_own_dots(name, worker):
+    assert worker_name(Path(name)) == worker
+
+
+def test_folder_of_runs_loads_the_newest(tmp_path, capsys):
+    from trainprof.cli import main
+
+    src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
+    for age, run in enumerate(("run_b", "run_a")):  # run_a is newer although it sorts first
+        (tmp_path / run).mkdir()
+        copy = tmp_path / run / f"w.17953024146307{age}0547.pt.trace.json.gz"
+        shutil.copy(src, copy)
+        os.utime(copy, (1_000_000 + age, 1_000_000 + age))
+    (trace,) = load_traces(tmp_path)
+    assert trace.path.parent.name == "run_a"
+    assert main(["analyze", str(tmp_path), "--json", "--debug"]) == 0
+    err = capsys.readouterr().err
+    assert "holds 2 run(s); analysing the newest" in err and "run_a" in err and "older: run_b" in err
+
+
+def test_no_readable_events_says_what_is_missing(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text('{"traceEvents": [{"ph": "B", "cat": "foo", "name": "x", "ts": 1}]}')
+    with pytest.raises(TraceLoadError) as error:
+        load_traces(path)
+    assert "needs complete ('ph': 'X') events" in str(error.value) and "B:foo x1" in str(error.value)

@@ -421,10 +421,12 @@ class _TooLarge(Exception):
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, gunzipped when it is gzip: at most `max_trace_bytes()`, regular files only."""
     limit = max_trace_bytes()
-    too_large = (
-        f"{path}: more than {limit:,} bytes of JSON; to read it anyway, raise the limit with "
-        f"--max-trace-bytes or env {MAX_TRACE_BYTES_ENV} (e.g. 8G)"
-    )
+    def too_large(where: str = "") -> str:
+        return (
+            f"{path}: more than {limit:,} bytes of JSON{where}; to read it anyway, raise the limit "
+            f"with --max-trace-bytes or env {MAX_TRACE_BYTES_ENV} (e.g. 8G)"
+        )
+
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -433,13 +435,13 @@ def _read_bytes(path: Path) -> bytes:
             if not stat.S_ISREG(info.st_mode):
                 raise TraceLoadError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
             if info.st_size > limit:
-                raise TraceLoadError(too_large)
+                raise TraceLoadError(too_large())
             # A size of 0 may still hold text (/proc files): read those up to the limit only.
             raw = file.read() if info.st_size else file.read(limit + 1)
     except OSError as error:
         raise TraceLoadError(f"{path}: cannot read ({error.strerror or error})") from None
     if len(raw) > limit:
-        raise TraceLoadError(too_large)
+        raise TraceLoadError(too_large())
     if not raw:
         raise TraceLoadError(f"{path}: empty file")
     if raw[:2] == b"\x1f\x8b":
@@ -448,7 +450,7 @@ def _read_bytes(path: Path) -> bytes:
         except (_InflateError, EOFError, OSError) as error:
             raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
         except _TooLarge:
-            raise TraceLoadError(too_large + ", after gunzip") from None
+            raise TraceLoadError(too_large(" after gunzip")) from None
         if not raw:
             raise TraceLoadError(f"{path}: empty file (inside gzip)")
     return raw
