@@ -355,6 +355,8 @@ def main(count: int, first_seed: int = 0) -> int:
             except BaseException as error:  # noqa: BLE001 - every failure is counted and shown
                 outcomes["failed"] += 1
                 print(f"FAIL {description}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+        if (seed - first_seed + 1) % 250 == 0:
+            print(f"after {seed - first_seed + 1}: {dict(outcomes)}; slowest {slowest:.2f} s", flush=True)
     print(f"{count} mutants (seeds {first_seed}..{first_seed + count - 1}): {dict(outcomes)}; "
           f"slowest {slowest:.2f} s")
     return 1 if outcomes["failed"] else 0
