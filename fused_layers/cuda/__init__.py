@@ -123,15 +123,27 @@ def _layer_norm_backward(
     return dx, dw.to(x.dtype) if need_dw else None, db.to(x.dtype) if need_db else None, None
 
 
+# ctx in forward, not setup_context staticmethods: Function.apply binds a setup_context Function's
+# arguments with inspect.signature on every call.
 class _GeluFunction(torch.autograd.Function):
-    forward = staticmethod(_gelu_fwd)
-    setup_context = staticmethod(_gelu_setup_context)
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, tanh_approx: bool) -> Tensor:
+        output = _gelu_fwd(x, tanh_approx)
+        _gelu_setup_context(ctx, (x, tanh_approx), output)
+        return output
+
     backward = staticmethod(_gelu_backward)
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    forward = staticmethod(_layer_norm_fwd)
-    setup_context = staticmethod(_layer_norm_setup_context)
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        output = _layer_norm_fwd(x, weight, bias, eps)
+        _layer_norm_setup_context(ctx, (x, weight, bias, eps), output)
+        return output
+
     backward = staticmethod(_layer_norm_backward)
 
 

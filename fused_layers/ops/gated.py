@@ -131,8 +131,14 @@ def _backward(ctx: Any, dc: Tensor) -> tuple[Tensor, Tensor, None]:
 class GatedFunction(torch.autograd.Function):
     """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    forward = staticmethod(_gated_fwd)
-    setup_context = staticmethod(_setup_context)
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor, activation: int) -> Tensor:
+        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
+        # Function's arguments with inspect.signature on every call.
+        output = _gated_fwd(a, b, activation)
+        _setup_context(ctx, (a, b, activation), output)
+        return output
+
     backward = staticmethod(_backward)
 
 

@@ -119,8 +119,14 @@ def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
 class GELUFunction(torch.autograd.Function):
     """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    forward = staticmethod(_gelu_fwd)
-    setup_context = staticmethod(_setup_context)
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, approximate: str) -> Tensor:
+        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
+        # Function's arguments with inspect.signature on every call.
+        output = _gelu_fwd(x, approximate)
+        _setup_context(ctx, (x, approximate), output)
+        return output
+
     backward = staticmethod(_backward)
 
 

@@ -264,8 +264,14 @@ def _backward(ctx: Any, dy: Tensor | None, _drstd: None) -> tuple[Tensor | None,
 class RMSNormFunction(torch.autograd.Function):
     """The eager path: the launchers called directly, with no dispatcher in between."""
 
-    forward = staticmethod(_rms_norm_fwd)
-    setup_context = staticmethod(_setup_context)
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
+        # Function's arguments with inspect.signature on every call.
+        output = _rms_norm_fwd(x, weight, eps)
+        _setup_context(ctx, (x, weight, eps), output)
+        return output
+
     backward = staticmethod(_backward)
 
 
