@@ -38,7 +38,7 @@ def test_json_shape_and_host_clock(tiny_run):
     result, _ = tiny_run
     data = json.loads(json.dumps(result.to_dict()))
     assert data["clock"] == "host" and "host time" in data["method"]["timing"]
-    assert [v["name"] for v in data["variants"]] == ["bare", "fused"]
+    assert [v["name"] for v in data["variants"]] == ["bare", "fused"], data["skipped"]
     for variant in data["variants"]:
         assert len(variant["blocks_ms"]) == 2 and len(variant["losses"]) == 3
         assert variant["ci_low_ms"] <= variant["median_ms"] <= variant["ci_high_ms"]
