@@ -119,6 +119,13 @@ def attribute_kernels(timeline: Timeline) -> KernelOwners:
         launch_end = np.where(has_call, calls.end_us[call], 0.0)
 
     cpu_ops = trace.events["cpu_op"]
+    if not len(cpu_ops):  # launches but no ops recorded: nothing can own a kernel
+        unknown = np.full(n, -1, dtype=np.int64)
+        return KernelOwners(
+            phase=np.zeros(n, dtype=np.int8), op=unknown, module=unknown.copy(),
+            linked=np.zeros(n, dtype=bool), site_thread=launch_thread, site_start_us=launch_start,
+            site_end_us=launch_end, ops=[], modules=[],
+        )
     ops = _OpIndex(trace)
     op_of_kernel = ops.nesting.innermost(launch_thread, launch_start, launch_end)
 
