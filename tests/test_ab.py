@@ -22,6 +22,10 @@ def tiny_run(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("ab")
     patch = pytest.MonkeyPatch()
     patch.delenv("TRITON_INTERPRET", raising=False)
+    from fused_layers.ops import _library
+
+    # fused_layers reads TRITON_INTERPRET once, at import: another test file may have imported it first.
+    patch.setattr(_library, "INTERPRETING", False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 shared cores: spinning worker threads made steps 100x slower
     try:

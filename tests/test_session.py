@@ -156,7 +156,7 @@ def test_sync_sites_captured_during_recorded_steps_only(tmp_path):
                 optimizer.step()
                 optimizer.zero_grad()
     sites = json.loads((tmp_path / "run" / f"{sess.worker}.syncsites.json").read_text())
-    assert sites["worker"] == sess.worker and sites["version"] == 1
+    assert sites["worker"] == sess.worker and sites["version"] == 2
     assert [(s["step"], s["call"], s["line"]) for s in sites["sites"]] == [
         (2, "implicit", lines[2]), (3, "implicit", lines[3])]
     site = sites["sites"][0]
