@@ -234,11 +234,15 @@ class _Nesting:
         found = np.full(len(thread), -1, dtype=np.int64)
         if not len(self.order) or not len(thread):
             return found
-        for t in np.unique(thread[thread >= 0]).tolist():
+        # Queries grouped by thread once (a mask per thread would cost threads x queries).
+        by_thread = np.argsort(thread, kind="stable")
+        present, first = np.unique(thread[by_thread], return_index=True)
+        for t, asked in zip(present.tolist(), np.split(by_thread, first[1:]), strict=True):
+            if t < 0:
+                continue
             lo, hi = np.searchsorted(self.thread, [t, t + 1])
             if lo == hi:
                 continue
-            asked = np.flatnonzero(thread == t)
             at = lo + np.searchsorted(self.start[lo:hi], start[asked], side="right") - 1
             at[at < lo] = -1
             query_end = end[asked] - _NESTING_SLACK_US

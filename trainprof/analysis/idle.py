@@ -263,6 +263,9 @@ CALL_CAUSES: dict[str, int] = {
 _LENDING_KINDS = frozenset(
     {"launch", "graph_launch", "sync", "copy", "memset", "alloc", "free", "context", "stream_create"}
 )
+# The same two sets as lookup tables over call kind codes (np.isin per thread costs 100x more).
+_GPU_WORK_KIND = np.array([k in ("launch", "graph_launch", "copy", "memset") for k in KINDS])
+_LENDING_KIND = np.array([k in _LENDING_KINDS for k in KINDS])
 _STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
 _CATEGORY_CODE = {"user_annotation": 0, "cpu_op": 1, "python_function": 2}
 
@@ -294,14 +297,22 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
     threads = _threads(timeline)
     main = timeline.main_thread
     facts = _NameFacts(trace)
-    labels = {t: _thread_labels(timeline, t, thresholds, t != main, facts) for t in threads}
+    # Grouped and classified once for all threads: per thread, a mask over every call would cost
+    # O(threads x calls) (150k threads: minutes).
+    calls_of = _rows_by_thread(timeline.calls.thread)
+    call_cause = _call_causes(timeline, thresholds)
+    no_calls = np.zeros(0, dtype=np.int64)
+    labels = {
+        t: _thread_labels(timeline, t, calls_of.get(t, no_calls), call_cause, thresholds, t != main, facts)
+        for t in threads
+    }
 
     # Cut the gaps at every boundary of every thread's step function.
-    cuts = [gap_s, gap_e] + [_inside(lab.times, gap_s, gap_e) for lab in labels.values()]
-    edges = np.unique(np.concatenate(cuts)) if cuts else np.zeros(0)
+    all_times = np.concatenate([lab.times for lab in labels.values()]) if labels else np.zeros(0)
+    edges = np.unique(np.concatenate((gap_s, gap_e, _inside(all_times, gap_s, gap_e))))
     mids = (edges[:-1] + edges[1:]) / 2 if len(edges) > 1 else np.zeros(0)
     g = np.searchsorted(gap_s, mids, side="right") - 1
-    in_gap = (g >= 0) & (mids < gap_e[np.clip(g, 0, None)]) if len(gap_s) else np.zeros(len(mids), bool)
+    in_gap = (g >= 0) & (mids < gap_e[np.maximum(g, 0)]) if len(gap_s) else np.zeros(len(mids), bool)
     mids, g = mids[in_gap], g[in_gap]
     lengths = (edges[1:] - edges[:-1])[in_gap]
 
@@ -315,19 +326,8 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
     # Where the loop's thread is only in `host`/`unknown` or waiting on other threads, the strongest
     # cause another thread has at that moment decides.
     lendable = (cause == HOST) | (cause == UNKNOWN) | (cause == _WAITING)
-    strength = np.full(len(CAUSE_NAMES) + 2, len(_LENT_BY_OTHER_THREADS), dtype=np.int64)
-    strength[list(_LENT_BY_OTHER_THREADS)] = np.arange(len(_LENT_BY_OTHER_THREADS))
-    best = np.full(len(mids), len(_LENT_BY_OTHER_THREADS), dtype=np.int64)
-    for t, lab in labels.items():
-        if t == main:
-            continue
-        other_cause, other_key = _lookup(lab, mids)
-        other_strength = strength[other_cause]  # _NONE (-1) reads the last entry: never lent
-        lend = lendable & (other_strength < best)
-        best = np.where(lend, other_strength, best)
-        cause = np.where(lend, other_cause, cause)
-        key = np.where(lend, other_key, key)
-        slot = np.where(lend, threads.index(t), slot)
+    piece, lent_cause, lent_key, lent_slot = _lent_by_other_threads(labels, threads, main, mids, lendable)
+    cause[piece], key[piece], slot[piece] = lent_cause, lent_key, lent_slot
     cause = np.where(cause == _WAITING, _WAITING_CAUSE, cause)
 
     # Pieces grouped by (cause, thread, deciding event): the holders of idle time.
@@ -370,18 +370,30 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
 
 
 def _gaps(timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every GPU-idle interval inside a step: starts, ends, step index (sorted by start)."""
-    starts, ends, steps = [], [], []
-    for i, window in enumerate(timeline.steps):
-        gs, ge = timeline.gpu_busy.gaps(window.start_us, window.end_us)
-        starts.append(gs)
-        ends.append(ge)
-        steps.append(np.full(len(gs), i, dtype=np.int64))
-    if not starts:
-        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
-    gs, ge, st = np.concatenate(starts), np.concatenate(ends), np.concatenate(steps)
+    """Every GPU-idle interval inside a step: starts, ends, step index (sorted by start).
+
+    `Coverage.gaps` for all steps at once (a call per step costs seconds at 200k steps): step i's
+    gaps run from its start and each busy interval's end to each busy interval's start and its end,
+    clipped to the step.
+    """
+    busy = timeline.gpu_busy
+    a = np.array([w.start_us for w in timeline.steps], dtype=np.float64)
+    b = np.array([w.end_us for w in timeline.steps], dtype=np.float64)
+    lo = np.searchsorted(busy.ends, a, side="right")
+    hi = np.searchsorted(busy.starts, b, side="left")
+    per_step = np.maximum(hi - lo, 0) + 1  # busy intervals inside a step, plus one
+    step = np.repeat(np.arange(len(a), dtype=np.int64), per_step)
+    j = np.arange(len(step)) - np.repeat(np.cumsum(per_step) - per_step, per_step)  # gap j of its step
+    first, last = j == 0, j == per_step[step] - 1
+    row = lo[step] + j  # gap j lies between busy intervals row - 1 and row
+    n_busy = len(busy.starts)
+    gs = np.where(first, a[step], busy.ends[np.maximum(row - 1, 0)] if n_busy else 0.0)
+    ge = np.where(last, b[step], busy.starts[np.minimum(row, n_busy - 1)] if n_busy else 0.0)
+    gs, ge = np.clip(gs, a[step], b[step]), np.clip(ge, a[step], b[step])
+    keep = ge > gs
+    gs, ge, step = gs[keep], ge[keep], step[keep]
     order = np.argsort(gs, kind="stable")
-    return gs[order], ge[order], st[order]
+    return gs[order], ge[order], step[order]
 
 
 def _inside(times: np.ndarray, gap_s: np.ndarray, gap_e: np.ndarray) -> np.ndarray:
@@ -389,7 +401,7 @@ def _inside(times: np.ndarray, gap_s: np.ndarray, gap_e: np.ndarray) -> np.ndarr
     if len(gap_s) == 0 or len(times) == 0:
         return np.zeros(0)
     g = np.searchsorted(gap_s, times, side="right") - 1
-    return times[(g >= 0) & (times < gap_e[np.clip(g, 0, None)])]
+    return times[(g >= 0) & (times < gap_e[np.maximum(g, 0)])]
 
 
 def _threads(timeline: Timeline) -> list[int]:
@@ -400,10 +412,63 @@ def _threads(timeline: Timeline) -> list[int]:
     return threads + sorted(t for t in active if t != timeline.main_thread)
 
 
+def _lent_by_other_threads(
+    labels: dict[int, _ThreadLabels],
+    threads: list[int],
+    main: int | None,
+    mids: np.ndarray,
+    lendable: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where the loop's thread can be lent a cause (`lendable`, per piece at `mids`), what the other
+    threads lend: (piece, cause, key, slot). The strongest cause of `_LENT_BY_OTHER_THREADS` wins,
+    the earliest thread in `threads` on a tie.
+
+    Only the segments with a lendable cause are matched to the pieces they cover, by bisection over
+    all threads at once: looking every piece up in every thread's step function would cost
+    O(threads x pieces) (150k threads: hours).
+    """
+    n_lent = len(_LENT_BY_OTHER_THREADS)
+    strength = np.full(len(CAUSE_NAMES) + 2, n_lent, dtype=np.int64)  # _NONE (-1) reads the last entry
+    strength[list(_LENT_BY_OTHER_THREADS)] = np.arange(n_lent)
+    others = [(s, labels[t]) for s, t in enumerate(threads) if t != main]
+    empty = np.zeros(0, dtype=np.int64)
+    if not others or not len(mids):
+        return empty, empty, empty, empty
+    sizes = np.array([len(lab.times) for _, lab in others], dtype=np.int64)
+    times = np.concatenate([lab.times for _, lab in others])
+    seg_cause = np.concatenate([lab.cause for _, lab in others]).astype(np.int64)
+    seg_key = np.concatenate([lab.key for _, lab in others]).astype(np.int64)
+    seg_slot = np.repeat(np.array([s for s, _ in others], dtype=np.int64), sizes)
+    # Segment k of a thread is [times[k], times[k+1]); its last one never ends.
+    seg_end = np.append(times[1:], np.inf)
+    seg_end[np.cumsum(sizes)[sizes > 0] - 1] = np.inf
+    seg = np.flatnonzero(strength[seg_cause] < n_lent)
+    lo = np.searchsorted(mids, times[seg], side="left")
+    counts = np.searchsorted(mids, seg_end[seg], side="left") - lo
+    # Every (piece, segment) pair: the pieces lo, lo+1, ... of each segment.
+    seg = np.repeat(seg, counts)
+    piece = np.repeat(lo, counts) + np.arange(len(seg)) - np.repeat(np.cumsum(counts) - counts, counts)
+    take = lendable[piece]
+    piece, seg = piece[take], seg[take]
+    order = np.lexsort((seg_slot[seg], strength[seg_cause[seg]], piece))
+    first = order[np.r_[True, piece[order][1:] != piece[order][:-1]]] if len(order) else order
+    seg = seg[first]
+    return piece[first], seg_cause[seg], seg_key[seg], seg_slot[seg]
+
+
+def _rows_by_thread(thread: np.ndarray) -> dict[int, np.ndarray]:
+    """Per thread, the rows of a table on it, in table order."""
+    order = np.argsort(thread, kind="stable")
+    values, first = np.unique(thread[order], return_index=True)
+    if not len(order):
+        return {}
+    return dict(zip(values.tolist(), np.split(order, first[1:]), strict=True))
+
+
 def _lookup(labels: _ThreadLabels, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (cause, key) of a thread's step function at each time."""
     k = np.searchsorted(labels.times, times, side="right") - 1
-    kc = np.clip(k, 0, None)
+    kc = np.maximum(k, 0)
     if len(labels.times) == 0:
         return np.full(len(times), _NONE, dtype=np.int64), np.full(len(times), -1, dtype=np.int64)
     return np.where(k >= 0, labels.cause[kc], _NONE), np.where(k >= 0, labels.key[kc], -1)
@@ -428,12 +493,19 @@ def _nearest(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
 
 
 class _NameFacts:
-    """What the classification needs to know about a frame name, worked out once per name."""
+    """What the classification needs to know about a frame name, worked out once per name.
+
+    Kept as columns over all names, so a thread's lookup is a few array indexings (with 150k threads
+    a per-thread Python pass over its names cost seconds).
+    """
 
     def __init__(self, trace):
         self.names = trace.names
         self.layout = getattr(trace, "code_layout", None) or current_layout()
-        self._known: dict[int, tuple[int, bool, bool, bool, bool]] = {}
+        n = len(self.names)
+        self._done = np.zeros(n, dtype=bool)
+        self._rule = np.full(n, _NONE, dtype=np.int64)
+        self._flags = np.zeros((4, n), dtype=bool)
 
     def _facts(self, name_id: int) -> tuple[int, bool, bool, bool, bool]:
         name = self.names[name_id]
@@ -451,23 +523,28 @@ class _NameFacts:
 
     def of(self, name_ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """For distinct name ids: rule cause, warm-up op, step annotation, named Python, stdlib Python."""
-        known = self._known
-        rows = []
-        for nid in name_ids.tolist():
-            row = known.get(nid)
-            if row is None:
-                row = known[nid] = self._facts(nid)
-            rows.append(row)
-        if not rows:
-            return (np.zeros(0, dtype=np.int64),) + tuple(np.zeros(0, dtype=bool) for _ in range(4))
-        columns = list(zip(*rows, strict=True))
-        return (np.array(columns[0], dtype=np.int64),) + tuple(np.array(c, dtype=bool) for c in columns[1:])
+        for nid in name_ids[~self._done[name_ids]].tolist():
+            rule, *flags = self._facts(nid)
+            self._rule[nid] = rule
+            self._flags[:, nid] = flags
+            self._done[nid] = True
+        flags = self._flags[:, name_ids]
+        return (self._rule[name_ids], flags[0], flags[1], flags[2], flags[3])
 
 
 def _thread_labels(
-    timeline: Timeline, thread: int, thresholds: Thresholds, lend_only: bool, facts: _NameFacts
+    timeline: Timeline,
+    thread: int,
+    on_thread: np.ndarray,
+    call_cause: np.ndarray,
+    thresholds: Thresholds,
+    lend_only: bool,
+    facts: _NameFacts,
 ) -> _ThreadLabels:
-    """A thread's cause at every moment: its frames' causes, overlaid with its runtime calls'."""
+    """A thread's cause at every moment: its frames' causes, overlaid with its runtime calls'.
+
+    `on_thread`: the rows of `timeline.calls` on the thread; `call_cause`: `_call_causes` of every call.
+    """
     trace = timeline.trace
     frames = trace.frames(thread)
     n = len(frames.parent)
@@ -479,9 +556,8 @@ def _thread_labels(
     starts, ends = frames.starts, frames.ends
 
     calls = timeline.calls
-    on_thread = np.flatnonzero(calls.thread == thread)
     kinds = timeline.call_kind[on_thread]
-    gpu_work = np.isin(kinds, [KINDS.index(k) for k in ("launch", "graph_launch", "copy", "memset")])
+    gpu_work = _GPU_WORK_KIND[kinds]
     work_starts = calls.start_us[on_thread[gpu_work]]
 
     # Per distinct name: its FRAME_RULES cause, whether it is a warm-up op, a step annotation, a
@@ -510,13 +586,13 @@ def _thread_labels(
     # The nearest enclosing rule holds inside its frame; a launching op chain is `launch` for its
     # innermost time unless a rule sits inside the chain (innermost first).
     region = _nearest(parent, own != _NONE)
-    chain_top = _nearest(parent, is_op & ~np.concatenate(([False], is_op))[np.clip(parent + 1, 0, None)])
+    chain_top = _nearest(parent, is_op & ~np.concatenate(([False], is_op))[np.maximum(parent + 1, 0)])
     has_work = np.zeros(n, dtype=bool)
     if work_starts.size and n:
         has_work = np.searchsorted(work_starts, ends, side="right") > np.searchsorted(work_starts, starts)
-    top = np.clip(chain_top, 0, None)
+    top = np.maximum(chain_top, 0)
     launching = is_op & (chain_top >= 0) & has_work[top] & ~(region >= chain_top)
-    cause = np.where(region >= 0, own[np.clip(region, 0, None)], _NONE)
+    cause = np.where(region >= 0, own[np.maximum(region, 0)], _NONE)
     cause = np.where(launching, LAUNCH, cause)
     step_frame = step_mark[inverse] if n else np.zeros(0, dtype=bool)
     unresolved = cause == _NONE
@@ -532,7 +608,7 @@ def _thread_labels(
     decider = np.where(
         launching, np.arange(n), np.where(region >= 0, region, np.where(named >= 0, named, np.arange(n)))
     )
-    frame_key = name_ids[np.clip(decider, 0, None)] * 2 if n else np.zeros(0, dtype=np.int64)
+    frame_key = name_ids[np.maximum(decider, 0)] * 2 if n else np.zeros(0, dtype=np.int64)
     frame_key = np.where(step_frame & unresolved, -1, frame_key)
 
     # Step function of the frames: at a frame's start it is innermost; at its end its parent is.
@@ -543,13 +619,13 @@ def _thread_labels(
     tie = np.concatenate((np.arange(n), -np.arange(n)))
     order = np.lexsort((tie, ~is_end, times))
     times, seg_frame = times[order], seg_frame[order]
-    seg_cause = np.where(seg_frame >= 0, cause[np.clip(seg_frame, 0, None)] if n else _NONE, _NONE)
-    seg_key = np.where(seg_frame >= 0, frame_key[np.clip(seg_frame, 0, None)] if n else -1, -1)
+    seg_cause = np.where(seg_frame >= 0, cause[np.maximum(seg_frame, 0)] if n else _NONE, _NONE)
+    seg_key = np.where(seg_frame >= 0, frame_key[np.maximum(seg_frame, 0)] if n else -1, -1)
 
     # Runtime calls overlay the frames (innermost), except inside warm-up.
-    call_cause = _call_causes(timeline, on_thread, kinds, thresholds)
+    call_cause = call_cause[on_thread]
     if lend_only:
-        lendable = np.isin(kinds, [KINDS.index(k) for k in _LENDING_KINDS])
+        lendable = _LENDING_KIND[kinds]
         call_cause = np.where(lendable, call_cause, _NONE)
     cs, ce = calls.start_us[on_thread], calls.end_us[on_thread]
     frame_at_call, frame_key_at_call = _lookup(_ThreadLabels(times, seg_cause, seg_key), (cs + ce) / 2)
@@ -563,19 +639,18 @@ def _thread_labels(
     return _overlay(_ThreadLabels(times, seg_cause, seg_key), cs, ce, call_cause, call_key)
 
 
-def _call_causes(
-    timeline: Timeline, on_thread: np.ndarray, kinds: np.ndarray, thresholds: Thresholds
-) -> np.ndarray:
-    """The cause of each runtime call on a thread (`CALL_CAUSES`, blocking copies, long launches, capture)."""
+def _call_causes(timeline: Timeline, thresholds: Thresholds) -> np.ndarray:
+    """The cause of each runtime call (`CALL_CAUSES`, blocking copies, long launches, capture)."""
     trace = timeline.trace
     calls = timeline.calls
+    kinds = timeline.call_kind
     by_kind = np.array([CALL_CAUSES[k] for k in KINDS], dtype=np.int64)
     cause = by_kind[kinds] if len(kinds) else np.zeros(0, dtype=np.int64)
-    names = calls.name[on_thread]
+    names = calls.name
     blocking_copy = trace.names_matching(is_blocking_copy)
     capture = trace.names_matching(lambda n: _CAPTURE_CALLS.match(n) is not None)
     cause = np.where(blocking_copy[names], BLOCKING, cause)
-    long_launch = (kinds == KINDS.index("launch")) & (calls.dur_us[on_thread] >= thresholds.long_launch_us)
+    long_launch = (kinds == KINDS.index("launch")) & (calls.dur_us >= thresholds.long_launch_us)
     cause = np.where(long_launch | capture[names], WARMUP, cause)
     return cause
 
@@ -591,7 +666,7 @@ def _overlay(
     # The call covering each time: the latest started whose end is after it.
     # With overlapping calls (a driver call inside a runtime call) the latest started one decides.
     k = np.searchsorted(cs, times, side="right") - 1
-    kc = np.clip(k, 0, None)
+    kc = np.maximum(k, 0)
     inside = (k >= 0) & (ce[kc] > times)
     cause = np.where(inside, call_cause[kc], base_cause)
     key = np.where(inside, call_key[kc], base_key)

@@ -43,20 +43,28 @@ def launch_stats(timeline: Timeline, costs: OwnerCosts | None = None) -> tuple[l
     graph_launch = timeline.call_kind == kind_code("graph_launch")
     graph_launch_step = timeline.step_of(calls.start_us[graph_launch]) if graph_launch.any() else np.zeros(0)
     graph_launch_us = calls.dur_us[graph_launch]
+    # Kernels and graph launches grouped by step once (a mask per step would cost steps x kernels:
+    # 200k steps, hours).
+    n_steps = len(timeline.steps)
+    kernel_step = timeline.kernel_step
+    kernel_count = np.bincount(kernel_step[kernel_step >= 0], minlength=n_steps)
+    tiny_count = np.bincount(kernel_step[(kernel_step >= 0) & tiny], minlength=n_steps)
+    replay_count = np.bincount(kernel_step[(kernel_step >= 0) & replay], minlength=n_steps)
+    kernel_us = _by_step(kernel_step, kernels.dur_us, n_steps)
+    graph_launch_step = np.asarray(graph_launch_step, dtype=np.int64)
+    graph_us = _by_step(graph_launch_step, graph_launch_us, n_steps)
     per_step = []
-    for i in range(len(timeline.steps)):
-        in_step = timeline.kernel_step == i
-        count = int(in_step.sum())
-        tiny_count = int((tiny & in_step).sum())
-        launched_here = graph_launch_step == i
+    for i in range(n_steps):
+        count, tiny_here = int(kernel_count[i]), int(tiny_count[i])
+        launched_us = graph_us.get(i, np.zeros(0))
         per_step.append(
             {
-                "tiny_kernel_count": tiny_count,
-                "tiny_kernel_pct": round(100.0 * tiny_count / count, 2) if count else 0.0,
-                "median_kernel_us": round(median(kernels.dur_us[in_step].tolist()), 3) if count else 0.0,
-                "graph_replay_kernel_count": int((replay & in_step).sum()),
-                "graph_launch_count": int(launched_here.sum()),
-                "graph_launch_ms": round(float(graph_launch_us[launched_here].sum()) / 1e3, 4),
+                "tiny_kernel_count": tiny_here,
+                "tiny_kernel_pct": round(100.0 * tiny_here / count, 2) if count else 0.0,
+                "median_kernel_us": round(median(kernel_us[i].tolist()), 3) if count else 0.0,
+                "graph_replay_kernel_count": int(replay_count[i]),
+                "graph_launch_count": len(launched_us),
+                "graph_launch_ms": round(float(launched_us.sum()) / 1e3, 4),
             }
         )
 
@@ -89,6 +97,16 @@ def launch_stats(timeline: Timeline, costs: OwnerCosts | None = None) -> tuple[l
         "unowned_tiny_kernel_count": costs.unowned_tiny_kernels,
     }
     return per_step, totals
+
+
+def _by_step(step: np.ndarray, values: np.ndarray, n_steps: int) -> dict[int, np.ndarray]:
+    """Per step that has any, its `values` (rows with `step` in 0..n_steps-1), in row order."""
+    rows = np.flatnonzero((step >= 0) & (step < n_steps))
+    rows = rows[np.argsort(step[rows], kind="stable")]
+    present, first = np.unique(step[rows], return_index=True)
+    if not len(rows):
+        return {}
+    return dict(zip(present.tolist(), np.split(values[rows], first[1:]), strict=True))
 
 
 def _region(row: OwnerCost, steps: int) -> dict:
