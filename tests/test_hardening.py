@@ -459,6 +459,46 @@ def test_analysis_runs_where_torch_cannot_be_imported(tmp_path):
     assert json.loads(result.stdout)["trace"]["summary"]["verdict"] == "cpu-only"
 
 
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_fused_layers_without_triton_swap_and_train_with_torch(interpret):
+    # macOS and Windows have no triton (a Linux-only dependency): `import fused_layers` used to fail.
+    result = _run_python(f"""
+        import os, sys, warnings
+        os.environ["TRITON_INTERPRET"] = "{interpret}"
+        sys.modules["triton"] = None  # any import of triton fails
+        import torch
+        import fused_layers
+        from fused_layers.ops import _library
+        assert not _library.TRITON_AVAILABLE and not _library.INTERPRETING
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                    torch.nn.Linear(32, 1))
+        model = torch.nn.Sequential(*[layer for layer in plain])  # the same parameters
+        x = torch.randn(4, 16)
+        expected = plain(x).sum()
+        expected.backward()
+        grads = [p.grad.clone() for p in plain.parameters()]
+        plain.zero_grad()
+        record = fused_layers.swap(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model(x).sum()
+            out.backward()
+            fused_layers.rms_norm(x, torch.ones(16)), fused_layers.swiglu(x, x)
+        assert sorted(type(m).__name__ for m in model) == ["FusedGELU", "FusedLayerNorm", "Linear", "Linear"]
+        torch.testing.assert_close(out, expected)
+        for p, g in zip(model.parameters(), grads):
+            torch.testing.assert_close(p.grad, g)
+        messages = [str(w.message) for w in caught if "fused_layers" in str(w.message)]
+        assert len(messages) == 1 and "Triton is not installed" in messages[0], messages
+        fused_layers.unswap(model, record)
+        assert [type(m).__name__ for m in model] == ["Linear", "LayerNorm", "GELU", "Linear"]
+        print("ok")
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok")
+
+
 def test_make_honours_a_new_torch_spec_when_the_venv_exists(tmp_path):
     """An existing venv whose python only logs its arguments: what would `make` install?"""
     venv = tmp_path / "venv"

@@ -47,21 +47,30 @@ def resolve_backend(op: str, backend: str | None, *maybe_tensors: torch.Tensor |
         raise ValueError(f"{op}: unknown backend {choice!r}; expected one of {_BACKENDS}")
     if choice == "cuda" and op not in _CUDA_OPS:
         raise ValueError(f"{op}: no CUDA C++ version; use backend 'triton' or 'torch'")
+    if choice == "triton" and not _library.TRITON_AVAILABLE:
+        _warn_fallback(f"{op}: Triton is not installed here (it is a Linux-only dependency)")
+        return "torch"
     if choice == "torch" or all(t.is_cuda for t in tensors):
         return choice
     if choice == "triton" and _library.INTERPRETING:
         return choice
+    _warn_fallback(
+        f"{op} got tensors that are not on a CUDA device (set TRITON_INTERPRET=1 to run the Triton "
+        "kernels on the CPU)"
+    )
+    return "torch"
+
+
+def _warn_fallback(why: str) -> None:
+    """One warning per process that the fused ops run their plain torch versions, and why."""
     global _warned_fallback
     if not _warned_fallback:
         _warned_fallback = True
         warnings.warn(
-            f"fused_layers: {op} got tensors that are not on a CUDA device; using the plain torch "
-            "version (set TRITON_INTERPRET=1 to run the Triton kernels on the CPU). "
-            "Warned once per process.",
+            f"fused_layers: {why}; using the plain torch version. Warned once per process.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    return "torch"
 
 
 def _default_backend(op: str, tensors: tuple[torch.Tensor, ...]) -> str:

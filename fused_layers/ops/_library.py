@@ -24,13 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import triton
 from torch import Tensor
+
+from fused_layers.ops._triton import AVAILABLE as TRITON_AVAILABLE
+from fused_layers.ops._triton import triton
 
 NAMESPACE = "fused_layers"
 
 #: Triton's CPU interpreter is on (the kernels were defined as interpreted functions at import).
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETING = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET") == "1"
 
 #: Whether eager calls launch compiled kernels directly (set FUSED_LAYERS_DIRECT_LAUNCH=0 for
 #: Triton's own launcher, e.g. to compare host times). Needs Triton >= 3.4, whose compiled

@@ -10,13 +10,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._launch import flat_config
 from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
+from fused_layers.ops._triton import tl, triton
 from fused_layers.ops.gelu import _APPROXIMATIONS, _gelu_value, _gelu_value_and_grad
 
 # ACTIVATION constexpr values

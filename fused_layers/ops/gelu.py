@@ -6,14 +6,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch import Tensor
 
 import fused_layers.cuda as fused_cuda
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._launch import flat_config
 from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
+from fused_layers.ops._triton import tl, triton
 
 _APPROXIMATIONS = ("tanh", "none")
 

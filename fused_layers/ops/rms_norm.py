@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from fused_layers.ops import _launch
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
+from fused_layers.ops._triton import tl, triton
 
 
 @triton.jit
