@@ -15,9 +15,10 @@ FIXTURES = Path(
     os.environ.get("TRAINPROF_FIXTURES")
     or Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "traces"
 )
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not found at {FIXTURES}")
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not found at {FIXTURES}")
 
 
+@needs_fixtures
 def test_loads_single_trace_with_counts():
     (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
     assert trace.worker == "gpt2_pathologies"
@@ -34,6 +35,7 @@ def test_loads_single_trace_with_counts():
     assert trace.sync_sites is None
 
 
+@needs_fixtures
 def test_folder_of_ranks_sorted_by_rank():
     traces = load_traces(FIXTURES / "ddp_straggler")
     assert [t.rank for t in traces] == [0, 1]
@@ -41,6 +43,7 @@ def test_folder_of_ranks_sorted_by_rank():
     assert traces[0].distributed_info["world_size"] == 2
 
 
+@needs_fixtures
 def test_frames_nest_item_inside_user_loop():
     (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
     runtime = trace.events["cuda_runtime"]
@@ -52,6 +55,7 @@ def test_frames_nest_item_inside_user_loop():
     assert names[-2:] == ["aten::item", "aten::_local_scalar_dense"]
 
 
+@needs_fixtures
 def test_bare_event_list_and_plain_json(tmp_path):
     src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
     plain = tmp_path / "w.1.pt.trace.json"
@@ -62,6 +66,7 @@ def test_bare_event_list_and_plain_json(tmp_path):
     assert len(load_traces(bare)[0].events["kernel"]) == 1
 
 
+@needs_fixtures
 def test_gzip_of_several_members_loads_whole(tmp_path):
     text = gzip.decompress(next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz")).read_bytes())
     middle = len(text) // 2
@@ -70,6 +75,7 @@ def test_gzip_of_several_members_loads_whole(tmp_path):
     assert len(load_traces(split)[0].events["kernel"]) == 1773
 
 
+@needs_fixtures
 def test_sync_sites_file_matched_by_worker(tmp_path):
     src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
     dst = tmp_path / "trainer-rank-3.1795302433816535958.pt.trace.json.gz"
@@ -118,6 +124,7 @@ def test_bad_input_names_the_file(tmp_path, case):
 THIRDPARTY = FIXTURES.parent / "thirdparty"
 
 
+@needs_fixtures
 def test_pytorch_1_8_schema_loads_with_steps_and_two_windows():
     traces = load_traces(THIRDPARTY / "kineto_resnet50_num_workers_4")
     assert [(t.worker, t.rank, t.window, t.process) for t in traces] == [
@@ -133,6 +140,7 @@ def test_pytorch_1_8_schema_loads_with_steps_and_two_windows():
         assert all(name.startswith("ProfilerStep#") for name in steps)
 
 
+@needs_fixtures
 def test_cuda_sync_records_are_kept_apart_from_gpu_work():
     (trace,) = load_traces(THIRDPARTY / "hta_cp_simple_add")
     assert len(trace.events["cuda_sync"]) == 41
@@ -140,12 +148,14 @@ def test_cuda_sync_records_are_kept_apart_from_gpu_work():
                                                                        "Context Sync", "Stream Wait Event"}
 
 
+@needs_fixtures
 def test_every_third_party_trace_loads():
     for folder in sorted(p for p in THIRDPARTY.iterdir() if p.is_dir()):
         for trace in load_traces(folder):
             assert len(trace.events["kernel"]) > 0, folder.name
 
 
+@needs_fixtures
 def test_repeat_2_windows_are_one_process_not_two_ranks(tmp_path):
     from trainprof.analysis import analyze
 
@@ -169,6 +179,7 @@ def test_worker_name_keeps_its_own_dots(name, worker):
     assert worker_name(Path(name)) == worker
 
 
+@needs_fixtures
 def test_folder_of_runs_loads_the_newest(tmp_path, capsys):
     from trainprof.cli import main
 
