@@ -74,7 +74,16 @@ def _warn_fallback(why: str) -> None:
 
 
 def _default_backend(op: str, tensors: tuple[torch.Tensor, ...]) -> str:
-    """The measured default for this call; a CUDA default that cannot run here becomes Triton."""
+    """The measured default for this call; a CUDA default that cannot run here becomes Triton.
+
+    Under ``torch.compile`` it is "torch": Inductor then generates the op's kernels itself and
+    fuses them with their neighbours (residual adds, casts), which an opaque custom op prevents.
+    Measured with ``trainprof ab`` on an H200 (2026-11-22, bf16): GPT-2 124M compile 22.74 ms/step,
+    swap+compile through the Triton custom ops 24.06; Llama 1B 140.16 against 140.58. An explicit
+    ``backend="triton"`` still puts the custom ops into the graph.
+    """
+    if torch.compiler.is_compiling():
+        return "torch"
     differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     choice = DEFAULT_BACKEND[op][0 if differentiated else 1]
     if choice == "cuda" and not (all(t.is_cuda for t in tensors) and _cuda_extension_builds()):

@@ -116,10 +116,15 @@ def _tiny(family: str) -> nn.Module:
     return transformers.LlamaForCausalLM(config).cuda()
 
 
+@pytest.mark.parametrize("backend", [None, "triton"], ids=["default", "triton"])
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_inductor_compiles_swapped_model(family, mode):
-    """Inductor (and its CUDA graphs) on a swapped model: no more graphs than bare, same loss and grads."""
+def test_inductor_compiles_swapped_model(family, mode, backend):
+    """Inductor (and its CUDA graphs) on a swapped model: no more graphs than bare, same loss and grads.
+
+    By default the swapped layers hand Inductor plain torch ops; backend="triton" puts the custom ops
+    (triton_op) into its graphs.
+    """
     import torch._dynamo
     from torch._inductor.compile_fx import compile_fx
 
@@ -130,7 +135,7 @@ def test_inductor_compiles_swapped_model(family, mode):
     for variant in ("bare", "swapped"):
         model = _tiny(family).train()
         if variant == "swapped":
-            assert fused_layers.swap(model).replaced
+            assert fused_layers.swap(model, backend=backend).replaced
         reference = copy.deepcopy(model)
         torch._dynamo.reset()
         graphs: list = []
@@ -151,5 +156,8 @@ def test_inductor_compiles_swapped_model(family, mode):
         for (name, param), ref in zip(model.named_parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(param.grad, ref.grad, atol=1e-4, rtol=1e-3, msg=name)
         counts[variant] = len(graphs)
+        if variant == "swapped" and mode is None:
+            targets = {str(node.target) for gm in graphs for node in gm.graph.nodes}
+            assert any("fused_layers" in target for target in targets) == (backend == "triton"), targets
     if mode is None:
         assert 0 < counts["swapped"] <= counts["bare"], counts
