@@ -21,7 +21,7 @@ Rules, exactly (per kernel, from the runtime call that launched it):
 - The module is the innermost `nn.Module` frame enclosing the launch (or the linked forward op):
   a kernel counts for that module alone, not for its parents.
 
-Everything is vectorised per category (one stack pass over the cpu_ops to nest them), so attributing
+Everything is vectorised per category (`enclosing_parents` nests the cpu_ops), so attributing
 every kernel of a trace costs about as much as loading its cpu_ops.
 """
 
@@ -32,9 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace import Trace
+from trainprof.trace.model import NESTING_SLACK_US, enclosing_parents
 from trainprof.user_code import is_user_file
 
 PHASES = (None, "forward", "backward", "optimizer")
@@ -46,7 +48,6 @@ BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#")
 _INSTANCE = re.compile(r"_\d+$")  # the profiler numbers module instances per class: GPT2Block_3
 _SEQ_BITS = 40  # (thread, sequence number) packed into one int64 key; sequence numbers stay far below 2^40
-_NESTING_SLACK_US = 1e-3  # profiler times are rounded to ns: a child may overhang its parent by 1 ns
 
 
 @dataclass(frozen=True)
@@ -210,20 +211,8 @@ class _Nesting:
         self.thread = thread[order].astype(np.int64)
         self.start = start[order]
         self.end = end[order]
-        parent = [-1] * len(order)
-        stack: list[int] = []
-        ends = self.end.tolist()
-        threads = self.thread.tolist()
-        current = None
-        for i, (t, end_i) in enumerate(zip(threads, ends, strict=True)):
-            if t != current:
-                stack.clear()
-                current = t
-            while stack and end_i > ends[stack[-1]] + _NESTING_SLACK_US:
-                stack.pop()
-            parent[i] = stack[-1] if stack else -1
-            stack.append(i)
-        self.sorted_parent = np.asarray(parent, dtype=np.int64)
+        # Each thread's ranges in one group: the first row of each row's thread bounds its parent.
+        self.sorted_parent = enclosing_parents(self.end, np.searchsorted(self.thread, self.thread))
         # Parents as rows of the input arrays (for callers that walk the tree in input order).
         self.parent = np.full(len(order), -1, dtype=np.int64)
         has = self.sorted_parent >= 0
@@ -245,7 +234,7 @@ class _Nesting:
                 continue
             at = lo + np.searchsorted(self.start[lo:hi], start[asked], side="right") - 1
             at[at < lo] = -1
-            query_end = end[asked] - _NESTING_SLACK_US
+            query_end = end[asked] - NESTING_SLACK_US
             while True:
                 short = (at >= 0) & (self.end[np.clip(at, 0, None)] < query_end)
                 if not short.any():
@@ -317,11 +306,11 @@ def _link_backward_ops(
         return link
     forward_threads, forward_counts = np.unique(thread[forward_rows], return_counts=True)
     candidates = forward_threads[np.argsort(-forward_counts, kind="stable")[:16]]  # loop threads, few
-    sequences_of = {int(t): np.unique(sequence[forward_rows[thread[forward_rows] == t]]) for t in candidates}
+    sequences_of = {int(t): distinct(sequence[forward_rows[thread[forward_rows] == t]]) for t in candidates}
     trace_thread = np.full(len(thread), -1, dtype=np.int64)
-    for number in np.unique(fwd_thread[is_backward]).tolist():
+    for number in distinct(fwd_thread[is_backward]).tolist():
         rows = is_backward & (fwd_thread == number)
-        wanted = np.unique(sequence[rows])
+        wanted = distinct(sequence[rows])
         matches = {
             t: int(np.isin(wanted, seqs, assume_unique=True).sum()) for t, seqs in sequences_of.items()
         }
@@ -382,7 +371,7 @@ class _ModuleIndex:
         refs: list[ModuleRef] = []
         by_path: dict[str, int] = {}
         # The earliest call of each module names its ModuleRef: walk frames in time order.
-        used = np.unique(frame[frame >= 0])
+        used = distinct(frame[frame >= 0])
         for i in used[np.argsort(self.start[used], kind="stable")].tolist():
             path = path_of(i)
             ref = by_path.get(path)
@@ -414,7 +403,7 @@ class UserFrames:
     def __init__(self, trace: Trace):
         python = trace.events["python_function"]
         self._frames: dict[int, PyFrame] = {}
-        for name_id in np.unique(python.name).tolist() if len(python) else []:
+        for name_id in distinct(python.name).tolist() if len(python) else []:
             frame = parse_py_frame(trace.names[name_id])
             if frame is not None and is_user_file(frame.file, trace.code_layout):
                 self._frames[name_id] = frame

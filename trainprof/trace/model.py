@@ -42,6 +42,9 @@ CATEGORY_ALIASES = {
 }
 # Categories whose events nest by time on a CPU thread and describe "what the code was doing".
 FRAME_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
+_FRAME_CATEGORY_NAMES = np.array(FRAME_CATEGORIES, dtype=object)  # code -> name, for whole arrays
+# Profiler timestamps are rounded to ns: a child may overhang its parent by 1 ns.
+NESTING_SLACK_US = 1e-3
 
 
 @dataclass
@@ -121,47 +124,122 @@ def _int64_column(values) -> np.ndarray:
         return np.asarray([v if -(2**63) <= v < 2**63 else -1 for v in values], dtype=np.int64)
 
 
+def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -> np.ndarray:
+    """Per range, the index of its parent (-1 for none), for ranges sorted by (start, -duration).
+
+    The parent of range i is the last range j < i that is still open at i's end: the largest j with
+    `ends[j] + NESTING_SLACK_US >= ends[i]` (and, with `group_first`, `j >= group_first[i]`: ranges
+    of one thread each, in consecutive groups, where `group_first[i]` is the first index of i's group).
+    That is exactly what a stack pass finds (pop while the top ends before i, then the top is the
+    parent), vectorised: a Python stack pass cost 25 ms on gpt2_pathologies' 42k frames, this 2 ms.
+
+    How: `maxima[k][q]` is the largest reach (`ends + slack`) of the aligned block
+    [q * 2^k, (q + 1) * 2^k). Each query climbs from its own position leftwards over whole aligned
+    blocks that hold no candidate (level 0, 1, 2, ...), until one does; then it descends into that
+    block, taking the right half whenever the right half holds a candidate. Every query takes at most
+    two steps per level, all queries at once: O(n log n) time, 2n memory.
+    """
+    n = len(ends)
+    parent = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return parent
+    reach = np.full(1 << (n - 1).bit_length(), -np.inf)  # padded to a power of two
+    reach[:n] = ends + NESTING_SLACK_US
+    maxima = [reach]
+    while len(maxima[-1]) > 1:
+        maxima.append(np.maximum(maxima[-1][0::2], maxima[-1][1::2]))
+    # Query i looks for its answer below `bound[i]` (exclusive): first i itself.
+    bound = np.arange(n, dtype=np.int64)
+    found_at = np.full(n, -1, dtype=np.int64)  # the level of the block holding the answer
+    climbing = bound.copy()
+    for k, level in enumerate(maxima):
+        if not climbing.size:
+            break
+        # A climbing query's bound is a multiple of 2^k; when an odd multiple, the aligned block
+        # just left of it is [bound - 2^k, bound): test it, then skip it or stop climbing.
+        odd = ((bound[climbing] >> k) & 1) == 1
+        asking = climbing[odd]
+        holds = level[(bound[asking] >> k) - 1] >= ends[asking]
+        found_at[asking[holds]] = k
+        bound[asking[~holds]] -= 1 << k
+        climbing = np.concatenate((climbing[~odd], asking[~holds]))
+    for k in range(len(maxima) - 1, 0, -1):
+        # Queries whose answer lies in the 2^k block [bound - 2^k, bound): keep its right half if
+        # that holds a candidate, else move to the left half.
+        inside = np.flatnonzero(found_at >= k)
+        right = maxima[k - 1][(bound[inside] >> (k - 1)) - 1] >= ends[inside]
+        bound[inside[~right]] -= 1 << (k - 1)
+    parent = np.where(found_at >= 0, bound - 1, -1)
+    if group_first is not None:
+        parent = np.where(parent >= group_first, parent, -1)
+    return parent
+
+
 class ThreadFrames:
     """The frame events (python_function, cpu_op, user_annotation) of one CPU thread, nested.
 
-    Built once per thread: events sorted by (start, -duration) and a parent index from one stack pass,
+    Built once per thread: events sorted by (start, -duration) and each one's parent (`enclosing_parents`),
     so "which events enclose [t0, t1]" is a bisect plus a walk up the parents.
     """
 
     def __init__(
         self,
-        categories: list[str],
+        categories: np.ndarray,
         names: list[str],
         starts: np.ndarray,
         ends: np.ndarray,
         name_ids: np.ndarray,
     ):
+        """`categories`: per event, its index into `FRAME_CATEGORIES`."""
         order = np.lexsort((-(ends - starts), starts))
-        self.categories = [categories[i] for i in order]
+        self.category_codes = categories[order]
+        self.categories: list[str] = _FRAME_CATEGORY_NAMES[self.category_codes].tolist()
         self.name_ids = name_ids[order]
         self.names = names
         self.starts = starts[order]
         self.ends = ends[order]
         self._starts_list = self.starts.tolist()
-        ends_list = self.ends.tolist()
-        parent = [-1] * len(order)
-        stack: list[int] = []
-        # Profiler timestamps are rounded to ns: allow a child to overhang its parent by 1 ns.
-        for i, end in enumerate(ends_list):
-            while stack and end > ends_list[stack[-1]] + 1e-3:
-                stack.pop()
-            parent[i] = stack[-1] if stack else -1
-            stack.append(i)
-        self.parent = parent
-        self._ends_list = ends_list
+        self._ends_list = self.ends.tolist()
+        self.parents = enclosing_parents(self.ends)
+        self.parent: list[int] = self.parents.tolist()
+        self._op_ancestor: np.ndarray | None = None
 
     def innermost(self, start_us: float, end_us: float) -> int:
         """Index of the innermost frame enclosing [start_us, end_us], or -1."""
         i = bisect_right(self._starts_list, start_us) - 1
         ends = self._ends_list
-        while i >= 0 and ends[i] < end_us - 1e-3:
+        while i >= 0 and ends[i] < end_us - NESTING_SLACK_US:
             i = self.parent[i]
         return i
+
+    def innermost_of(self, start_us: np.ndarray, end_us: np.ndarray) -> np.ndarray:
+        """`innermost` of many spans at once (a vectorised walk up the parents, one step per level)."""
+        at = np.searchsorted(self.starts, start_us, side="right") - 1
+        limit = np.asarray(end_us) - NESTING_SLACK_US
+        while True:
+            walking = np.flatnonzero(at >= 0)
+            walking = walking[self.ends[at[walking]] < limit[walking]]
+            if not walking.size:
+                return at
+            at[walking] = self.parents[at[walking]]
+
+    def enclosing_op(self, index: np.ndarray) -> np.ndarray:
+        """Per frame index (-1: none), the innermost cpu_op among the frame and its parents, or -1."""
+        if self._op_ancestor is None:
+            is_op = self.category_codes == FRAME_CATEGORIES.index("cpu_op")
+            # Pointer doubling: every frame jumps to its pointer's pointer until each points at a
+            # cpu_op or at -1 (log2(depth) passes).
+            pointer = np.where(is_op, np.arange(len(is_op)), self.parents)
+            while True:
+                pending = np.flatnonzero(pointer >= 0)
+                pending = pending[~is_op[pointer[pending]]]
+                if not pending.size:
+                    break
+                pointer[pending] = pointer[pointer[pending]]
+            self._op_ancestor = pointer
+        if not len(self.parent):
+            return index
+        return np.where(index >= 0, self._op_ancestor[np.maximum(index, 0)], -1)
 
     def chain(self, index: int) -> list[int]:
         """Indices from the outermost frame down to `index`."""
@@ -261,7 +339,7 @@ class _FrameRows:
         lo = int(np.searchsorted(self.thread, thread, side="left"))
         hi = int(np.searchsorted(self.thread, thread, side="right"))
         return ThreadFrames(
-            [FRAME_CATEGORIES[c] for c in self.category[lo:hi].tolist()],
+            self.category[lo:hi],
             names,
             self.starts[lo:hi],
             self.ends[lo:hi],
