@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding
 from trainprof.analysis.runtime_calls import KINDS, is_blocking_copy
@@ -309,7 +310,7 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
 
     # Cut the gaps at every boundary of every thread's step function.
     all_times = np.concatenate([lab.times for lab in labels.values()]) if labels else np.zeros(0)
-    edges = np.unique(np.concatenate((gap_s, gap_e, _inside(all_times, gap_s, gap_e))))
+    edges = distinct(np.concatenate((gap_s, gap_e, _inside(all_times, gap_s, gap_e))))
     mids = (edges[:-1] + edges[1:]) / 2 if len(edges) > 1 else np.zeros(0)
     g = np.searchsorted(gap_s, mids, side="right") - 1
     in_gap = (g >= 0) & (mids < gap_e[np.maximum(g, 0)]) if len(gap_s) else np.zeros(len(mids), bool)
@@ -337,7 +338,7 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
     unique, inverse = np.unique(group, return_inverse=True)
     # One-off: warm-up and context creation, when that holder shows in a single step (the same
     # warm-up in several steps, e.g. a search for every new shape, is a steady cost).
-    pairs = np.unique(inverse * max(n_steps, 1) + step)
+    pairs = distinct(inverse * max(n_steps, 1) + step)
     steps_per_group = np.bincount(pairs // max(n_steps, 1), minlength=len(unique))
     decided_by_call = (key >= 0) & (key % 2 == 1)
     context_call = decided_by_call & _context_names(trace)[np.where(key >= 0, key // 2, 0)]
@@ -573,7 +574,7 @@ def _thread_labels(
     if candidates.size:
         durations = ends[candidates] - starts[candidates]
         cand_names = name_ids[candidates]
-        for nid in np.unique(cand_names).tolist():
+        for nid in distinct(cand_names).tolist():
             members = candidates[cand_names == nid]
             member_dur = durations[cand_names == nid]
             first = members[np.argmin(starts[members])]
@@ -661,7 +662,7 @@ def _overlay(
     """The step function with runtime calls laid over it: inside a call, the call decides."""
     if len(cs) == 0:
         return labels
-    times = np.unique(np.concatenate((labels.times, cs, ce)))
+    times = distinct(np.concatenate((labels.times, cs, ce)))
     base_cause, base_key = _lookup(labels, times)
     # The call covering each time: the latest started whose end is after it.
     # With overlapping calls (a driver call inside a runtime call) the latest started one decides.

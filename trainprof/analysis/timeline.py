@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.runtime_calls import call_kind, kind_code, kind_codes
 from trainprof.trace import EventTable, Trace
@@ -139,7 +140,7 @@ def _busiest_thread(trace: Trace) -> int | None:
     starts = np.concatenate([t.start_us for t in tables])
     ends = np.concatenate([t.end_us for t in tables])
     best, best_us = None, -1.0
-    for thread in np.unique(threads).tolist():
+    for thread in distinct(threads).tolist():
         on = threads == thread
         covered = Coverage(starts[on], ends[on])
         total = float((covered.ends - covered.starts).sum())
