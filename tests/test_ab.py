@@ -61,6 +61,57 @@ def test_loss_parity_holds(tiny_run):
     assert bare.losses != [bare.losses[0]] * 3  # the model trains: the loss moves
 
 
+def test_parity_noise_floor_is_measured(tiny_run):
+    result, _ = tiny_run
+    floor = result.parity_noise_floor
+    assert floor is not None and 0 <= floor < 1e-4  # fp32 weights moved by 2^-23, three steps
+    assert result.variant("fused").parity_tolerance == 1e-3  # the fixed fp32 tolerance dominates
+    assert "noise floor" in result.method["parity"] or "rounding step" in result.method["parity"]
+
+
+def _logistic_factory(rate_of):
+    """A chaotic 'training' (the logistic map at r=3.9): one rounding step of difference in w grows
+    to order one within ~30 steps, as bf16 weight updates do over a Llama run."""
+
+    def factory(variant: Variant):
+        w = torch.nn.Parameter(torch.full((4,), 0.3, dtype=torch.float32))
+        model = torch.nn.Module()
+        model.w = w
+        rate = rate_of(variant)
+
+        def step(i: int) -> torch.Tensor:
+            with torch.no_grad():
+                if variant.fused:  # the same map, another rounding order
+                    w.copy_(rate * w - rate * w * w)
+                else:
+                    w.copy_(rate * w * (1 - w))
+            return w.sum() + 1.0
+
+        return step, model
+
+    return factory
+
+
+def test_parity_allows_the_drift_rounding_alone_makes():
+    result = trainprof.ab(
+        _logistic_factory(lambda variant: 3.9), variants=("bare", "fused"), steps=60, warmup=1, block=5,
+        device="cpu", profile=False,
+    )
+    fused = result.variant("fused")
+    assert fused.parity_max_rel_diff > 1e-2  # far beyond the fixed fp32 tolerance of 1e-3 ...
+    assert result.parity_noise_floor > 1e-2  # ... and so is the twin's drift
+    assert fused.parity_ok, (fused.parity_max_rel_diff, fused.parity_tolerance)
+
+
+def test_parity_catches_a_wrong_variant_before_the_twin_drifts():
+    # The "fused" variant uses another rate: wrong from its first step, when the twin is still level.
+    result = trainprof.ab(
+        _logistic_factory(lambda variant: 3.95 if variant.fused else 3.9), variants=("bare", "fused"),
+        steps=60, warmup=1, block=5, device="cpu", profile=False,
+    )
+    assert not result.variant("fused").parity_ok
+
+
 def test_diff_lists_the_swapped_ops(tiny_run):
     result, log_dir = tiny_run
     ops = {row["name"]: row for row in result.diffs["fused"]["ops"]}

@@ -26,11 +26,13 @@ FINDING_COLUMNS = ("finding", "status", "per step a", "per step b", "cost ms/ste
 _AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 
-def _parity(variant: dict, tolerance: Any) -> str:
+def _parity(variant: dict) -> str:
     if variant.get("parity_ok") is None:
         return "-"
     verdict = "ok" if variant["parity_ok"] else "FAILS"
-    return f"{verdict} (max rel diff {_number(variant.get('parity_max_rel_diff'), 6)})"
+    allowed = variant.get("parity_tolerance")
+    allowed = f", allowed {_number(allowed, 6)}" if allowed is not None else ""
+    return f"{verdict} (max rel diff {_number(variant.get('parity_max_rel_diff'), 6)}{allowed})"
 
 
 def ab_tables(
@@ -51,7 +53,7 @@ def ab_tables(
                 _number(v.get("tokens_per_s"), 0),
                 _number(100 * mfu, 1) if mfu is not None else "-",
                 _format.size(v["peak_memory_bytes"]) if v.get("peak_memory_bytes") is not None else "-",
-                _parity(v, None),
+                _parity(v),
             )
         )
     tables = [("Variants", AB_COLUMNS, rows)]
@@ -145,6 +147,14 @@ def _header_lines(result: dict[str, Any]) -> list[str]:
             f"matmul peak measured: {result['matmul_peak_flops'] / 1e12:.3g} TFLOP/s; copy bandwidth "
             f"measured: {(result.get('copy_bytes_per_s') or 0) / 1e9:.3g} GB/s"
         )
+    floor = result.get("parity_noise_floor")
+    reference = result["variants"][0]["name"] if result["variants"] else "reference"
+    lines.append(
+        f"loss parity noise floor: {reference} with its weights moved by one rounding step each step drifts "
+        f"{_number(floor, 6)} (max rel diff)"
+        if floor is not None
+        else "loss parity noise floor: not measured (the step factory gives no model); fixed tolerance"
+    )
     for name, reason in (result.get("skipped") or {}).items():
         lines.append(f"skipped {name}: {reason}")
     for variant in result["variants"]:
