@@ -128,8 +128,8 @@ def test_shared_run_name_rules(monkeypatch):
 
 
 def test_ranks_of_one_launch_write_into_one_run_folder(tmp_path, script, monkeypatch, capsys):
-    """torchrun's environment, one rank after the other in this process (a real 2-process torchrun
-    is too slow for the suite on a loaded 2-core machine; see README for the command)."""
+    """torchrun's environment, one rank after the other in this process (the real torchrun is the
+    next test)."""
     monkeypatch.delenv("TRAINPROF_RUN_NAME", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "5b0c2e9a-0000-4000-8000-000000000000")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -148,3 +148,30 @@ def test_ranks_of_one_launch_write_into_one_run_folder(tmp_path, script, monkeyp
     traces = sorted(p.name.split("_")[0] for p in run_dir.glob("*.pt.trace.json.gz"))
     assert traces == ["rank0", "rank1"]
     assert len(_summaries(run_dir)) == 2  # one report per rank, none overwritten
+
+
+def test_real_torchrun_of_a_ddp_script(tmp_path):
+    """Two processes under torchrun (gloo on the CPU), an unchanged DDP script: one run folder, a
+    trace and a summary per rank, the report printed once, and the folder analysed as two ranks."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this python")
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TRAINPROF_RUN_NAME", None)
+    done = subprocess.run(
+        [str(torchrun), "--nproc_per_node=2", "-m", "trainprof", "run", "--log-dir", str(tmp_path / "log"),
+         "--wait", "1", "--warmup", "1", "--active", "2", str(script), "--steps", "6"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "log").iterdir()
+    assert run_dir.name.startswith("run-torchrun-")
+    assert sorted(p.name.split("_")[0] for p in run_dir.glob("*.pt.trace.json.gz")) == ["rank0", "rank1"]
+    assert len(_summaries(run_dir)) == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("trainprof: wrote") == 1  # rank 0 alone reports
+    analysed = subprocess.run([sys.executable, "-m", "trainprof", "analyze", str(run_dir), "--json"],
+                              capture_output=True, text=True, timeout=300)
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    ranks = json.loads(analysed.stdout)["trace"]["ranks"]
+    assert sorted(row["rank"] for row in ranks) == [0, 1]
