@@ -29,7 +29,7 @@ import numpy as np
 
 from trainprof.analysis.frames import CallContext, PyFrame, call_context, parse_py_frame
 from trainprof.analysis.result import Finding, Via, Where
-from trainprof.analysis.runtime_calls import call_kind, is_blocking_copy
+from trainprof.analysis.runtime_calls import KINDS, call_kind, is_blocking_copy
 from trainprof.analysis.timeline import Timeline
 from trainprof.catalog import CatalogSite, match_sync_site
 from trainprof.user_code import CodeLayout, is_user_file, library_of
@@ -280,8 +280,8 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
         int(c): trace.names[int(n)]
         for c, n in zip(trace.events["gpu_memcpy"].correlation, trace.events["gpu_memcpy"].name, strict=False)
     }
-    is_sync_name = trace.names_matching(lambda n: call_kind(n) == "sync")
-    is_copy_name = trace.names_matching(lambda n: call_kind(n) == "copy")
+    is_sync_name = timeline.name_kind == KINDS.index("sync")
+    is_copy_name = timeline.name_kind == KINDS.index("copy")
     candidates = np.flatnonzero(is_sync_name[calls.name] | is_copy_name[calls.name])
     call_step = timeline.step_of(calls.start_us[candidates])
 

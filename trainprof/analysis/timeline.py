@@ -50,6 +50,7 @@ class Timeline:
     kernel_is_comm: np.ndarray
     call_is_launch: np.ndarray  # launches and graph launches
     call_kind: np.ndarray  # per call: index into runtime_calls.KINDS
+    name_kind: np.ndarray  # per name of `trace.names`: index into runtime_calls.KINDS of its call_kind
     kernel_is_replay: np.ndarray  # per kernel: launched by a graph launch (a replay, no launch of its own)
     main_thread: int | None  # the training loop's thread: ProfilerStep#'s, else the one launching most
 
@@ -91,7 +92,8 @@ def build_timeline(trace: Trace) -> Timeline:
         np.concatenate((runtime.correlation, driver.correlation)),
         np.concatenate((runtime.value, driver.value)),
     )
-    call_kind = kind_codes(trace.names)[calls.name] if len(calls) else np.zeros(0, np.int8)
+    name_kind = kind_codes(trace.names)
+    call_kind = name_kind[calls.name] if len(calls) else np.zeros(0, np.int8)
     call_is_launch = (call_kind == kind_code("launch")) | (call_kind == kind_code("graph_launch"))
 
     kernels = ev["kernel"]
@@ -114,6 +116,7 @@ def build_timeline(trace: Trace) -> Timeline:
         kernel_is_comm=trace.names_matching(is_comm_kernel)[kernels.name],
         call_is_launch=call_is_launch,
         call_kind=call_kind,
+        name_kind=name_kind,
         kernel_is_replay=kernel_is_replay,
         main_thread=main_thread,
     )

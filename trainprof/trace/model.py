@@ -290,7 +290,7 @@ class Trace:
 
     def names_matching(self, predicate) -> np.ndarray:
         """A boolean array over `names`: which names satisfy `predicate(name)`."""
-        return np.fromiter((bool(predicate(n)) for n in self.names), dtype=bool, count=len(self.names))
+        return np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))  # truthiness
 
     def frames(self, thread: int) -> ThreadFrames:
         """The nested frame events of one CPU thread (built on first use)."""
