@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ class PyFrame:
     function: str
 
 
+@functools.lru_cache(maxsize=65536)  # the analyses parse the same few thousand names again and again
 def parse_py_frame(name: str) -> PyFrame | None:
     """Parse `make_traces.py(50): gpt2_loop`; None for `<built-in ...>`, `nn.Module: ...` and the like."""
     if name.startswith("<") or name.startswith("nn.Module:"):
