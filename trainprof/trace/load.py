@@ -252,7 +252,7 @@ def load_trace(path: str | Path) -> Trace:
     )
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     """The few `args` of an event that the analyses read; msgspec skips the rest while parsing."""
 
     correlation: int = -1
@@ -267,7 +267,7 @@ class _Args(msgspec.Struct):
 _NO_ARGS = _Args()
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     """One Chrome trace event, as far as the analyses need it."""
 
     ph: str = ""
