@@ -36,7 +36,7 @@ from trainprof.analysis.arrays import distinct
 from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace import Trace
-from trainprof.trace.model import NESTING_SLACK_US, enclosing_parents
+from trainprof.trace.model import NESTING_SLACK_US, enclosing_parents, nearest_marked
 from trainprof.user_code import is_user_file
 
 PHASES = (None, "forward", "backward", "optimizer")
@@ -245,22 +245,7 @@ class _Nesting:
 
     def nearest_marked(self, marked: np.ndarray) -> np.ndarray:
         """Per row, the innermost marked row among itself and its ancestors (-1 if none)."""
-        return nearest_marked_ancestor(self.parent, marked)
-
-
-def nearest_marked_ancestor(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """Per node of a forest (`parent[i]`, -1 at roots), the nearest marked node among itself and its
-    ancestors, or -1. Pointer doubling: log2(depth) vectorised passes."""
-    n = len(parent)
-    hop = np.where(marked, np.arange(n), parent)
-    hop = np.append(np.where(hop < 0, n, hop), n)  # n: a sentinel root that is its own target
-    while True:
-        jumped = hop[hop]
-        if np.array_equal(jumped, hop):
-            break
-        hop = jumped
-    result = hop[:n]
-    return np.where(result == n, -1, result)
+        return nearest_marked(self.parent, marked)
 
 
 class _OpIndex:

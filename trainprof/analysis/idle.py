@@ -43,7 +43,7 @@ from trainprof.analysis.result import Finding
 from trainprof.analysis.runtime_calls import KINDS
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
-from trainprof.trace.model import FRAME_CATEGORIES
+from trainprof.trace.model import FRAME_CATEGORIES, nearest_marked
 from trainprof.user_code import current_layout, is_user_file, library_of
 
 
@@ -475,24 +475,6 @@ def _lookup(labels: _ThreadLabels, times: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.where(k >= 0, labels.cause[kc], _NONE), np.where(k >= 0, labels.key[kc], -1)
 
 
-def _nearest(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
-    """Per node, the nearest ancestor-or-self with `mark` set (-1 if none), by pointer jumping.
-
-    Each round, every unresolved node jumps to its candidate's candidate, so a chain of depth d
-    resolves in log2(d) rounds over the shrinking set of unresolved nodes only.
-    """
-    nearest = np.where(mark, np.arange(len(parent)), parent)
-    pending = np.flatnonzero(~mark & (nearest >= 0))
-    pending = pending[~mark[nearest[pending]]]
-    while pending.size:
-        candidate = nearest[nearest[pending]]
-        nearest[pending] = candidate
-        unresolved = candidate >= 0
-        unresolved[unresolved] = ~mark[candidate[unresolved]]
-        pending = pending[unresolved]
-    return nearest
-
-
 class _NameFacts:
     """What the classification needs to know about a frame name, worked out once per name.
 
@@ -585,8 +567,8 @@ def _thread_labels(
 
     # The nearest enclosing rule holds inside its frame; a launching op chain is `launch` for its
     # innermost time unless a rule sits inside the chain (innermost first).
-    region = _nearest(parent, own != _NONE)
-    chain_top = _nearest(parent, is_op & ~np.concatenate(([False], is_op))[np.maximum(parent + 1, 0)])
+    region = nearest_marked(parent, own != _NONE)
+    chain_top = nearest_marked(parent, is_op & ~np.concatenate(([False], is_op))[np.maximum(parent + 1, 0)])
     has_work = np.zeros(n, dtype=bool)
     if work_starts.size and n:
         has_work = np.searchsorted(work_starts, ends, side="right") > np.searchsorted(work_starts, starts)
@@ -602,9 +584,8 @@ def _thread_labels(
     # innermost named Python frame, else the frame itself.
     # Host time is named by the innermost Python function outside the standard library (the code
     # that called inspect/logging/threading), else the innermost Python function.
-    named = _nearest(parent, is_py & (named_py & ~stdlib_py)[inverse]) if n else np.zeros(0, dtype=np.int64)
-    if n:
-        named = np.where(named >= 0, named, _nearest(parent, is_py & named_py[inverse]))
+    named = nearest_marked(parent, is_py & (named_py & ~stdlib_py)[inverse])
+    named = np.where(named >= 0, named, nearest_marked(parent, is_py & named_py[inverse]))
     decider = np.where(
         launching, np.arange(n), np.where(region >= 0, region, np.where(named >= 0, named, np.arange(n)))
     )

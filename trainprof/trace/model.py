@@ -175,6 +175,26 @@ def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -
     return parent
 
 
+def nearest_marked(parents: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """Per node of a forest (`parents[i]`, -1 at roots), the nearest marked node among itself and
+    its ancestors, or -1.
+
+    Pointer doubling: every node jumps to its pointer's pointer until each points at a marked node
+    or at -1 (log2(depth) vectorised passes).
+    """
+    # One extra node at the end stands for -1: it points at itself and counts as marked.
+    n = len(parents)
+    pointer = np.append(np.where(marked, np.arange(n), parents), n)
+    pointer[pointer < 0] = n
+    done = np.append(marked, True)
+    while True:
+        pending = np.flatnonzero(~done[pointer])
+        if not pending.size:
+            break
+        pointer[pending] = pointer[pointer[pending]]
+    return np.where(pointer[:n] == n, -1, pointer[:n])
+
+
 class ThreadFrames:
     """The frame events (python_function, cpu_op, user_annotation) of one CPU thread, nested.
 
@@ -227,19 +247,16 @@ class ThreadFrames:
         """Per frame index (-1: none), the innermost cpu_op among the frame and its parents, or -1."""
         if self._op_ancestor is None:
             is_op = self.category_codes == FRAME_CATEGORIES.index("cpu_op")
-            # Pointer doubling: every frame jumps to its pointer's pointer until each points at a
-            # cpu_op or at -1 (log2(depth) passes).
-            pointer = np.where(is_op, np.arange(len(is_op)), self.parents)
-            while True:
-                pending = np.flatnonzero(pointer >= 0)
-                pending = pending[~is_op[pointer[pending]]]
-                if not pending.size:
-                    break
-                pointer[pending] = pointer[pointer[pending]]
-            self._op_ancestor = pointer
-        if not len(self.parent):
-            return index
-        return np.where(index >= 0, self._op_ancestor[np.maximum(index, 0)], -1)
+            self._op_ancestor = nearest_marked(self.parents, is_op)
+        return self._at(self._op_ancestor, index)
+
+    def nearest_marked(self, index: np.ndarray, marked: np.ndarray) -> np.ndarray:
+        """Per frame index (-1: none), the innermost marked frame among the frame and its parents, or -1."""
+        return self._at(nearest_marked(self.parents, marked), index)
+
+    @staticmethod
+    def _at(per_frame: np.ndarray, index: np.ndarray) -> np.ndarray:
+        return np.where(index >= 0, per_frame[np.maximum(index, 0)], -1) if len(per_frame) else index
 
     def chain(self, index: int) -> list[int]:
         """Indices from the outermost frame down to `index`."""
