@@ -36,7 +36,7 @@ from trainprof.analysis.arrays import distinct
 from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace import Trace
-from trainprof.trace.model import NESTING_SLACK_US, enclosing_parents, nearest_marked
+from trainprof.trace.model import NESTING_SLACK_US, enclosing_parents, nearest_marked, nesting_order
 from trainprof.user_code import is_user_file
 
 PHASES = (None, "forward", "backward", "optimizer")
@@ -206,7 +206,7 @@ class _Nesting:
     """
 
     def __init__(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray):
-        order = np.lexsort((start - end, start, thread))  # by thread, start, longest first
+        order = nesting_order(start, end, thread)  # by thread, start, longest first
         self.order = order
         self.thread = thread[order].astype(np.int64)
         self.start = start[order]

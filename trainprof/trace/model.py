@@ -124,6 +124,31 @@ def _int64_column(values) -> np.ndarray:
         return np.asarray([v if -(2**63) <= v < 2**63 else -1 for v in values], dtype=np.int64)
 
 
+def nesting_order(starts: np.ndarray, ends: np.ndarray, thread: np.ndarray | None = None) -> np.ndarray:
+    """The order that nests ranges: by thread (when given), then start, then longest first, ties in
+    input order; `np.lexsort((starts - ends, starts[, thread]))`, faster.
+
+    Why: the ranges come from tables sorted by start, so a stable argsort by start (timsort over a
+    few sorted runs) costs 0.03 ms for 7.7k frames where the lexsort cost 1.3 ms; only the runs of
+    equal (thread, start) are then sorted by duration.
+    """
+    order = np.argsort(starts, kind="stable")
+    if thread is not None:
+        order = order[np.argsort(thread[order], kind="stable")]
+    same = starts[order][1:] == starts[order][:-1]
+    if thread is not None:
+        same &= thread[order][1:] == thread[order][:-1]
+    if same.any():
+        tied = np.zeros(len(order), dtype=bool)
+        tied[1:] = same
+        tied[:-1] |= same
+        at = np.flatnonzero(tied)  # the slots of runs of equal (thread, start), each run contiguous
+        run = np.cumsum(np.concatenate(([True], ~same)))[at]
+        rows = order[at]
+        order[at] = rows[np.lexsort((starts[rows] - ends[rows], run))]
+    return order
+
+
 def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -> np.ndarray:
     """Per range, the index of its parent (-1 for none), for ranges sorted by (start, -duration).
 
@@ -220,7 +245,7 @@ class ThreadFrames:
         name_ids: np.ndarray,
     ):
         """`categories`: per event, its index into `FRAME_CATEGORIES`."""
-        order = np.lexsort((-(ends - starts), starts))
+        order = nesting_order(starts, ends)
         self.category_codes = categories[order]
         self.categories: list[str] = _FRAME_CATEGORY_NAMES[self.category_codes].tolist()
         self.name_ids = name_ids[order]
