@@ -278,6 +278,7 @@ def _own_file_candidates(path: str) -> tuple[str, ...]:
     return (suffix,) if suffix in _trainprof_files() else ()
 
 
+@functools.lru_cache(maxsize=8192)  # as is_user_file: many frames share a file
 def library_of(file: str, layout: CodeLayout | None = None) -> str | None:
     """The top-level package a library file belongs to (`transformers`, `torch`, ...), or None.
 
