@@ -30,6 +30,7 @@ if it has `dominant_cause_margin` times the runner-up's; else `mixed`. Numbers: 
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections import defaultdict
@@ -491,27 +492,36 @@ class _NameFacts:
 
     def _facts(self, name_id: int) -> tuple[int, bool, bool, bool, bool]:
         name = self.names[name_id]
-        # One search per rule: Python's re scans fast for a literal prefix, which a single
-        # alternation of all rules loses (2.5x slower on gpt2_pathologies' names).
-        rule = next((code for code, pattern in _FRAME_RULES if pattern.search(name)), _NONE)
+        rule, warm_op, step_mark = _name_facts(name)
         parsed = parse_py_frame(name)
         return (
             rule,
-            WARMUP_OPS.match(name) is not None,
-            _STEP_ANNOTATION.match(name) is not None,
+            warm_op,
+            step_mark,
             parsed is not None,
             parsed is not None and library_of(parsed.file, self.layout) == "python",
         )
 
     def of(self, name_ids: np.ndarray) -> tuple[np.ndarray, ...]:
-        """For distinct name ids: rule cause, warm-up op, step annotation, named Python, stdlib Python."""
-        for nid in name_ids[~self._done[name_ids]].tolist():
+        """Per name id (repeats allowed): rule cause, warm-up op, step annotation, named Python,
+        stdlib Python."""
+        for nid in distinct(name_ids[~self._done[name_ids]]).tolist():
             rule, *flags = self._facts(nid)
             self._rule[nid] = rule
             self._flags[:, nid] = flags
             self._done[nid] = True
         flags = self._flags[:, name_ids]
         return (self._rule[name_ids], flags[0], flags[1], flags[2], flags[3])
+
+
+@functools.lru_cache(maxsize=65536)  # the ranks of one run share their names: worked out once each
+def _name_facts(name: str) -> tuple[int, bool, bool]:
+    """A frame name's FRAME_RULES cause (the first rule that matches), and whether it is a warm-up
+    op and a step annotation."""
+    # One search per rule: Python's re scans fast for a literal prefix, which a single
+    # alternation of all rules loses (2.5x slower on gpt2_pathologies' names).
+    rule = next((code for code, pattern in _FRAME_RULES if pattern.search(name)), _NONE)
+    return rule, WARMUP_OPS.match(name) is not None, _STEP_ANNOTATION.match(name) is not None
 
 
 def _thread_labels(
@@ -541,16 +551,14 @@ def _thread_labels(
     gpu_work = _GPU_WORK_KIND[kinds]
     work_starts = calls.start_us[on_thread[gpu_work]]
 
-    # Per distinct name: its FRAME_RULES cause, whether it is a warm-up op, a step annotation, a
-    # named Python frame, a standard-library one.
-    unique, inverse = np.unique(name_ids, return_inverse=True)
-    rule, warm_op, step_mark, named_py, stdlib_py = facts.of(unique)
-    own = rule[inverse] if n else np.zeros(0, dtype=np.int64)
+    # Per frame, from its name (worked out once per name): its FRAME_RULES cause, whether it is a
+    # warm-up op, a step annotation, a named Python frame, a standard-library one.
+    own, warm_op, step_frame, named_py, stdlib_py = facts.of(name_ids)
     if lend_only:  # other threads lend only what they do in ops and calls, not their Python
         own = np.where((own == INPUT) | (own == _WAITING), _NONE, own)
 
     # Warm-up op calls: first of their op on this thread, or an outlier; and long enough.
-    candidates = np.flatnonzero(is_op & warm_op[inverse]) if n else np.zeros(0, dtype=np.int64)
+    candidates = np.flatnonzero(is_op & warm_op)
     if candidates.size:
         durations = ends[candidates] - starts[candidates]
         cand_names = name_ids[candidates]
@@ -575,7 +583,6 @@ def _thread_labels(
     launching = is_op & (chain_top >= 0) & has_work[top] & ~(region >= chain_top)
     cause = np.where(region >= 0, own[np.maximum(region, 0)], _NONE)
     cause = np.where(launching, LAUNCH, cause)
-    step_frame = step_mark[inverse] if n else np.zeros(0, dtype=bool)
     unresolved = cause == _NONE
     if not lend_only:  # other threads lend only their calls, rules and launching ops
         cause = np.where(unresolved, np.where(step_frame, UNKNOWN, HOST), cause)
@@ -583,8 +590,8 @@ def _thread_labels(
     # innermost named Python frame, else the frame itself.
     # Host time is named by the innermost Python function outside the standard library (the code
     # that called inspect/logging/threading), else the innermost Python function.
-    named = nearest_marked(parent, is_py & (named_py & ~stdlib_py)[inverse])
-    named = np.where(named >= 0, named, nearest_marked(parent, is_py & named_py[inverse]))
+    named = nearest_marked(parent, is_py & named_py & ~stdlib_py)
+    named = np.where(named >= 0, named, nearest_marked(parent, is_py & named_py))
     decider = np.where(
         launching, np.arange(n), np.where(region >= 0, region, np.where(named >= 0, named, np.arange(n)))
     )
