@@ -11,7 +11,8 @@ contenders per fixture: trainprof in-process (`analyze(path)`), trainprof as a w
 Scaling (time and peak RSS against trace size; synthetic traces made by repeating a real fixture's
 steps into a scratch folder, deleted after each measurement, never committed):
 
-    python benchmarks/analyze_speed.py --scale ../shared/fixtures/traces/gpt2_pathologies/*.gz /tmp/s 1 4 16
+    python benchmarks/analyze_speed.py --scale ../shared/fixtures/traces/gpt2_pathologies/*.gz /tmp/s 1 4 16 \
+        --out scale.json
 """
 
 from __future__ import annotations
@@ -227,8 +228,10 @@ print(time.perf_counter() - t0)
 """
 
 
-def scale(source: Path, copies: list[int], scratch: Path) -> None:
-    """Analysis time and peak RSS against trace size: `source` repeated 1, 4, 16, ... times."""
+def scale(source: Path, copies: list[int], scratch: Path, out: Path | None = None) -> None:
+    """Analysis time and peak RSS against trace size: `source` repeated 1, 4, 16, ... times
+    (the rows also as JSON to `out`, when given)."""
+    rows = []
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     print(f"{'copies':>6} {'JSON MB':>8} {'steps':>6} | {'load+analysis s':>15} {'peak MiB':>9}")
     for count in copies:
@@ -251,14 +254,25 @@ def scale(source: Path, copies: list[int], scratch: Path) -> None:
             f" {measured.get('peak_rss_mib') or 0:9.0f}",
             flush=True,
         )
+        rows.append({"copies": count, "json_mb": round(size_mb, 1), "steps": 3 * count, **measured})
         path.unlink()
+    if out is not None:
+        document = {"python": sys.version.split()[0], "source": str(source), "rows": rows}
+        out.write_text(json.dumps(document, indent=2))
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--measure":
         print(json.dumps(run_child(json.loads(sys.argv[2]))))
     elif len(sys.argv) >= 2 and sys.argv[1] == "--scale":
-        # --scale SOURCE_TRACE SCRATCH_DIR COPIES...  (e.g. gpt2_pathologies' trace, /tmp/s, 1 4 16 64)
-        scale(Path(sys.argv[2]), [int(c) for c in sys.argv[4:]], Path(sys.argv[3]))
+        # --scale SOURCE_TRACE SCRATCH_DIR COPIES... [--out FILE]
+        # (e.g. gpt2_pathologies' trace, /tmp/s, 1 4 16 64)
+        argv = sys.argv[2:]
+        out = None
+        if "--out" in argv:
+            at = argv.index("--out")
+            out = Path(argv[at + 1])
+            del argv[at : at + 2]
+        scale(Path(argv[0]), [int(c) for c in argv[2:]], Path(argv[1]), out)
     else:
         main()
