@@ -277,7 +277,7 @@ def test_control_characters_in_a_path_stay_on_one_line(tmp_path, capsys):
 # 358f07f grew 5.7x from 3,000 to 12,000 threads (6.3 -> 36.0 s) and 7.1x from 6,000 to 24,000.
 # Measured here 2026-11-23, after the fix: 1,500 / 3,000 / 6,000 / 12,000 / 24,000 threads took
 # 0.98 / 1.52 / 2.55 / 5.98 / 10.32 s, single runs varying by up to 30%: each size takes the best
-# of two runs. CPU time of the child, not wall time: CI machines are shared.
+# of three runs. CPU time of the child, not wall time: CI machines are shared.
 
 
 def _cpu_seconds_of_analyze(path: Path) -> tuple[float, dict]:
@@ -319,10 +319,10 @@ def _threads_trace(path: Path, threads: int) -> Path:
 
 
 def _growth(make, tmp_path: Path, small: int) -> tuple[float, dict]:
-    """CPU time at 4x `small` over CPU time at `small` (best of two runs each), and the large result."""
+    """CPU time at 4x `small` over CPU time at `small` (best of three runs each), and the large result."""
     small_path, large_path = make(tmp_path / "small.json", small), make(tmp_path / "large.json", 4 * small)
-    t_small = min(_cpu_seconds_of_analyze(small_path)[0] for _ in range(2))
-    runs = [_cpu_seconds_of_analyze(large_path) for _ in range(2)]
+    t_small = min(_cpu_seconds_of_analyze(small_path)[0] for _ in range(3))
+    runs = [_cpu_seconds_of_analyze(large_path) for _ in range(3)]
     return min(seconds for seconds, _ in runs) / t_small, runs[0][1]
 
 
