@@ -153,6 +153,19 @@ def test_number_out_of_range_is_one_line(tmp_path, capsys):
     assert_one_line_error(analyze_cli(path, capsys), "number")
 
 
+def test_launching_thread_without_frames(tmp_path, capsys):
+    # Found by the fuzzer (a dropped field, 2026-11-23): a launch on a thread that has no op or
+    # Python events raised IndexError in the top-kernels table.
+    events = [
+        event("user_annotation", "ProfilerStep#1", 0, 900),
+        event("cpu_op", "aten::mm", 10, 50),
+        event("cuda_runtime", "cudaLaunchKernel", 100, 5, tid=9, correlation=1),
+        event("kernel", "gemm", 120, 40, pid=0, tid=7, correlation=1),
+    ]
+    result = assert_ok(analyze_cli(write_trace(tmp_path / "t.json", events), capsys))
+    assert result["steps"][0]["kernel_count"] == 1
+
+
 def test_device_properties_of_the_wrong_type(tmp_path, capsys):
     path = write_trace(tmp_path / "props.json", small_trace(), deviceProperties=["gpu"],
                        distributedInfo={"rank": True})
