@@ -249,3 +249,32 @@ def test_session_rejects_unknown_options():
 
 def test_default_run_name_is_timestamped():
     assert re.fullmatch(r"run-\d{8}-\d{6}", Session().run_dir.name)
+
+
+def test_sync_capture_is_prepared_in_the_warmup_step_not_a_recorded_one(tmp_path, monkeypatch):
+    """On the H200 (2026-11-23) the capture's first-use work (reading the code layout, installing
+    hooks: ~1 ms) sat in the first recorded step and was reported as the user's host time."""
+    from trainprof.capture import syncs
+
+    events = []
+    prepare, activate = syncs.SyncCapture.prepare, syncs.SyncCapture.activate
+
+    def spy_prepare(self):
+        events.append(("prepare", self.layout is not None))
+        prepare(self)
+
+    def spy_activate(self, step_num):
+        events.append(("activate", self.layout is not None))
+        activate(self, step_num)
+
+    monkeypatch.setattr(syncs.SyncCapture, "prepare", spy_prepare)
+    monkeypatch.setattr(syncs.SyncCapture, "activate", spy_activate)
+    model, optimizer = _model_and_optimizer()
+    with trainprof.session(log_dir=tmp_path, run_name="r", wait=1, warmup=1, active=2, analyze=False, **FAST):
+        for _ in range(5):
+            _forward_backward(model)
+            optimizer.step()
+            optimizer.zero_grad()
+    first_activate = next(i for i, e in enumerate(events) if e[0] == "activate")
+    assert ("prepare", False) in events[:first_activate]  # the warm-up step read the layout
+    assert events[first_activate] == ("activate", True)  # the recorded step found it done

@@ -398,8 +398,11 @@ class Session:
             return
         from torch.profiler import ProfilerAction
 
-        if self._profiler.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+        action = self._profiler.current_action
+        if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
             self._capture.activate(self._profiler.step_num)
+        elif action == ProfilerAction.WARMUP:
+            self._capture.prepare()  # its one-off cost lands in the warm-up step, not in a recorded one
         else:
             self._capture.deactivate()
 

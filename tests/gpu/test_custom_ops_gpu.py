@@ -140,11 +140,14 @@ def test_inductor_compiles_swapped_model(family, mode, backend):
         torch._dynamo.reset()
         graphs: list = []
 
-        def backend(gm, example_inputs, graphs=graphs):
+        def recording_inductor(gm, example_inputs, graphs=graphs):
             graphs.append(gm)
             return compile_fx(gm, example_inputs)
 
-        compiled = torch.compile(model, backend=backend) if mode is None else torch.compile(model, mode=mode)
+        if mode is None:
+            compiled = torch.compile(model, backend=recording_inductor)
+        else:
+            compiled = torch.compile(model, mode=mode)
         for _ in range(3):  # cudagraph trees record on a later call
             for param in model.parameters():
                 param.grad = None

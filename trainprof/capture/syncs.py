@@ -212,7 +212,16 @@ class SyncCapture:
     def activate(self, step_num: int) -> None:
         """Install the hooks (idempotent) and record from profiler step `step_num` on."""
         self.step_num = step_num
+        self.prepare()
         self.active = not self.failed
+
+    def prepare(self) -> None:
+        """Read the code layout and install the hooks without recording (idempotent).
+
+        The session calls it in the warm-up step, so that this one-off work (1 ms and more on a slow
+        host: the layout resolves every imported module's path) is not in a recorded step, where the
+        analysis would count it as the user's host time.
+        """
         if self.layout is None:
             self.layout = current_layout()
         if self._undo:  # already installed (paused or active)
