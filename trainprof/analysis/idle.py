@@ -41,7 +41,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding
-from trainprof.analysis.runtime_calls import KINDS
+from trainprof.analysis.runtime_calls import KINDS, blocking_copies
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace.model import FRAME_CATEGORIES, nearest_marked
@@ -634,9 +634,7 @@ def _call_causes(timeline: Timeline, thresholds: Thresholds) -> np.ndarray:
     by_kind = np.array([CALL_CAUSES[k] for k in KINDS], dtype=np.int64)
     cause = by_kind[kinds] if len(kinds) else np.zeros(0, dtype=np.int64)
     names = calls.name
-    # is_blocking_copy per name, from the timeline's call kinds (call_kind once per name, not twice)
-    copy_kind = (timeline.name_kind == KINDS.index("copy")) | (timeline.name_kind == KINDS.index("memset"))
-    blocking_copy = copy_kind & trace.names_matching(lambda n: "Async" not in n)
+    blocking_copy = blocking_copies(trace.names, timeline.name_kind)  # the kinds already known per name
     capture = trace.names_matching(lambda n: _CAPTURE_CALLS.match(n) is not None)
     cause = np.where(blocking_copy[names], BLOCKING, cause)
     long_launch = (kinds == KINDS.index("launch")) & (calls.dur_us >= thresholds.long_launch_us)

@@ -165,13 +165,28 @@ def call_reason(name: str) -> str | None:
     return None
 
 
+_COPY_KINDS = ("copy", "memset")
+
+
+def _host_waits(copy_name: str) -> bool:
+    return "Async" not in copy_name
+
+
 def is_blocking_copy(name: str) -> bool:
     """A copy or memset the host waits for: no `Async` in the name, or ROCm's `hipMemcpyWithStream`.
 
     (`hipMemcpyWithStream` is what PyTorch's ROCm build calls for a synchronous `.to()`/`.item()`:
     it enqueues on a stream and then waits for that stream.)
     """
-    return call_kind(name) in ("copy", "memset") and "Async" not in name
+    return call_kind(name) in _COPY_KINDS and _host_waits(name)
+
+
+def blocking_copies(names: list[str], name_kinds: np.ndarray) -> np.ndarray:
+    """`is_blocking_copy` of each name of a trace's name table, given its `kind_codes`."""
+    copies = np.zeros(len(names), dtype=bool)
+    for kind in _COPY_KINDS:
+        copies |= name_kinds == kind_code(kind)
+    return copies & np.fromiter(map(_host_waits, names), dtype=bool, count=len(names))
 
 
 def kind_codes(names: list[str]) -> np.ndarray:
