@@ -47,10 +47,8 @@ def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
     for thread in distinct(call_thread).tolist():
         rows = launched[call_thread == thread]
         frames = trace.frames(int(thread))
-        if not len(frames.name_ids):  # a launching thread with no frame events: no op (-1)
-            continue
         op = frames.enclosing_op(frames.innermost_of(calls.start_us[call[rows]], calls.end_us[call[rows]]))
-        op_name[rows] = np.where(op >= 0, frames.name_ids[np.maximum(op, 0)], -1)
+        op_name[rows] = frames.name_ids_at(op)
     empty_name = trace.name_id("")
     if empty_name >= 0:  # an op with an empty name counts as no op, as "(no op)" is its label
         op_name[op_name == empty_name] = -1

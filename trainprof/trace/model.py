@@ -293,6 +293,10 @@ class ThreadFrames:
             self._op_ancestor = nearest_marked(self.parents, is_op)
         return self._at(self._op_ancestor, index)
 
+    def name_ids_at(self, index: np.ndarray) -> np.ndarray:
+        """Per frame index (-1: none), the frame's name id, or -1."""
+        return self._at(self.name_ids, index)
+
     def nearest_marked(self, index: np.ndarray, marked: np.ndarray) -> np.ndarray:
         """Per frame index (-1: none), the innermost marked frame among the frame and its parents, or -1."""
         return self._at(nearest_marked(self.parents, marked), index)
