@@ -318,6 +318,12 @@ def _resident_bytes(model: torch.nn.Module | None, step: StepFn) -> int:
     return total
 
 
+def _build(factory: StepFactory, variant: Variant) -> tuple[StepFn, torch.nn.Module | None]:
+    """The variant's step function, and its model when the factory returns `(step, model)`."""
+    built = factory(variant)
+    return built if isinstance(built, tuple) else (built, None)
+
+
 def _rel_diffs(losses: list[float], reference: list[float]) -> list[float]:
     return [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference, strict=True)]
 
@@ -340,8 +346,7 @@ def _twin_drift(
     None when the factory gives no model to perturb, or the twin fails (the fixed tolerance holds).
     """
     try:
-        built = factory(reference.variant)
-        step, model = built if isinstance(built, tuple) else (built, None)
+        step, model = _build(factory, reference.variant)
         if model is None:
             return None
         generator = torch.Generator().manual_seed(0)
@@ -415,9 +420,7 @@ def ab(
         # A variant that cannot be built or fails its warm-up steps (e.g. a compile error) is
         # skipped with the reason; the first variant is the reference and must work.
         try:
-            built = step_fn_factory(variant)
-            step, model = built if isinstance(built, tuple) else (built, None)
-            run = _Run(variant, step, model)
+            run = _Run(variant, *_build(step_fn_factory, variant))
             _run_steps(run, warmup)  # warm-up (and compilation) before any timing
             bench.synchronize(dev)
         except Exception as error:
