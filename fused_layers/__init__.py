@@ -1,4 +1,4 @@
-"""Fused GELU, LayerNorm, RMSNorm and gated-MLP layers, and ``swap`` to put them into a model.
+"""Fused GELU, LayerNorm, RMSNorm, gated-MLP and RoPE layers, and ``swap`` to put them into a model.
 
 Importing this package builds nothing and needs no GPU: the CUDA C++ extension
 (``fused_layers.cuda``) compiles on its first call only.
@@ -9,6 +9,7 @@ from fused_layers.ops.gated import geglu, swiglu
 from fused_layers.ops.gelu import gelu
 from fused_layers.ops.layer_norm import layer_norm
 from fused_layers.ops.rms_norm import rms_norm
+from fused_layers.ops.rope import rope
 from fused_layers.swap import LeftModule, SwapRecord, swap, unswap
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "gelu",
     "layer_norm",
     "rms_norm",
+    "rope",
     "swap",
     "swiglu",
     "unswap",

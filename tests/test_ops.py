@@ -108,7 +108,7 @@ def test_backend_errors():
         swiglu(x, x[:, :4])
     with pytest.raises(ValueError, match="weight must have shape"):
         layer_norm(x, torch.ones(7))
-    assert set(_dispatch.DEFAULT_BACKEND) == {"gelu", "layer_norm", "rms_norm", "geglu", "swiglu"}
+    assert set(_dispatch.DEFAULT_BACKEND) == {"gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "rope"}
 
 
 def test_cpu_fallback_warns_once(monkeypatch):

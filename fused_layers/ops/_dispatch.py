@@ -24,6 +24,7 @@ DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "rms_norm": ("triton", "triton"),
     "geglu": ("triton", "triton"),
     "swiglu": ("triton", "triton"),
+    "rope": ("triton", "triton"),
 }
 
 #: Ops that ``fused_layers.cuda`` implements.
