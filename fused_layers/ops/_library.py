@@ -115,8 +115,9 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple, **meta: Any) -> None
     key = (device, *meta.values(), *map(_specialisation, args))
     by_key = _compiled.setdefault(kernel, {})
     entry = by_key.get(key)
-    hooks = triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook
-    if entry is None or hooks != (None, None):
+    if entry is None or _hooked(triton.knobs.runtime.launch_enter_hook) or _hooked(
+        triton.knobs.runtime.launch_exit_hook
+    ):
         # First call with this specialisation (Triton compiles or finds it in its cache), or a
         # profiling hook that needs Triton's launch metadata: Triton's own launcher.
         compiled = kernel[grid](*args, **meta)
@@ -126,6 +127,13 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple, **meta: Any) -> None
     run, function, packed_metadata, constexprs = entry
     stream = torch._C._cuda_getCurrentRawStream(device)
     run(grid[0], 1, 1, stream, function, packed_metadata, None, None, None, *args, *constexprs)
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a Triton launch hook is set. Triton >= 3.6 holds an empty ``HookChain`` where older
+    versions held None; compared with None, the empty chain sent every call through Triton's own
+    launcher (seen on an H200, triton 3.6, 2026-11-23: ``JITFunction.run`` once per launch)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _specialisation(arg: Any) -> Any:

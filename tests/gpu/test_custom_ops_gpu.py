@@ -61,6 +61,20 @@ def test_direct_launch_matches_tritons_launcher(monkeypatch, op, shape, offset):
         got = _run(fn, leaves, n_inputs, dy)
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e, atol=0, rtol=0)
+    # ...and they really do: Triton's own launcher (JITFunction.run) is not called once warm
+    from triton.runtime.jit import JITFunction
+
+    through_triton = []
+    original_run = JITFunction.run
+
+    def counting_run(self, *args, **kwargs):
+        through_triton.append(self.fn.__name__)
+        return original_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", counting_run)
+    _run(fn, leaves, n_inputs, dy)
+    assert through_triton == [], f"launched through Triton's launcher: {through_triton}"
+    monkeypatch.setattr(JITFunction, "run", original_run)
     # the same shape 16-byte aligned (or not) must get its own kernel, not reuse the other's
     other = _leaves(shape, 0 if offset else 1)
     monkeypatch.setattr(_library, "DIRECT_LAUNCH", False)
