@@ -1,19 +1,25 @@
-"""Which launch settings make the Triton LayerNorm/RMSNorm backward kernels fastest? (GPU.)
+"""Which launch plans make the Triton LayerNorm/RMSNorm kernels fastest? (GPU.)
 
-Times the backward launchers alone (dx plus the dweight/dbias partial sums and their reduction),
-bf16, at the benchmark's four shapes, over a grid of the settings in ``fused_layers.ops._launch``
-(patched per run), and prints TB/s over the fewest bytes (read x and dy, write dx) with the
-registers and spills Triton reports for each compiled kernel.
+For each of the benchmark's four bf16 shapes, patches the settings of ``fused_layers.ops._launch``
+(each op's ``NormSettings``: tile, values per thread, resident warps, pipelining stages; the width
+above which the looped kernels take over, their chunk and warps), keeps each distinct launch plan
+once, and times the launcher alone: the forward, or the backward with its partial sums and their
+reduction. Each time is a CUDA graph of
+``--calls`` back-to-back calls replayed 5 times (median), so no host time is in it. TB/s is over
+the fewest bytes: forward reads x and writes y, backward reads x and dy and writes dx.
 
-    python benchmarks/norm_backward_sweep.py [--out FILE.json]
+    python benchmarks/norm_backward_sweep.py [--out FILE.json] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -21,20 +27,87 @@ import torch
 if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import importlib  # noqa: E402
-
-sys.path.append(str(Path(__file__).resolve().parent))
-from timing import steady_ms  # noqa: E402
-
 # fused_layers.ops re-exports functions named like their modules: fetch the modules themselves.
 _launch = importlib.import_module("fused_layers.ops._launch")
 ln = importlib.import_module("fused_layers.ops.layer_norm")
 rms = importlib.import_module("fused_layers.ops.rms_norm")
 
 SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
-RESIDENT_WARPS = (8, 16, 32, 64)
-PER_THREAD = (8, 16, 32)
-TILES = (4096, 8192)
+# Module-level settings a sweep may patch; every other key of a setting is a NormSettings field.
+GLOBALS = (
+    "TILE_ELEMENTS",
+    "ELEMENTS_PER_THREAD",
+    "MAX_FUSED_WIDTH",
+    "MAX_FUSED_WIDTH_BWD",
+    "LOOP_BLOCK",
+    "LOOP_WARPS",
+)
+
+
+def backward_grid(width: int, quick: bool) -> list[dict]:
+    """Backward settings worth timing at this width: register-held rows (with pipelining stages)."""
+    tiles = (1024, 2048) if quick else (1024, 2048, 4096, 8192)
+    per_thread = (8, 16) if quick else (4, 8, 16, 32)
+    resident = (16, 32) if quick else (16, 32, 64)
+    stages = (1, 2, 3)
+    if width > 1024:  # tiles hold one row from here on: the tile size changes nothing
+        tiles = tiles[:1]
+    grid = [
+        {"bwd_tile": t, "bwd_per_thread": p, "resident_warps": r, "bwd_stages": n}
+        for t, p, r, n in itertools.product(tiles, per_thread, resident, stages)
+    ]
+    if width >= 4096 and not quick:
+        grid += [
+            {"MAX_FUSED_WIDTH_BWD": width // 2, "LOOP_BLOCK": b, "LOOP_WARPS": w, "resident_warps": r}
+            for b, w, r in itertools.product((1024, 2048, 4096), (4, 8, 16), resident)
+        ]
+    return grid
+
+
+def forward_grid(width: int, quick: bool) -> list[dict]:
+    grid = [
+        {"TILE_ELEMENTS": t, "ELEMENTS_PER_THREAD": p}
+        for t, p in itertools.product((2048, 4096), (8, 16, 32))
+    ]
+    if width >= 8192 and not quick:
+        grid += [
+            {"max_fused_width": width // 2, "LOOP_BLOCK": b, "LOOP_WARPS": w}
+            for b, w in itertools.product((2048, 4096), (4, 8, 16))
+        ]
+    return grid
+
+
+def graph_us(call, calls: int) -> float:
+    """Median µs per call of ``calls`` calls captured in one CUDA graph (compiled before capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def copy_tbps() -> float:
+    """Bytes/s (read + write) of a 2 GiB device-to-device copy, timed the same way."""
+    source = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    return 4 * source.numel() / (graph_us(lambda: target.copy_(source), 5) * 1e-6) / 1e12
 
 
 def compiled_resources(jit_function) -> list[dict]:
@@ -43,77 +116,139 @@ def compiled_resources(jit_function) -> list[dict]:
     for caches in getattr(jit_function, "device_caches", {}).values():
         for kernel in caches[0].values():
             try:
-                found.append({"warps": kernel.metadata.num_warps, "regs": kernel.n_regs,
-                              "spills": kernel.n_spills})
+                found.append(
+                    {"warps": kernel.metadata.num_warps, "regs": kernel.n_regs, "spills": kernel.n_spills}
+                )
             except AttributeError:
                 pass
     return found
 
 
-def copy_tbps() -> float:
-    """Bytes/s (read + write) of a 2 GiB device-to-device copy, timed as the kernels are."""
-    source = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
-    target = torch.empty_like(source)
-    return 4 * source.numel() / (steady_ms(lambda: target.copy_(source)) * 1e-3) / 1e12
+class Patched:
+    """Set _launch settings (module-level, or op's NormSettings fields) for one timing; restore after."""
+
+    def __init__(self, op: str, setting: dict) -> None:
+        self.op, self.setting = op, setting
+        self.saved = {name: getattr(_launch, name) for name in GLOBALS}, dict(_launch.SETTINGS)
+
+    def __enter__(self) -> None:
+        fields = {k: v for k, v in self.setting.items() if k not in GLOBALS}
+        for name, value in self.setting.items():
+            if name in GLOBALS:
+                setattr(_launch, name, value)
+        _launch.SETTINGS[self.op] = _launch.SETTINGS[self.op]._replace(**fields)
+        _launch._plans.clear()
+
+    def __exit__(self, *exc) -> None:
+        for name, value in self.saved[0].items():
+            setattr(_launch, name, value)
+        _launch.SETTINGS.update(self.saved[1])
+        _launch._plans.clear()
 
 
-def sweep_shape(tokens: int, width: int) -> list[dict]:
-    """Every setting of the grid at one shape, both ops."""
+def sweep_shape(tokens: int, width: int, args: argparse.Namespace) -> list[dict]:
     x = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
     w = torch.randn(width, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(width, device="cuda", dtype=torch.bfloat16)
-    _, mean, rstd = ln._layer_norm_forward(x, w, b, 1e-5)
-    _, rms_rstd = rms._rms_norm_forward(x, w, 1e-6)
-    calls = {
-        "layer_norm": lambda: ln._layer_norm_backward(x, dy, w, mean, rstd, True, True),
-        "rms_norm": lambda: rms._rms_norm_backward(x, dy, w, rms_rstd, True),
+    _, stats = ln._layer_norm_fwd(x, w, b, 1e-5)
+    _, rstd = rms._rms_norm_fwd(x, w, 1e-6)
+    passes = {
+        ("layer_norm", "bwd"): lambda: ln._layer_norm_bwd(dy, x, w, stats, True, True),
+        ("rms_norm", "bwd"): lambda: rms._rms_norm_bwd(dy, x, w, rstd, True),
+        ("layer_norm", "fwd"): lambda: ln._layer_norm_fwd(x, w, b, 1e-5),
+        ("rms_norm", "fwd"): lambda: rms._rms_norm_fwd(x, w, 1e-6),
     }
-    nbytes = 3 * x.numel() * 2
     rows = []
-    for resident, per_thread, tile in itertools.product(RESIDENT_WARPS, PER_THREAD, TILES):
-        _launch.RESIDENT_WARPS_PER_SM = resident
-        _launch.BWD_ELEMENTS_PER_THREAD = per_thread
-        _launch.BWD_TILE_ELEMENTS = tile
-        for op, call in calls.items():
-            ms = steady_ms(call)
-            rows.append({"op": op, "shape": [tokens, width], "resident_warps": resident,
-                         "per_thread": per_thread, "tile": tile, "ms": ms,
-                         "tbps": nbytes / (ms * 1e-3) / 1e12})
+    for (op, which), call in passes.items():
+        nbytes = (3 if which == "bwd" else 2) * x.numel() * 2
+        grid = [{}] + (
+            backward_grid(width, args.quick) if which == "bwd" else forward_grid(width, args.quick)
+        )
+        seen: dict[tuple, dict] = {}
+        for setting in grid:
+            with Patched(op, setting):
+                plan = _launch.norm_plan(op, tokens, width, x.device, backward=which == "bwd")
+                extra = (_launch.LOOP_WARPS,) if not plan.fused else ()
+                key = (*plan, *extra)
+                if key in seen:
+                    if not setting:
+                        seen[key]["default"] = True
+                    continue
+                try:
+                    us = graph_us(call, args.calls)
+                except Exception as exc:  # a plan that fails to compile or launch must not end the sweep
+                    us, error = None, repr(exc)[:300]
+                else:
+                    error = None
+            row = {
+                "op": op,
+                "pass": which,
+                "shape": [tokens, width],
+                "setting": setting,
+                "plan": list(key),
+                "default": not setting,
+                "us": us,
+                "error": error,
+                "tbps": nbytes / (us * 1e-6) / 1e12 if us else None,
+            }
+            seen[key] = row
+            rows.append(row)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="a smaller grid")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("norm_backward_sweep.py needs a CUDA device (it times with CUDA events)")
-    defaults = (_launch.RESIDENT_WARPS_PER_SM, _launch.BWD_ELEMENTS_PER_THREAD, _launch.BWD_TILE_ELEMENTS)
+        raise SystemExit("norm_backward_sweep.py needs a CUDA device (it times with CUDA graphs)")
+    started = time.time()
     copy = copy_tbps()
     torch.cuda.empty_cache()
-    rows = []
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "copy_tbps": copy,
+        "rows": [],
+    }
     for tokens, width in SHAPES:
-        rows += sweep_shape(tokens, width)
+        result["rows"] += sweep_shape(tokens, width, args)
         torch.cuda.empty_cache()
-    _launch.RESIDENT_WARPS_PER_SM, _launch.BWD_ELEMENTS_PER_THREAD, _launch.BWD_TILE_ELEMENTS = defaults
-    resources = {"layer_norm": compiled_resources(ln._layer_norm_bwd_fused),
-                 "rms_norm": compiled_resources(rms._rms_norm_bwd_fused)}
-    result = {"device": torch.cuda.get_device_name(), "copy_tbps": copy, "defaults": defaults,
-              "rows": rows, "resources": resources}
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"{tokens}x{width} done at {time.time() - started:.0f} s", flush=True)
+    result["resources"] = {
+        name: compiled_resources(kernel)
+        for name, kernel in (
+            ("ln_bwd_fused", ln._layer_norm_bwd_fused),
+            ("rms_bwd_fused", rms._rms_norm_bwd_fused),
+            ("ln_bwd_looped", ln._layer_norm_bwd_looped),
+            ("rms_bwd_looped", rms._rms_norm_bwd_looped),
+        )
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"copy {copy:.2f} TB/s; backward TB/s (3 bytes-units: read x, dy; write dx)")
-    for op in ("layer_norm", "rms_norm"):
+    print(f"copy {copy:.2f} TB/s (read+write); TB/s over the fewest bytes, default vs best plan")
+    for op, which in itertools.product(("layer_norm", "rms_norm"), ("fwd", "bwd")):
         for tokens, width in SHAPES:
-            mine = [r for r in rows if r["op"] == op and r["shape"] == [tokens, width]]
+            mine = [
+                r
+                for r in result["rows"]
+                if r["op"] == op and r["pass"] == which and r["shape"] == [tokens, width] and r["tbps"]
+            ]
+            if not mine:
+                continue
             best = max(mine, key=lambda r: r["tbps"])
-            default = next(r for r in mine if (r["resident_warps"], r["per_thread"], r["tile"]) == defaults)
-            print(f"{op:10s} {tokens}x{width}: default {default['tbps']:.2f}  best {best['tbps']:.2f} "
-                  f"(resident {best['resident_warps']}, per_thread {best['per_thread']}, "
-                  f"tile {best['tile']})")
-    for op, found in resources.items():
-        print(op, "compiled:", sorted({(r["warps"], r["regs"], r["spills"]) for r in found}))
+            default = next((r for r in mine if r["default"]), None)
+            print(
+                f"{op:10s} {which} {tokens}x{width}: default {default['tbps'] if default else 0:.2f} "
+                f"({default['us'] if default else 0:.1f} us)  best {best['tbps']:.2f} ({best['us']:.1f} us) "
+                f"{best['setting']} plan {best['plan']}"
+            )
 
 
 if __name__ == "__main__":

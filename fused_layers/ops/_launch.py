@@ -21,29 +21,47 @@ FLAT_WARPS = 4
 
 # Norms: a row up to this width is held in registers in one block (one read of x); wider rows
 # take the looped path that walks the row in chunks of LOOP_BLOCK (re-reading it, from L2).
-# 16384 fp32 values over 16 warps is 32 registers per thread for x: no spills.
+# An op's own limit (NormSettings.max_fused_width) can be lower; tests lower this one.
 MAX_FUSED_WIDTH = 16384
 LOOP_BLOCK = 4096
+# The backward's limit. None: MAX_FUSED_WIDTH. The looped backward, whose sums live in L2, ran at
+# 0.7-1.8 TB/s on an H200 at widths 4096-16384 (2026-11-23 sweep) against 1.9-3.5 held in
+# registers, so it serves only rows too wide for registers at all.
+MAX_FUSED_WIDTH_BWD: int | None = None
+# num_warps of the looped kernels. H200, 2026-11-23: the looped forward at width 16384 ran at
+# 3.42 TB/s (LayerNorm) / 3.92 (RMSNorm) with 16 warps against 2.70 / 3.01 with 8.
+LOOP_WARPS = 16
 # Narrow rows are packed into one 2-D tile of about this many elements per program (a 1024-wide
 # row alone is little work), and num_warps is set so each thread holds ELEMENTS_PER_THREAD fp32
 # values of it (clamped to 4..16 warps). Fewer, fuller warps won on an H200 (2026-11-21, bf16
 # sweep of tile 2048..16384 x 8..32 per thread): each row statistic is a cross-warp reduction,
 # and fewer warps make it cheaper. Forward at 2048 / 32: 3.95-4.08 TB/s at widths 1024-8192
-# against 3.48-3.94 at 4096 / 16; width 16384 was 3.73 in every setting.
+# against 3.48-3.94 at 4096 / 16.
 TILE_ELEMENTS = 2048
 ELEMENTS_PER_THREAD = 32
-# Backward: 4096 / 16 (8 warps at width 1024). At width 1024, 16 warps ran at a third of the
-# speed of 8. Beyond that the H200 forward+backward timings moved by up to +-40% between runs
-# for every contender (torch.compile too), so these two are provisional: re-time before tuning.
-BWD_TILE_ELEMENTS = 4096
-BWD_ELEMENTS_PER_THREAD = 16
-# Warps per SM the persistent backward grid aims to keep resident (see persistent_programs).
-# benchmarks/norm_backward_sweep.py on an H200 (2026-11-21, bf16, backward alone, kernels queued
-# back to back): 16 was best or within 2% of best for both norms at widths 1024-16384 (LayerNorm
-# 3.01 / 3.04 / 2.75 / 1.85 TB/s, RMSNorm 3.33 / 3.35 / 3.09 / 2.73); 32 gave 2.79 / 2.82 / 2.65 /
-# 1.75 for LayerNorm. At ~110-130 registers a thread, 32 warps of programs do not fit on an SM
-# (64K registers), so a 32-warp grid ran in two uneven waves.
-RESIDENT_WARPS_PER_SM = 16
+
+
+class NormSettings(NamedTuple):
+    """One norm's launch settings, chosen by ``benchmarks/norm_backward_sweep.py``."""
+
+    max_fused_width: int  # widest row the forward holds in registers (capped by MAX_FUSED_WIDTH)
+    bwd_tile: int  # backward: elements per row tile (rows = tile // width, at least 1)
+    bwd_per_thread: int  # backward: fp32 values a thread holds per loaded tensor (sets num_warps)
+    resident_warps: int  # backward: warps per SM the persistent grid aims for
+    bwd_stages: int  # backward: software-pipelining stages of the persistent loop (tl.range)
+
+
+#: H200 sweep, 2026-11-23, bf16, each pass timed alone from a CUDA graph (TB/s over the fewest
+#: bytes): LayerNorm backward at width 1024 3.38 with 2 rows x 4 warps x 16 resident warps against
+#: 3.20 for the earlier shared 4096 / 16 / 16; RMSNorm 3.73 with 1 row x 4 warps x 32 resident
+#: against 3.45; at widths 4096-16384 both are within 1% of the best setting tried. LayerNorm's
+#: forward holds a 16384-wide row badly (2.41 TB/s; looped: 3.42), RMSNorm's well (4.09).
+SETTINGS: dict[str, NormSettings] = {
+    "layer_norm": NormSettings(max_fused_width=8192, bwd_tile=2048, bwd_per_thread=16, resident_warps=16,
+                               bwd_stages=1),
+    "rms_norm": NormSettings(max_fused_width=16384, bwd_tile=1024, bwd_per_thread=8, resident_warps=32,
+                             bwd_stages=1),
+}
 
 
 def flat_config(n_elements: int) -> tuple[int, int, int]:
@@ -52,11 +70,10 @@ def flat_config(n_elements: int) -> tuple[int, int, int]:
     return triton.cdiv(n_elements, block), block, FLAT_WARPS
 
 
-def row_tile(n_rows: int, width: int, backward: bool = False) -> tuple[int, int, int]:
-    """Return (ROWS, BLOCK_N, num_warps) for a norm whose row fits one block (width <= MAX_FUSED_WIDTH)."""
+def row_tile(n_rows: int, width: int, tile: int, per_thread: int) -> tuple[int, int, int]:
+    """Return (ROWS, BLOCK_N, num_warps) for a norm whose row fits one block: about ``tile``
+    elements per program, ``per_thread`` fp32 values of each tensor per thread."""
     block_n = max(16, triton.next_power_of_2(width))
-    tile = BWD_TILE_ELEMENTS if backward else TILE_ELEMENTS
-    per_thread = BWD_ELEMENTS_PER_THREAD if backward else ELEMENTS_PER_THREAD
     rows = max(1, min(tile // block_n, triton.next_power_of_2(max(n_rows, 1))))
     # About per_thread fp32 values per thread (rows * block_n / (32 * warps)); 4 warps at least
     # so small tiles still hide latency, 16 at most so wide rows keep several programs per SM.
@@ -64,27 +81,22 @@ def row_tile(n_rows: int, width: int, backward: bool = False) -> tuple[int, int,
     return rows, block_n, num_warps
 
 
-def loop_warps() -> int:
-    """num_warps for the looped (wide-row) kernels: 8 warps over LOOP_BLOCK is 16 values per thread."""
-    return 8
-
-
 @functools.lru_cache(maxsize=8)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(work_items: int, num_warps: int, device: torch.device) -> int:
+def persistent_programs(work_items: int, num_warps: int, resident_warps: int, device: torch.device) -> int:
     """Number of programs for a persistent backward kernel that strides over ``work_items``.
 
     Each program keeps its own fp32 partial sums of dweight/dbias in registers over all the
     rows it visits and writes them once, so the partials cost (programs x N) floats instead of
-    a second pass over dy and x. RESIDENT_WARPS_PER_SM (16) resident warps per SM keep HBM busy;
-    more programs would only grow the partial buffer that torch then sums.
+    a second pass over dy and x. ``resident_warps`` resident warps per SM keep HBM busy; more
+    programs would only grow the partial buffer that ``sum_partials`` then reads.
     """
     if device.type == "cuda":
         slots = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        slots *= max(1, RESIDENT_WARPS_PER_SM // num_warps)
+        slots *= max(1, resident_warps // num_warps)
     else:
         # Triton's CPU interpreter runs programs one after another: few programs, less overhead.
         slots = 4
@@ -94,43 +106,55 @@ def persistent_programs(work_items: int, num_warps: int, device: torch.device) -
 class NormPlan(NamedTuple):
     """How a norm kernel is launched on (n_rows, width) rows."""
 
-    fused: bool  # the row fits one block (width <= MAX_FUSED_WIDTH); else the looped kernel
+    fused: bool  # the row fits one block; else the looped kernel
     programs: int  # grid size
     rows: int  # ROWS: rows per tile (fused kernels only)
     block_n: int  # BLOCK_N: the row's block (fused) or the loop's chunk (looped)
     num_warps: int
+    stages: int  # NUM_STAGES of the fused backward's persistent loop (1 elsewhere)
 
 
 _plans: dict[tuple, NormPlan] = {}
 
 
-def norm_plan(n_rows: int, width: int, device: torch.device, backward: bool = False) -> NormPlan:
-    """The launch plan of a norm forward or (persistent) backward, cached per shape.
+def norm_plan(op: str, n_rows: int, width: int, device: torch.device, backward: bool = False) -> NormPlan:
+    """The launch plan of norm ``op``'s forward or (persistent) backward, cached per shape.
 
     The cache spares each eager call the few microseconds of Python that the rules take; a
-    traced call (symbolic row counts) computes its plan without caching it.
+    traced call (symbolic row counts) computes its plan without caching it. The key holds the
+    width limits (tests patch them); a sweep that changes the other settings clears ``_plans``.
     """
     if type(n_rows) is not int or type(width) is not int:
-        return _norm_plan(n_rows, width, device, backward)
-    key = (n_rows, width, device, backward, MAX_FUSED_WIDTH, LOOP_BLOCK)
+        return _norm_plan(op, n_rows, width, device, backward)
+    key = (op, n_rows, width, device, backward, MAX_FUSED_WIDTH, MAX_FUSED_WIDTH_BWD, LOOP_BLOCK)
     plan = _plans.get(key)
     if plan is None:
-        plan = _norm_plan(n_rows, width, device, backward)
+        plan = _norm_plan(op, n_rows, width, device, backward)
         if len(_plans) > 4096:  # a run with ever-changing shapes: start over
             _plans.clear()
         _plans[key] = plan
     return plan
 
 
-def _norm_plan(n_rows: int, width: int, device: torch.device, backward: bool) -> NormPlan:
-    if width <= MAX_FUSED_WIDTH:
-        rows, block_n, num_warps = row_tile(n_rows, width, backward)
-        tiles = triton.cdiv(n_rows, rows)
-        programs = persistent_programs(tiles, num_warps, device) if backward else tiles
-        return NormPlan(True, programs, rows, block_n, num_warps)
-    num_warps = loop_warps()
-    programs = persistent_programs(n_rows, num_warps, device) if backward else n_rows
-    return NormPlan(False, programs, 1, LOOP_BLOCK, num_warps)
+def _norm_plan(op: str, n_rows: int, width: int, device: torch.device, backward: bool) -> NormPlan:
+    settings = SETTINGS[op]
+    if backward:
+        limit = MAX_FUSED_WIDTH if MAX_FUSED_WIDTH_BWD is None else MAX_FUSED_WIDTH_BWD
+    else:
+        limit = min(MAX_FUSED_WIDTH, settings.max_fused_width)
+    if width <= limit:
+        if backward:
+            rows, block_n, num_warps = row_tile(n_rows, width, settings.bwd_tile, settings.bwd_per_thread)
+            tiles = triton.cdiv(n_rows, rows)
+            programs = persistent_programs(tiles, num_warps, settings.resident_warps, device)
+            return NormPlan(True, programs, rows, block_n, num_warps, settings.bwd_stages)
+        rows, block_n, num_warps = row_tile(n_rows, width, TILE_ELEMENTS, ELEMENTS_PER_THREAD)
+        return NormPlan(True, triton.cdiv(n_rows, rows), rows, block_n, num_warps, 1)
+    if backward:
+        programs = persistent_programs(n_rows, LOOP_WARPS, settings.resident_warps, device)
+    else:
+        programs = n_rows
+    return NormPlan(False, programs, 1, LOOP_BLOCK, LOOP_WARPS, 1)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Rows up to ``MAX_FUSED_WIDTH`` wide are held in registers in one block (narrow rows packed
 several to a program); wider rows take a looped path that walks the row in chunks. The
 backward recomputes x_hat from x and the saved fp32 mean/rstd, and sums dweight/dbias per
-program over many rows (see ``persistent_programs``) before a small torch reduction.
+program over many rows (see ``persistent_programs``) before one small reduction kernel.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import fused_layers.cuda as fused_cuda
 from fused_layers.ops import _launch
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
+from fused_layers.ops._partials import sum_partials
 from fused_layers.ops._triton import tl, triton
 
 
@@ -120,6 +121,7 @@ def _layer_norm_bwd_fused(
     HAS_WEIGHT: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Persistent: program p handles row tiles p, p + P, p + 2P, ... and keeps its dweight/dbias
     # sums in registers, writing one (N,) partial row each at the end. The sums stay (ROWS,
@@ -132,7 +134,8 @@ def _layer_norm_bwd_fused(
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for tile in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+    # NUM_STAGES > 1 lets Triton prefetch the next tile's x and dy while this one is computed
+    for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=NUM_STAGES):
         rows = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
@@ -235,7 +238,7 @@ def _layer_norm_fwd(
     stats = torch.empty((2, n_rows), dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, stats
-    plan = _launch.norm_plan(n_rows, width, x.device)
+    plan = _launch.norm_plan("layer_norm", n_rows, width, x.device)
     # a dummy pointer for an absent weight/bias; the kernel never reads it (constexpr flag)
     args = (x2d, y, x2d if weight is None else weight, x2d if bias is None else bias, stats,
             x2d.stride(0), n_rows, width, eps)  # fmt: skip
@@ -257,7 +260,7 @@ def _layer_norm_bwd(
 ) -> tuple[Tensor, Tensor]:
     """Launch the backward; returns dx (x's shape) and (2, N) sums of dweight, dbias in weight's dtype.
 
-    The (2, N) rows not asked for hold garbage; with neither asked for it is (0, N). The body of
+    The (2, N) rows not asked for hold zeros; with neither asked for it is (0, N). The body of
     the custom op ``fused_layers::layer_norm_backward``.
     """
     width = x.shape[-1]
@@ -268,23 +271,24 @@ def _layer_norm_bwd(
     want_sums = compute_dw or compute_db
     if n_rows == 0:
         return dx, torch.zeros((2 if want_sums else 0, width), dtype=sums_dtype, device=x.device)
-    plan = _launch.norm_plan(n_rows, width, x.device, backward=True)
-    # Per-program partial sums, reduced by torch below: the fused kernel writes each partial row
-    # once, the looped one adds into them.
-    alloc = torch.empty if plan.fused else torch.zeros
+    plan = _launch.norm_plan("layer_norm", n_rows, width, x.device, backward=True)
+    # Per-program partial sums, reduced by sum_partials below: the fused kernel writes each
+    # partial row once, the looped one adds into them. With only one of dweight/dbias asked for,
+    # the other rows are summed too: zeros, not whatever the allocation held.
+    alloc = torch.empty if plan.fused and compute_dw == compute_db else torch.zeros
     partial_shape = (plan.programs, 2, width) if want_sums else (1,)
     partial = alloc(partial_shape, dtype=torch.float32, device=x.device)
     args = (x2d, dy2d, dx, x2d if weight is None else weight, stats, partial,
             x2d.stride(0), dy2d.stride(0), n_rows, width)  # fmt: skip
     kernel = _layer_norm_bwd_fused if plan.fused else _layer_norm_bwd_looped
-    extra = {"ROWS": plan.rows} if plan.fused else {}
+    extra = {"ROWS": plan.rows, "NUM_STAGES": plan.stages} if plan.fused else {}
     launch(
         kernel, (plan.programs,), args, **extra, BLOCK_N=plan.block_n, HAS_WEIGHT=weight is not None,
         COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=plan.num_warps,
     )  # fmt: skip
     if not want_sums:
         return dx, torch.empty((0, width), dtype=sums_dtype, device=x.device)
-    return dx, partial.sum(0).to(sums_dtype)
+    return dx, sum_partials(partial, sums_dtype)
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:

@@ -15,6 +15,7 @@ from torch import Tensor
 from fused_layers.ops import _launch
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
+from fused_layers.ops._partials import sum_partials
 from fused_layers.ops._triton import tl, triton
 
 
@@ -98,6 +99,7 @@ def _rms_norm_bwd_fused(
     BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Persistent: program p handles row tiles p, p + P, ... and keeps its dweight sum in
     # registers, writing one (N,) partial row at the end; the sum stays (ROWS, BLOCK_N) until
@@ -108,7 +110,8 @@ def _rms_norm_bwd_fused(
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for tile in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+    # NUM_STAGES > 1 lets Triton prefetch the next tile's x and dy while this one is computed
+    for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=NUM_STAGES):
         rows = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
@@ -197,7 +200,7 @@ def _rms_norm_fwd(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor,
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, rstd
-    plan = _launch.norm_plan(n_rows, width, x.device)
+    plan = _launch.norm_plan("rms_norm", n_rows, width, x.device)
     args = (x2d, y, x2d if weight is None else weight, rstd, x2d.stride(0), n_rows, width, eps)
     kernel = _rms_norm_fwd_fused if plan.fused else _rms_norm_fwd_looped
     extra = {"ROWS": plan.rows} if plan.fused else {}
@@ -220,20 +223,20 @@ def _rms_norm_bwd(
     dw_dtype = weight.dtype if weight is not None else x.dtype
     if n_rows == 0:
         return dx, torch.zeros(width if compute_dw else 0, dtype=dw_dtype, device=x.device)
-    plan = _launch.norm_plan(n_rows, width, x.device, backward=True)
-    # Per-program partial sums, reduced by torch below: the fused kernel writes each partial row
-    # once, the looped one adds into them.
+    plan = _launch.norm_plan("rms_norm", n_rows, width, x.device, backward=True)
+    # Per-program partial sums, reduced by sum_partials below: the fused kernel writes each
+    # partial row once, the looped one adds into them.
     alloc = torch.empty if plan.fused else torch.zeros
     partial = alloc((plan.programs, width) if compute_dw else (1,), dtype=torch.float32, device=x.device)
     args = (x2d, dy2d, dx, x2d if weight is None else weight, rstd, partial, x2d.stride(0), dy2d.stride(0),
             n_rows, width)  # fmt: skip
     kernel = _rms_norm_bwd_fused if plan.fused else _rms_norm_bwd_looped
-    extra = {"ROWS": plan.rows} if plan.fused else {}
+    extra = {"ROWS": plan.rows, "NUM_STAGES": plan.stages} if plan.fused else {}
     launch(kernel, (plan.programs,), args, **extra, BLOCK_N=plan.block_n, HAS_WEIGHT=weight is not None,
            COMPUTE_DW=compute_dw, num_warps=plan.num_warps)  # fmt: skip
     if not compute_dw:
         return dx, torch.empty(0, dtype=dw_dtype, device=x.device)
-    return dx, partial.sum(0).to(dw_dtype)
+    return dx, sum_partials(partial, dw_dtype)
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
