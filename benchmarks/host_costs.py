@@ -1,0 +1,132 @@
+"""What does each piece of a fused norm's eager call cost on the host? (GPU; a diagnosis.)
+
+Times host µs per call (no sync inside the loop; shapes small enough that the GPU keeps up) of
+eager torch, the fused ops' public functions, their autograd.Functions and launchers, and
+building blocks (a do-nothing autograd.Function, torch.empty), then shows a cProfile of the
+forward's Python. The backward's Python runs on autograd's device thread, which cProfile does
+not see: its launcher is profiled by a direct call instead.
+
+    python benchmarks/host_costs.py [--width 1024] [--rows 8] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+ln = importlib.import_module("fused_layers.ops.layer_norm")
+rms = importlib.import_module("fused_layers.ops.rms_norm")
+
+
+class _Noop(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy
+
+
+def host_us(call, calls: int = 300, repeats: int = 7) -> float:
+    """Best-of-repeats host µs per call (noise only adds), GPU drained between repeats."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - start) / calls)
+        torch.cuda.synchronize()
+    return best * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    x, w, b = make(args.rows, args.width), make(args.width), make(args.width)
+    dy = torch.randn(args.rows, args.width, device="cuda", dtype=torch.bfloat16)
+
+    def fwd_bwd(fn):
+        def call():
+            x.grad = w.grad = b.grad = None
+            fn().backward(dy)
+
+        return call
+
+    def hf_rms():
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return w * (x.float() * torch.rsqrt(variance + 1e-6)).to(x.dtype)
+
+    y, stats = ln._layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5)
+    _, rstd = rms._rms_norm_fwd(x.detach(), w.detach(), 1e-6)
+    cases = {
+        "torch.empty": lambda: torch.empty(args.width, device="cuda"),
+        "noop Function fwd+bwd": fwd_bwd(lambda: _Noop.apply(x)),
+        "F.layer_norm fwd+bwd": fwd_bwd(lambda: F.layer_norm(x, (args.width,), w, b, 1e-5)),
+        "F.layer_norm fwd (grad on)": lambda: F.layer_norm(x, (args.width,), w, b, 1e-5),
+        "layer_norm triton fwd+bwd": fwd_bwd(lambda: ln.layer_norm(x, w, b, 1e-5, backend="triton")),
+        "layer_norm triton fwd (grad on)": lambda: ln.layer_norm(x, w, b, 1e-5, backend="triton"),
+        "LayerNormFunction.apply fwd+bwd": fwd_bwd(lambda: ln.LayerNormFunction.apply(x, w, b, 1e-5)[0]),
+        "_layer_norm_fwd launcher": lambda: ln._layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5),
+        "_layer_norm_bwd launcher": lambda: ln._layer_norm_bwd(dy, x.detach(), w.detach(), stats, True, True),
+        "layer_norm cuda fwd+bwd": fwd_bwd(lambda: ln.layer_norm(x, w, b, 1e-5, backend="cuda")),
+        "HF LlamaRMSNorm fwd+bwd": fwd_bwd(hf_rms),
+        "rms_norm triton fwd+bwd": fwd_bwd(lambda: rms.rms_norm(x, w, 1e-6, backend="triton")),
+        "_rms_norm_fwd launcher": lambda: rms._rms_norm_fwd(x.detach(), w.detach(), 1e-6),
+        "_rms_norm_bwd launcher": lambda: rms._rms_norm_bwd(dy, x.detach(), w.detach(), rstd, True),
+    }
+    results = {}
+    for name, call in cases.items():
+        try:
+            results[name] = round(host_us(call), 1)
+        except Exception as exc:  # one case failing must not end the probe
+            results[name] = repr(exc)[:200]
+        print(f"{name:34s} {results[name]} us", flush=True)
+    profiles = {}
+    for name in ("layer_norm triton fwd (grad on)", "_layer_norm_bwd launcher"):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(500):
+            cases[name]()
+        profiler.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
+        profiles[name] = text.getvalue()
+        print(f"--- cProfile, 500 calls: {name}\n{text.getvalue()[-3500:]}")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "shape": [args.rows, args.width],
+                    "host_us": results,
+                    "profiles": profiles,
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
