@@ -6,6 +6,8 @@ positions and heads; the GPU versions of these checks are in tests/gpu/test_rope
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from conftest import TOLERANCES
@@ -121,6 +123,19 @@ def test_layouts(layout, dtype):
         cos, sin = table[..., :64], table[..., 64:128]
         assert not cos.is_contiguous()
     _check(q, k, cos, sin, unsqueeze_dim)
+
+
+@pytest.mark.parametrize(
+    "max_tile, head_dim, q_heads, k_heads, seq",
+    [(128, 16, 3, 2, 5), (64, 64, 5, 3, 3)],
+    ids=["positions-in-blocks", "heads-in-a-loop"],
+)
+def test_small_tiles_forced(monkeypatch, max_tile, head_dim, q_heads, k_heads, seq):
+    """Tiles smaller than the work: 4 positions a program with a partial last block; heads two at a time."""
+    monkeypatch.setattr(importlib.import_module("fused_layers.ops.rope"), "MAX_TILE", max_tile)
+    cos, sin = _cos_sin(2, seq, head_dim, torch.float32)
+    q, k = (_projection(2, seq, heads, head_dim, torch.float32) for heads in (q_heads, k_heads))
+    _check(q, k, cos, sin)
 
 
 def test_mixed_dtypes_promote_like_hugging_face():

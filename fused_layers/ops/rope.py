@@ -15,8 +15,9 @@ Each output is linear in x, so the backward is the transposed map, applied to dy
 cos and sin take no gradient (Hugging Face computes them under ``no_grad``); when either requires
 one, the plain torch version runs. The backward needs cos and sin only, not q or k.
 
-Memory-bound: one program per position (b, t) loads that position's cos and sin row once and
-applies it to every head of q and of k, reading each element of q and k once and writing it once.
+Memory-bound: one program per block of positions (b, t..t+BLOCK_T) loads their cos and sin rows
+once and applies them to every head of q and of k, reading each element of q and k once and
+writing it once.
 q and k may be any strided views (Hugging Face passes ``view(...).transpose(1, 2)``): the kernel
 takes their strides, nothing is copied, and the outputs keep the inputs' memory layout.
 """
@@ -35,45 +36,48 @@ from fused_layers.ops._triton import tl, triton
 # The dtypes the kernel loads and stores (it computes in fp32); others take the torch version.
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-# Heads x half head dim per block: a (BLOCK_H, BLOCK_HALF) tile of each half is in registers at
-# once (x1, x2, y1, y2 in fp32). 4096 is 32 heads of head_dim 256, or 64 of 128; more heads loop.
-MAX_TILE = 4096
+# Elements of each half in one program's tile (BLOCK_T positions x BLOCK_H heads x BLOCK_HALF), in
+# registers at once with their fp32 values and 64-bit addresses: 2048 is 8 per thread of each
+# half at 8 warps. Positions fill the tile after the heads: Llama 1B (32 q heads, head_dim 64)
+# takes 2 positions a program; more heads than fit loop. Not yet timed on a GPU for this kernel.
+MAX_TILE = 2048
 # About 8 elements of each half-tile per thread: one 16-byte load per half in bf16, as the flat
-# elementwise kernels use (fused_layers/ops/_launch.py). Not yet timed on a GPU for this kernel.
+# elementwise kernels use (fused_layers/ops/_launch.py).
 ELEMENTS_PER_THREAD = 8
 
 
 @triton.jit
 def _rotate_heads(
-    x_row,  # this position's (n_heads, 2 * half) block of the input: strides x_head_stride, x_col_stride
-    y_row,  # the same block of the output: strides y_head_stride, y_col_stride
+    x_rows,  # (BLOCK_T, 1, 1) pointers: these positions' (n_heads, 2 * half) blocks of the input
+    y_rows,  # (BLOCK_T, 1, 1) pointers: the same blocks of the output
     n_heads,
     x_head_stride,
     x_col_stride,
     y_head_stride,
     y_col_stride,
     half,
-    c1,  # (BLOCK_HALF,) fp32: multiplies x1 in y1
-    c2,  # (BLOCK_HALF,) fp32: multiplies x2 in y2
-    s_x2,  # (BLOCK_HALF,) fp32: multiplies x2 in y1
-    s_x1,  # (BLOCK_HALF,) fp32: multiplies x1 in y2
+    position_mask,  # (BLOCK_T, 1, 1)
+    c1,  # (BLOCK_T, 1, BLOCK_HALF) fp32: multiplies x1 in y1
+    c2,  # (BLOCK_T, 1, BLOCK_HALF) fp32: multiplies x2 in y2
+    s_x2,  # (BLOCK_T, 1, BLOCK_HALF) fp32: multiplies x2 in y1
+    s_x1,  # (BLOCK_T, 1, BLOCK_HALF) fp32: multiplies x1 in y2
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
     """y1 = x1 * c1 + x2 * s_x2, y2 = x2 * c2 + x1 * s_x1 for every head, BLOCK_H heads at a time."""
-    cols = tl.arange(0, BLOCK_HALF)
+    cols = tl.arange(0, BLOCK_HALF)[None, None, :]
     col_mask = cols < half
     for first_head in range(0, n_heads, BLOCK_H):
-        heads = (first_head + tl.arange(0, BLOCK_H)).to(tl.int64)  # heads * stride may pass 2^31
-        mask = (heads < n_heads)[:, None] & col_mask[None, :]
-        x_ptrs = x_row + heads[:, None] * x_head_stride + cols[None, :] * x_col_stride
+        heads = (first_head + tl.arange(0, BLOCK_H)).to(tl.int64)[None, :, None]  # * stride may pass 2^31
+        mask = position_mask & (heads < n_heads) & col_mask
+        x_ptrs = x_rows + heads * x_head_stride + cols * x_col_stride
         x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(x_ptrs + half * x_col_stride, mask=mask, other=0.0).to(tl.float32)
-        y1 = x1 * c1[None, :] + x2 * s_x2[None, :]
-        y2 = x2 * c2[None, :] + x1 * s_x1[None, :]
-        y_ptrs = y_row + heads[:, None] * y_head_stride + cols[None, :] * y_col_stride
-        tl.store(y_ptrs, y1.to(y_row.dtype.element_ty), mask=mask)
-        tl.store(y_ptrs + half * y_col_stride, y2.to(y_row.dtype.element_ty), mask=mask)
+        y1 = x1 * c1 + x2 * s_x2
+        y2 = x2 * c2 + x1 * s_x1
+        y_ptrs = y_rows + heads * y_head_stride + cols * y_col_stride
+        tl.store(y_ptrs, y1.to(y_rows.dtype.element_ty), mask=mask)
+        tl.store(y_ptrs + half * y_col_stride, y2.to(y_rows.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -82,7 +86,7 @@ def _rope_kernel(
     k_ptr,  # (B, Hk, T, D) likewise
     q_out_ptr,  # (B, Hq, T, D) output dtype (forward: q_embed; backward: dq), any strides
     k_out_ptr,  # (B, Hk, T, D) likewise
-    cos_ptr,  # (B, T, D) cos dtype; batch stride 0 where one row serves every sequence
+    cos_ptr,  # (B, T, D) cos dtype; batch stride 0 where one table serves every sequence
     sin_ptr,  # (B, T, D) sin dtype, cos's strides
     seq_len,
     n_q_heads,
@@ -93,22 +97,26 @@ def _rope_kernel(
     q_out_stride_b, q_out_stride_h, q_out_stride_t, q_out_stride_d,
     k_out_stride_b, k_out_stride_h, k_out_stride_t, k_out_stride_d,
     cs_stride_b, cs_stride_t, cs_stride_d,
+    BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BACKWARD: tl.constexpr,
 ):  # fmt: skip
-    # One program per position (b, t): its cos/sin row is read once for all Hq + Hk heads.
-    position = tl.program_id(0).to(tl.int64)
-    b = position // seq_len
-    t = position % seq_len
-    cols = tl.arange(0, BLOCK_HALF)
-    col_mask = cols < half
+    # One program per BLOCK_T positions of one sequence: their cos/sin rows are read once, for all
+    # Hq + Hk heads.
+    blocks_per_sequence = tl.cdiv(seq_len, BLOCK_T)
+    b = tl.program_id(0).to(tl.int64) // blocks_per_sequence
+    t = (tl.program_id(0) % blocks_per_sequence) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    t = t[:, None, None]
+    position_mask = t < seq_len
+    cols = tl.arange(0, BLOCK_HALF)[None, None, :]
+    cs_mask = position_mask & (cols < half)
     cs_offsets = b * cs_stride_b + t * cs_stride_t + cols * cs_stride_d
-    c1 = tl.load(cos_ptr + cs_offsets, mask=col_mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + cs_offsets + half * cs_stride_d, mask=col_mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + cs_offsets, mask=col_mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + cs_offsets + half * cs_stride_d, mask=col_mask, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + cs_offsets, mask=cs_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + cs_offsets + half * cs_stride_d, mask=cs_mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + cs_offsets, mask=cs_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + cs_offsets + half * cs_stride_d, mask=cs_mask, other=0.0).to(tl.float32)
     if BACKWARD:  # dx1 = dy1 * c1 + dy2 * s2, dx2 = dy2 * c2 - dy1 * s1
         s_x2 = s2
         s_x1 = -s1
@@ -119,13 +127,13 @@ def _rope_kernel(
         q_ptr + b * q_stride_b + t * q_stride_t,
         q_out_ptr + b * q_out_stride_b + t * q_out_stride_t,
         n_q_heads, q_stride_h, q_stride_d, q_out_stride_h, q_out_stride_d,
-        half, c1, c2, s_x2, s_x1, BLOCK_HQ, BLOCK_HALF,
+        half, position_mask, c1, c2, s_x2, s_x1, BLOCK_HQ, BLOCK_HALF,
     )  # fmt: skip
     _rotate_heads(
         k_ptr + b * k_stride_b + t * k_stride_t,
         k_out_ptr + b * k_out_stride_b + t * k_out_stride_t,
         n_k_heads, k_stride_h, k_stride_d, k_out_stride_h, k_out_stride_d,
-        half, c1, c2, s_x2, s_x1, BLOCK_HK, BLOCK_HALF,
+        half, position_mask, c1, c2, s_x2, s_x1, BLOCK_HK, BLOCK_HALF,
     )  # fmt: skip
 
 
@@ -154,10 +162,13 @@ def _launch_rope(
     max_heads = max(1, MAX_TILE // block_half)
     block_hq = min(triton.next_power_of_2(max(n_q_heads, 1)), max_heads)
     block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max_heads)
-    num_warps = min(8, max(1, max(block_hq, block_hk) * block_half // (32 * ELEMENTS_PER_THREAD)))
+    heads_tile = max(block_hq, block_hk) * block_half
+    block_t = min(triton.next_power_of_2(seq_len), max(1, MAX_TILE // heads_tile))
+    num_warps = min(8, max(1, block_t * heads_tile // (32 * ELEMENTS_PER_THREAD)))
     args = (x_q, x_k, out_q, out_k, cos, sin, seq_len, n_q_heads, n_k_heads, half,
             *x_q.stride(), *x_k.stride(), *out_q.stride(), *out_k.stride(), *cos.stride())  # fmt: skip
-    launch(_rope_kernel, (batch * seq_len,), args, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
+    grid = (batch * triton.cdiv(seq_len, block_t),)
+    launch(_rope_kernel, grid, args, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
            BLOCK_HALF=block_half, BACKWARD=backward, num_warps=num_warps)  # fmt: skip
 
 
