@@ -51,16 +51,20 @@ class NormSettings(NamedTuple):
     bwd_stages: int  # backward: software-pipelining stages of the persistent loop (tl.range)
 
 
-#: H200 sweep, 2026-11-23, bf16, each pass timed alone from a CUDA graph (TB/s over the fewest
-#: bytes): LayerNorm backward at width 1024 3.38 with 2 rows x 4 warps x 16 resident warps against
-#: 3.20 for the earlier shared 4096 / 16 / 16; RMSNorm 3.73 with 1 row x 4 warps x 32 resident
-#: against 3.45; at widths 4096-16384 both are within 1% of the best setting tried. LayerNorm's
-#: forward holds a 16384-wide row badly (2.41 TB/s; looped: 3.42), RMSNorm's well (4.09).
+#: H200 sweeps, 2026-11-23, bf16, each pass timed alone from a CUDA graph, TB/s over the fewest
+#: bytes (benchmarks/results/norm_sweep*.h200.json). Backward: 2-row tiles at width 1024 (else one
+#: row), 16 values a thread, 16 resident warps and a 3-stage pipelined loop (Triton prefetches the
+#: next tile while this one is computed): LayerNorm 3.82 / 4.03 / 3.95 TB/s and RMSNorm 3.78 / 3.84
+#: / 4.11 at widths 1024 / 4096 / 8192, against 3.20-3.38 / 3.22 / 2.88 and 3.45-3.73 / 3.47 / 3.16
+#: without stages. Rows wider than PIPELINED_MAX_WIDTH hold too much in registers for stages to help
+#: (width 16384: LayerNorm 423 against 426 µs, RMSNorm 313 against 288). LayerNorm's forward holds
+#: a 16384-wide row badly (2.41 TB/s; looped: 3.42), RMSNorm's well (4.09).
+PIPELINED_MAX_WIDTH = 8192
 SETTINGS: dict[str, NormSettings] = {
     "layer_norm": NormSettings(max_fused_width=8192, bwd_tile=2048, bwd_per_thread=16, resident_warps=16,
-                               bwd_stages=1),
-    "rms_norm": NormSettings(max_fused_width=16384, bwd_tile=1024, bwd_per_thread=8, resident_warps=32,
-                             bwd_stages=1),
+                               bwd_stages=3),
+    "rms_norm": NormSettings(max_fused_width=16384, bwd_tile=2048, bwd_per_thread=16, resident_warps=16,
+                             bwd_stages=3),
 }
 
 
@@ -126,7 +130,8 @@ def norm_plan(op: str, n_rows: int, width: int, device: torch.device, backward: 
     """
     if type(n_rows) is not int or type(width) is not int:
         return _norm_plan(op, n_rows, width, device, backward)
-    key = (op, n_rows, width, device, backward, MAX_FUSED_WIDTH, MAX_FUSED_WIDTH_BWD, LOOP_BLOCK)
+    key = (op, n_rows, width, device, backward, MAX_FUSED_WIDTH, MAX_FUSED_WIDTH_BWD, LOOP_BLOCK,
+           PIPELINED_MAX_WIDTH)  # fmt: skip
     plan = _plans.get(key)
     if plan is None:
         plan = _norm_plan(op, n_rows, width, device, backward)
@@ -147,7 +152,8 @@ def _norm_plan(op: str, n_rows: int, width: int, device: torch.device, backward:
             rows, block_n, num_warps = row_tile(n_rows, width, settings.bwd_tile, settings.bwd_per_thread)
             tiles = triton.cdiv(n_rows, rows)
             programs = persistent_programs(tiles, num_warps, settings.resident_warps, device)
-            return NormPlan(True, programs, rows, block_n, num_warps, settings.bwd_stages)
+            stages = settings.bwd_stages if width <= PIPELINED_MAX_WIDTH else 1
+            return NormPlan(True, programs, rows, block_n, num_warps, stages)
         rows, block_n, num_warps = row_tile(n_rows, width, TILE_ELEMENTS, ELEMENTS_PER_THREAD)
         return NormPlan(True, triton.cdiv(n_rows, rows), rows, block_n, num_warps, 1)
     if backward:
