@@ -35,13 +35,9 @@ rms = importlib.import_module("fused_layers.ops.rms_norm")
 SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 # Module-level settings a sweep may patch; every other key of a setting is a NormSettings field.
 GLOBALS = (
-    "TILE_ELEMENTS",
-    "ELEMENTS_PER_THREAD",
-    "MAX_FUSED_WIDTH",
-    "MAX_FUSED_WIDTH_BWD",
-    "LOOP_BLOCK",
-    "LOOP_WARPS",
-)
+    "TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_FUSED_WIDTH", "MAX_FUSED_WIDTH_BWD", "LOOP_BLOCK",
+    "LOOP_WARPS", "MAX_WARPS", "PIPELINED_MAX_WIDTH",
+)  # fmt: skip
 
 
 def backward_grid(width: int, quick: bool) -> list[dict]:
@@ -56,6 +52,17 @@ def backward_grid(width: int, quick: bool) -> list[dict]:
         {"bwd_tile": t, "bwd_per_thread": p, "resident_warps": r, "bwd_stages": n}
         for t, p, r, n in itertools.product(tiles, per_thread, resident, stages)
     ]
+    if width >= 16384:  # 32 warps: half the values per thread of a row too wide for 16
+        grid += [
+            {
+                "MAX_WARPS": 32,
+                "bwd_per_thread": 16,
+                "bwd_stages": n,
+                "PIPELINED_MAX_WIDTH": width,
+                "resident_warps": r,
+            }
+            for n, r in itertools.product(stages, (32, 64))
+        ]
     if width >= 4096 and not quick:
         grid += [
             {"MAX_FUSED_WIDTH_BWD": width // 2, "LOOP_BLOCK": b, "LOOP_WARPS": w, "resident_warps": r}
@@ -69,6 +76,8 @@ def forward_grid(width: int, quick: bool) -> list[dict]:
         {"TILE_ELEMENTS": t, "ELEMENTS_PER_THREAD": p}
         for t, p in itertools.product((2048, 4096), (8, 16, 32))
     ]
+    if width >= 16384:
+        grid += [{"max_fused_width": width, "MAX_WARPS": 32, "ELEMENTS_PER_THREAD": p} for p in (8, 16)]
     if width >= 8192 and not quick:
         grid += [
             {"max_fused_width": width // 2, "LOOP_BLOCK": b, "LOOP_WARPS": w}

@@ -39,6 +39,8 @@ LOOP_WARPS = 16
 # against 3.48-3.94 at 4096 / 16.
 TILE_ELEMENTS = 2048
 ELEMENTS_PER_THREAD = 32
+# At most this many warps per program: 16 keeps wide rows at several programs per SM.
+MAX_WARPS = 16
 
 
 class NormSettings(NamedTuple):
@@ -80,8 +82,8 @@ def row_tile(n_rows: int, width: int, tile: int, per_thread: int) -> tuple[int, 
     block_n = max(16, triton.next_power_of_2(width))
     rows = max(1, min(tile // block_n, triton.next_power_of_2(max(n_rows, 1))))
     # About per_thread fp32 values per thread (rows * block_n / (32 * warps)); 4 warps at least
-    # so small tiles still hide latency, 16 at most so wide rows keep several programs per SM.
-    num_warps = min(16, max(4, rows * block_n // (32 * per_thread)))
+    # so small tiles still hide latency, MAX_WARPS at most.
+    num_warps = min(MAX_WARPS, max(4, rows * block_n // (32 * per_thread)))
     return rows, block_n, num_warps
 
 
