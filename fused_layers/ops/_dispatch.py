@@ -12,15 +12,16 @@ import torch
 from fused_layers.ops import _library
 
 #: Backend each op uses when called with ``backend=None``: (for a call that autograd will
-#: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured by
-#: ``benchmarks/fused_layers.py`` on an H200 (2026-11-22, benchmarks/results/fused_layers.h200.md,
-#: bf16, widths 1024-16384). LayerNorm forward+backward: CUDA 2.33-2.63 TB/s against Triton's
-#: 1.82-2.18 (both host-bound: their Python launch paths cost more than the kernels, see
-#: BENCHMARKS.md); LayerNorm forward alone: Triton 3.76-4.04 against CUDA's 3.14-3.85. GELU: Triton
-#: ahead in both passes (3.75-4.15 against 3.41-3.65). The other ops have only Triton kernels.
+#: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured on an
+#: H200. LayerNorm forward+backward (``benchmarks/fused_layers.py --launch``, 2026-11-24 UTC,
+#: bf16, widths 1024 / 4096 / 8192 / 16384, µs per call back to back): Triton 331 / 410 / 351 / 599
+#: against CUDA's 521 / 492 / 533 / 565, host 225-485 against 302-503 (the CUDA version led until
+#: Triton's direct launch engaged: BENCHMARKS.md §6). LayerNorm forward alone (2026-11-22): Triton
+#: 3.76-4.04 TB/s against CUDA's 3.14-3.85. GELU: Triton ahead in both passes (3.75-4.15 against
+#: 3.41-3.65). The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "gelu": ("triton", "triton"),
-    "layer_norm": ("cuda", "triton"),
+    "layer_norm": ("triton", "triton"),
     "rms_norm": ("triton", "triton"),
     "geglu": ("triton", "triton"),
     "swiglu": ("triton", "triton"),

@@ -1,4 +1,4 @@
-"""fused_layers.swap on a GPU with the measured default backends (CUDA C++ LayerNorm in training).
+"""fused_layers.swap on a GPU with the measured default backends (Triton for every op since 2026-11-24).
 
 Skips without CUDA. A small GPT-2 and Llama in fp32: logits match the unswapped model, and 15 AdamW
 steps on one batch track its loss curve.
