@@ -5,12 +5,19 @@ matches, in place, keeping its Parameter objects (so optimizer state, device and
 unchanged), and returns a :class:`SwapRecord` of what it replaced and what it left and why.
 ``unswap(model)`` puts the original modules back; ``with swap(model): ...`` does it on exit.
 
+Rotary embeddings are a module-level function of each Hugging Face modeling file
+(``apply_rotary_pos_emb``), not a module: their rows name the attention class that calls it, and
+swap reroutes the function to the fused op while that attention module's forward runs, for this
+model only (``fused_layers.routing``); the module is not replaced.
+
 Hugging Face classes are looked up in ``sys.modules`` only: a model that holds them has already
 imported them, and a process without transformers swaps the torch modules alone.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import re
 import sys
@@ -18,20 +25,26 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
+from fused_layers import routing
 from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm
 from fused_layers.ops._dispatch import _CUDA_OPS
+from fused_layers.ops.rope import rope
 
-__all__ = ["OPS", "TABLE", "LeftModule", "SwapRecord", "swap", "unswap"]
+__all__ = ["OPS", "ROPE_FUNCTION", "TABLE", "LeftModule", "Reroute", "SwapRecord", "swap", "unswap"]
 
 logger = logging.getLogger(__name__)
 
 #: The ops ``swap`` knows, each the ``op`` of rows of ``TABLE``.
-OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp")
+OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp", "rope")
+
+#: The function a RoPE row reroutes, in the modeling module of the attention class it names.
+ROPE_FUNCTION = "apply_rotary_pos_emb"
 
 #: Activation classes ("module:Class") -> the fused form: "tanh"/"none" (GELU) or "silu".
 #: Used for plain activation modules and for a gated MLP's ``act_fn``.
@@ -174,15 +187,67 @@ def _verified(factory: Callable[[nn.Module, str | None], nn.Module], width: Call
 
 
 @dataclass(frozen=True)
+class Reroute:
+    """What a factory returns for a function its module's forward calls, instead of a new module:
+    ``namespace.function`` runs ``implementation`` while this module's forward runs."""
+
+    namespace: ModuleType
+    function: str
+    implementation: Callable
+
+
+# Hugging Face's signature; the fused op takes the same arguments (plus backend).
+_ROPE_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
+
+
+def _fused_rope(module: nn.Module, backend: str | None) -> Reroute:
+    """Reroute the attention forward's ``apply_rotary_pos_emb`` after checking that it is
+    Hugging Face's formula: its signature, and its output against the fused op's torch version on
+    a small seeded random input (GQA shapes, (1, T, D) cos/sin)."""
+    namespace = sys.modules.get(type(module).forward.__module__)
+    if namespace is None or not callable(getattr(namespace, ROPE_FUNCTION, None)):
+        raise _Leave(f"its forward's module has no {ROPE_FUNCTION}")
+    if routing.is_routed(module, namespace, ROPE_FUNCTION):
+        raise _Leave(f"its {ROPE_FUNCTION} is already rerouted by an earlier swap")
+    original = routing.original_function(namespace, ROPE_FUNCTION)
+    try:
+        parameters = tuple(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        parameters = ()
+    if parameters != _ROPE_PARAMETERS:
+        raise _Leave(f"{ROPE_FUNCTION} takes {parameters}, not Hugging Face's {_ROPE_PARAMETERS}")
+    param = next(module.parameters(), None)
+    if param is None or param.device.type == "meta":
+        raise _Leave("no parameters off the meta device to check its rotary embedding on")
+    generator = torch.Generator(device=param.device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=param.device, dtype=param.dtype)
+
+    q, k, cos, sin = randn(2, 4, 3, 8), randn(2, 2, 3, 8), randn(1, 3, 8), randn(1, 3, 8)
+    with torch.no_grad():
+        expected, got = original(q, k, cos, sin), rope(q, k, cos, sin, backend="torch")
+    atol, rtol = _CHECK_TOLERANCE.get(param.dtype, (1e-2, 1e-2))
+    same = isinstance(expected, tuple) and len(expected) == 2
+    for want, have in zip(expected if same else (), got, strict=False):
+        same = same and isinstance(want, torch.Tensor) and want.shape == have.shape
+        same = same and torch.allclose(want.float(), have.float(), atol=atol, rtol=rtol)
+    if not same:
+        raise _Leave(f"{ROPE_FUNCTION} differs from the fused op's reference (e.g. partial or interleaved)")
+    return Reroute(namespace, ROPE_FUNCTION, functools.partial(rope, backend=backend))
+
+
+@dataclass(frozen=True)
 class Rule:
     """One row of ``TABLE``: modules matching ``source`` become ``factory(module, backend)``.
 
     ``source`` is "module:Class" (instances of that class that keep its forward) or a predicate.
+    The factory returns the fused module, or a :class:`Reroute` for a function the module calls.
     """
 
     op: str
     source: str | Callable[[nn.Module], bool]
-    factory: Callable[[nn.Module, str | None], nn.Module]
+    factory: Callable[[nn.Module, str | None], nn.Module | Reroute]
 
     def matches(self, module: nn.Module) -> bool:
         """Whether this row applies to ``module``."""
@@ -196,6 +261,12 @@ TABLE: tuple[Rule, ...] = (
     Rule("rms_norm", "transformers.models.llama.modeling_llama:LlamaRMSNorm", _fused_rms_norm),
     Rule("rms_norm", _looks_like_rms_norm, _verified(_fused_rms_norm, lambda m: m.weight.shape[0])),
     Rule("gated_mlp", _looks_like_gated_mlp, _verified(_fused_gated_mlp, lambda m: m.gate_proj.in_features)),
+    # Attention classes whose modeling module's apply_rotary_pos_emb is Hugging Face's rotate_half
+    # formula (transformers 5.23: identical in these four files; checked again at swap time).
+    Rule("rope", "transformers.models.llama.modeling_llama:LlamaAttention", _fused_rope),
+    Rule("rope", "transformers.models.mistral.modeling_mistral:MistralAttention", _fused_rope),
+    Rule("rope", "transformers.models.qwen2.modeling_qwen2:Qwen2Attention", _fused_rope),
+    Rule("rope", "transformers.models.qwen3.modeling_qwen3:Qwen3Attention", _fused_rope),
 )
 
 
@@ -211,23 +282,27 @@ class LeftModule:
 @dataclass
 class _Replacement:
     path: str
-    parent: nn.Module
+    parent: nn.Module | None
     name: str
     original: nn.Module
-    fused: nn.Module
+    fused: nn.Module | None
+    route: routing.FunctionRoute | None = None  # a rerouted function instead of a new module
 
 
 @dataclass
 class SwapRecord:
     """What one ``swap`` call did.
 
-    ``replaced``: source class name -> count; ``replaced_paths``: module paths replaced, in walk
-    order; ``left``: modules that matched a row (or look like a norm/GELU) but stayed, with why.
-    Also a context manager: leaving the ``with`` block restores the original modules.
+    ``replaced``: source class name -> count ("LlamaAttention.apply_rotary_pos_emb" where a
+    function the module calls was rerouted); ``replaced_paths``: module paths replaced (or
+    rerouted), in walk order; ``replaced_ops``: path -> op (a name of ``OPS``); ``left``: modules
+    that matched a row (or look like a norm/GELU) but stayed, with why. Also a context manager:
+    leaving the ``with`` block restores the original modules and functions.
     """
 
     replaced: dict[str, int] = field(default_factory=dict)
     replaced_paths: list[str] = field(default_factory=list)
+    replaced_ops: dict[str, str] = field(default_factory=dict)
     left: list[LeftModule] = field(default_factory=list)
     _replacements: list[_Replacement] = field(default_factory=list, repr=False)
     _model: nn.Module | None = field(default=None, repr=False)
@@ -257,6 +332,8 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
     ``ops`` picks rows of ``TABLE`` by op name (``OPS``); ``backend`` is passed to every fused op
     (None: each op's default; "cuda" applies to gelu and layer_norm, the others keep their
     default). A module whose factory fails unexpectedly is left with a warning, never half-replaced.
+    RoPE rows leave the attention module in place and reroute its modeling module's
+    ``apply_rotary_pos_emb`` for this model only (other models in the process keep Hugging Face's).
     """
     ops = tuple(ops)
     unknown = sorted(set(ops) - set(OPS))
@@ -297,13 +374,21 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
                 record.left.append(LeftModule(path, class_name, f"fused factory failed: {error!r}"))
                 continue
             fused_by_original[id(module)] = fused
-        parent_path, _, name = path.rpartition(".")
-        parent = model.get_submodule(parent_path)
-        setattr(parent, name, fused)
-        record._replacements.append(_Replacement(path, parent, name, module, fused))
+        if isinstance(fused, Reroute):
+            # The module stays (its children too); its calls of the function go to the fused op.
+            if not routing.is_routed(module, fused.namespace, fused.function):  # once if under two paths
+                route = routing.route_function(module, fused.namespace, fused.function, fused.implementation)
+                record._replacements.append(_Replacement(path, None, "", module, None, route))
+            counts[f"{class_name}.{fused.function}"] += 1
+        else:
+            parent_path, _, name = path.rpartition(".")
+            parent = model.get_submodule(parent_path)
+            setattr(parent, name, fused)
+            record._replacements.append(_Replacement(path, parent, name, module, fused))
+            replaced.add(path)
+            counts[class_name] += 1
         record.replaced_paths.append(path)
-        replaced.add(path)
-        counts[class_name] += 1
+        record.replaced_ops[path] = rule.op
     record.replaced = dict(counts)
     model.__dict__.setdefault(_RECORDS_ATTR, []).append(record)
     logger.info("fused_layers.swap: %s", record.summary())
@@ -311,14 +396,19 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
 
 
 def unswap(model: nn.Module, record: SwapRecord | None = None) -> None:
-    """Put back the original modules of ``record`` (default: of every ``swap`` on ``model``, newest first).
+    """Put back the original modules of ``record`` (default: of every ``swap`` on ``model``, newest first),
+    and the original functions where no other swapped model still routes them.
 
-    A slot whose module was changed after the swap is left as it is, with a warning.
+    A slot whose module was changed after the swap is left as it is, with a warning; so is a
+    function that something else rebound after the swap.
     """
     records: list[SwapRecord] = model.__dict__.get(_RECORDS_ATTR, [])
     chosen = list(reversed(records)) if record is None else [r for r in records if r is record]
     for current in chosen:
         for replacement in reversed(current._replacements):
+            if replacement.route is not None:
+                replacement.route.remove()
+                continue
             slot = replacement.parent._modules.get(replacement.name)
             if slot is replacement.fused:
                 setattr(replacement.parent, replacement.name, replacement.original)

@@ -18,7 +18,8 @@ from fused_layers.ops._dispatch import resolve_backend
 
 transformers = pytest.importorskip("transformers")
 from transformers import activations  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm  # noqa: E402
 
 VOCAB = 128
 SEQ = 16
@@ -47,8 +48,8 @@ def _llama() -> nn.Module:
         num_hidden_layers=2,
         hidden_size=32,
         intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped queries: the fused RoPE sees Hq != Hk
         vocab_size=VOCAB,
         max_position_embeddings=SEQ,
         bos_token_id=0,
@@ -73,11 +74,12 @@ def _bert() -> nn.Module:
     return transformers.BertForMaskedLM(config)
 
 
-# family -> (builder, source classes whose every instance swap must replace)
+# family -> (builder, source classes whose every instance swap must replace, classes whose every
+# instance keeps its place but has its apply_rotary_pos_emb rerouted to the fused rope)
 FAMILIES = {
-    "gpt2": (_gpt2, (nn.LayerNorm, activations.NewGELUActivation)),
-    "llama": (_llama, (LlamaRMSNorm, LlamaMLP)),
-    "bert": (_bert, (nn.LayerNorm, activations.GELUActivation)),
+    "gpt2": (_gpt2, (nn.LayerNorm, activations.NewGELUActivation), ()),
+    "llama": (_llama, (LlamaRMSNorm, LlamaMLP), (LlamaAttention,)),
+    "bert": (_bert, (nn.LayerNorm, activations.GELUActivation), ()),
 }
 FUSED = (FusedLayerNorm, FusedGELU, FusedRMSNorm, FusedGatedMLP)
 
@@ -100,6 +102,13 @@ def _classes(model: nn.Module) -> dict[str, type]:
     return {path: type(module) for path, module in model.named_modules()}
 
 
+def _assert_namespace_unchanged(namespace, before: dict) -> None:
+    """Every global of ``namespace`` is the object it was, and none was added."""
+    after = vars(namespace)
+    assert [name for name, value in before.items() if after.get(name) is not value] == []
+    assert set(after) - set(before) <= {"__warningregistry__"}  # a warning raised in the module
+
+
 def test_triton_path_is_exercised():
     x = torch.randn(4, 8)
     expected = "triton" if (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") else "torch"
@@ -110,18 +119,23 @@ def test_triton_path_is_exercised():
 def test_swap_matches_logits_and_records_exactly(family):
     model = _build(family).eval()
     swapped = copy.deepcopy(model)
-    sources = FAMILIES[family][1]
+    _, sources, rerouted = FAMILIES[family]
     expected_paths = {path for path, m in model.named_modules() if type(m) in sources}
+    rerouted_paths = {path for path, m in model.named_modules() if type(m) in rerouted}
     keys_before = list(swapped.state_dict())
 
     record = swap(swapped)
 
-    assert set(record.replaced_paths) == expected_paths
-    assert len(record.replaced_paths) == len(expected_paths)
-    assert sum(record.replaced.values()) == len(expected_paths)
-    assert set(record.replaced) == {cls.__name__ for cls in sources}
+    assert set(record.replaced_paths) == expected_paths | rerouted_paths
+    assert len(record.replaced_paths) == len(expected_paths) + len(rerouted_paths)
+    assert sum(record.replaced.values()) == len(expected_paths) + len(rerouted_paths)
+    assert set(record.replaced) == {cls.__name__ for cls in sources} | {
+        f"{cls.__name__}.apply_rotary_pos_emb" for cls in rerouted
+    }
     assert record.left == []
     assert all(isinstance(swapped.get_submodule(path), FUSED) for path in expected_paths)
+    assert {path for path, op in record.replaced_ops.items() if op == "rope"} == rerouted_paths
+    assert all(type(swapped.get_submodule(path)) in rerouted for path in rerouted_paths)  # kept in place
     assert list(swapped.state_dict()) == keys_before
     ids = _batches(1)[0]
     with torch.no_grad():
@@ -158,6 +172,7 @@ def test_unswap_and_context_manager_restore_originals(family):
     model = _build(family)
     classes = _classes(model)
     params = {name: id(p) for name, p in model.named_parameters()}
+    modeling = dict(vars(modeling_llama))  # what unswap must leave as it found
 
     record = swap(model)
     assert record.replaced_paths
@@ -166,10 +181,14 @@ def test_unswap_and_context_manager_restore_originals(family):
     unswap(model)
     assert _classes(model) == classes
     assert {name: id(p) for name, p in model.named_parameters()} == params
+    _assert_namespace_unchanged(modeling_llama, modeling)  # apply_rotary_pos_emb the same object again
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
     with swap(model) as record:
-        assert all(isinstance(model.get_submodule(path), FUSED) for path in record.replaced_paths)
+        modules = [path for path, op in record.replaced_ops.items() if op != "rope"]
+        assert modules and all(isinstance(model.get_submodule(path), FUSED) for path in modules)
     assert _classes(model) == classes
+    _assert_namespace_unchanged(modeling_llama, modeling)
     unswap(model)  # nothing left to undo: a no-op
     assert _classes(model) == classes
 
@@ -267,7 +286,7 @@ def test_ops_subset_and_unknown_op():
 
 
 def test_package_exports():
-    for name in ("gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "swap", "unswap", "SwapRecord"):
+    for name in ("gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "rope", "swap", "unswap", "SwapRecord"):
         assert hasattr(fused_layers, name), name
 
 
@@ -337,3 +356,193 @@ def test_compile_swapped_model_no_more_graphs_and_same_numbers(family, backend):
     torch.testing.assert_close(swapped_loss, bare_loss, atol=1e-4, rtol=1e-4)
     for name, grad in bare_grads.items():
         torch.testing.assert_close(swapped_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+# ---- RoPE: a module-level function rerouted for the swapped model only --------------------------------
+
+
+@pytest.fixture
+def rope_calls(monkeypatch):
+    """The threads that ran the fused rope's kernels (its autograd.Function), one entry per call.
+
+    Also checks that no model of an earlier test still routes Hugging Face's function: swapped
+    models that were never unswapped release their routes when collected (their swap record holds
+    a cycle, so it takes a collection; compiled ones are held by Dynamo's caches until a reset).
+    """
+    import gc
+    import threading
+
+    import torch._dynamo
+
+    from fused_layers import routing
+    from fused_layers.ops.rope import RopeFunction
+
+    torch._dynamo.reset()
+    gc.collect()
+    assert (
+        routing.original_function(modeling_llama, "apply_rotary_pos_emb")
+        is modeling_llama.apply_rotary_pos_emb
+    )
+
+    calls: list[str] = []
+    apply = RopeFunction.apply
+
+    def counting(*args):
+        calls.append(threading.current_thread().name)
+        return apply(*args)
+
+    monkeypatch.setattr(RopeFunction, "apply", counting)
+    return calls
+
+
+def test_rope_is_rerouted_for_the_swapped_model_only(rope_calls):
+    """Two Llamas in one process: the swapped one runs the fused rope, the other Hugging Face's."""
+    original = modeling_llama.apply_rotary_pos_emb
+    bare = _build("llama").eval()
+    swapped = copy.deepcopy(bare)
+    record = swap(swapped, ops=("rope",))
+    assert record.replaced == {"LlamaAttention.apply_rotary_pos_emb": 2}
+    assert modeling_llama.apply_rotary_pos_emb is not original  # the dispatcher, installed once
+    ids = _batches(1)[0]
+    with torch.no_grad():
+        expected = bare(ids).logits
+        assert rope_calls == []
+        got = swapped(ids).logits
+        assert len(rope_calls) == 2  # one per layer
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+        assert torch.equal(bare(ids).logits, expected) and len(rope_calls) == 2
+    # a second swapped model shares the dispatcher; the function comes back with the last unswap
+    other = copy.deepcopy(bare)
+    swap(other, ops=("rope",))
+    unswap(swapped)
+    assert modeling_llama.apply_rotary_pos_emb is not original
+    with torch.no_grad():
+        swapped(ids), other(ids)
+    assert len(rope_calls) == 4  # the other model only
+    unswap(other)
+    assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_rope_route_survives_an_exception_and_stays_on_its_thread(rope_calls):
+    """A forward that raises leaves no route behind; another thread, running an unswapped model
+    while the swapped attention's forward is running, gets Hugging Face's function."""
+    import threading
+
+    bare = _build("llama").eval()
+    swapped = copy.deepcopy(bare)
+    swap(swapped, ops=("rope",))
+    ids = _batches(1)[0]
+    attention = swapped.model.layers[0].self_attn
+    with pytest.raises(Exception):  # noqa: B017 (whatever Hugging Face raises on a bad input)
+        attention(torch.randn(1, 4, 31), position_embeddings=(torch.ones(1, 4, 8), torch.ones(1, 4, 8)))
+    with torch.no_grad():
+        bare(ids)
+    assert rope_calls == []
+
+    def run_bare_in_another_thread(_module, _args, _kwargs):
+        thread = threading.Thread(target=lambda: bare(ids), name="other")
+        thread.start()
+        thread.join()
+
+    # registered after swap's own pre-hook: it runs while the swapped forward is routed
+    handle = attention.register_forward_pre_hook(run_bare_in_another_thread, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            swapped(ids)
+    finally:
+        handle.remove()
+        unswap(swapped)
+    assert rope_calls == ["MainThread", "MainThread"]
+
+
+def test_rope_left_when_the_function_is_not_hugging_faces(monkeypatch):
+    """The rows are checked at swap time: another formula, or another signature, stays."""
+
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):  # GPT-J style pairs, not rotate_half
+        def rotate(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+    model = _build("llama")
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", interleaved)
+    record = swap(model, ops=("rope",))
+    left = [item for item in record.left if item.class_name == "LlamaAttention"]
+    assert record.replaced == {} and len(left) == 2
+    assert all("differs" in item.reason for item in left), left
+    assert modeling_llama.apply_rotary_pos_emb is interleaved
+    monkeypatch.setattr(
+        modeling_llama, "apply_rotary_pos_emb", lambda q, k, cos, sin, position_ids=None: (q, k)
+    )
+    record = swap(model, ops=("rope",))
+    left = [item for item in record.left if item.class_name == "LlamaAttention"]
+    assert len(left) == 2 and all("not Hugging Face's" in item.reason for item in left), left
+
+
+def test_rope_swapped_twice_and_rebound_after_swap(rope_calls):
+    model = _build("llama")
+    original = modeling_llama.apply_rotary_pos_emb
+    first = swap(model, ops=("rope",))
+    second = swap(model, ops=("rope",))
+    assert len(first.replaced_paths) == 2 and second.replaced_paths == []
+    assert [item.reason for item in second.left if item.class_name == "LlamaAttention"] == [
+        "its apply_rotary_pos_emb is already rerouted by an earlier swap"
+    ] * 2
+
+    def someone_elses(q, k, cos, sin, unsqueeze_dim=1):
+        return original(q, k, cos, sin, unsqueeze_dim)
+
+    modeling_llama.apply_rotary_pos_emb = someone_elses  # e.g. another library's global patch
+    try:
+        with pytest.warns(RuntimeWarning, match="rebound after the swap"):
+            unswap(model)
+        assert modeling_llama.apply_rotary_pos_emb is someone_elses  # theirs is left as it is
+    finally:
+        modeling_llama.apply_rotary_pos_emb = original
+
+
+def test_rope_route_is_copied_with_the_model(rope_calls):
+    """copy.deepcopy of a swapped model: the copy runs the fused rope too, and each unswaps alone."""
+    original = modeling_llama.apply_rotary_pos_emb
+    model = _build("llama").eval()
+    swap(model)
+    duplicate = copy.deepcopy(model)
+    ids = _batches(1)[0]
+    unswap(model)
+    assert modeling_llama.apply_rotary_pos_emb is not original  # the copy still routes it
+    with torch.no_grad():
+        model(ids)
+        assert rope_calls == []
+        duplicate(ids)
+    assert len(rope_calls) == 2
+    unswap(duplicate)
+    assert modeling_llama.apply_rotary_pos_emb is original
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in duplicate.modules())
+
+
+@pytest.mark.parametrize(
+    "config_name, attention",
+    [
+        ("MistralConfig", "MistralAttention"),
+        ("Qwen2Config", "Qwen2Attention"),
+        ("Qwen3Config", "Qwen3Attention"),
+    ],
+)
+def test_rope_rows_of_other_families(rope_calls, config_name, attention):
+    """Mistral, Qwen2 and Qwen3 (q/k norms before the rotation) get the fused rope, logits unchanged."""
+    config = getattr(transformers, config_name)(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, max_position_embeddings=SEQ,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    swapped = copy.deepcopy(model)
+    record = swap(swapped, ops=("rope",))
+    assert record.replaced == {f"{attention}.apply_rotary_pos_emb": 2}
+    ids = _batches(1)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(swapped(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    assert len(rope_calls) == 2
+    unswap(swapped)
