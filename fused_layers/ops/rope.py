@@ -36,13 +36,16 @@ from fused_layers.ops._triton import tl, triton
 # The dtypes the kernel loads and stores (it computes in fp32); others take the torch version.
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-# Elements of each half in one program's tile (BLOCK_T positions x BLOCK_H heads x BLOCK_HALF), in
-# registers at once with their fp32 values and 64-bit addresses: 2048 is 8 per thread of each
-# half at 8 warps. Positions fill the tile after the heads: Llama 1B (32 q heads, head_dim 64)
-# takes 2 positions a program; more heads than fit loop. Not yet timed on a GPU for this kernel.
-MAX_TILE = 2048
+# Elements of each half in one program's tile (BLOCK_T positions x BLOCK_H heads x BLOCK_HALF);
+# positions fill the tile after the heads, and more heads than fit loop. Small programs won:
+# benchmarks/rope_sweep.py on an H200 (2026-11-24, bf16, kernel time from the profiler, % of copy
+# bandwidth over the fewest bytes, forward / backward): at 256 (Llama-3.2-1B's 32 q heads of 64
+# take 4 loops of 8 heads, one warp) 87 / 87% at B4 x T2048, 89 / 89% with head_dim 128, 103 /
+# 104% at 16 heads (partly from L2); at 512 84 / 84, 92 / 92, 93 / 94; at 2048 73 / 73, 75 / 75,
+# 85 / 86; at 128 80-100.
+MAX_TILE = 256
 # About 8 elements of each half-tile per thread: one 16-byte load per half in bf16, as the flat
-# elementwise kernels use (fused_layers/ops/_launch.py).
+# elementwise kernels use (fused_layers/ops/_launch.py); 4 and 16 were within 1-2% at 256.
 ELEMENTS_PER_THREAD = 8
 
 
