@@ -83,7 +83,7 @@ class _Dispatch:
 
 # (module name, function name) -> the installed dispatcher
 _dispatches: dict[tuple[str, str], _Dispatch] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a finalizer may run _release while this thread holds it
 
 
 def _installed(namespace: ModuleType, name: str) -> _Dispatch | None:
