@@ -94,8 +94,13 @@ def _logistic_factory(rate_of):
 
 def test_parity_allows_the_drift_rounding_alone_makes():
     result = trainprof.ab(
-        _logistic_factory(lambda variant: 3.9), variants=("bare", "fused"), steps=60, warmup=1, block=5,
-        device="cpu", profile=False,
+        _logistic_factory(lambda variant: 3.9),
+        variants=("bare", "fused"),
+        steps=60,
+        warmup=1,
+        block=5,
+        device="cpu",
+        profile=False,
     )
     fused = result.variant("fused")
     assert fused.parity_max_rel_diff > 1e-2  # far beyond the fixed fp32 tolerance of 1e-3 ...
@@ -106,8 +111,13 @@ def test_parity_allows_the_drift_rounding_alone_makes():
 def test_parity_catches_a_wrong_variant_before_the_twin_drifts():
     # The "fused" variant uses another rate: wrong from its first step, when the twin is still level.
     result = trainprof.ab(
-        _logistic_factory(lambda variant: 3.95 if variant.fused else 3.9), variants=("bare", "fused"),
-        steps=60, warmup=1, block=5, device="cpu", profile=False,
+        _logistic_factory(lambda variant: 3.95 if variant.fused else 3.9),
+        variants=("bare", "fused"),
+        steps=60,
+        warmup=1,
+        block=5,
+        device="cpu",
+        profile=False,
     )
     assert not result.variant("fused").parity_ok
 
@@ -183,3 +193,79 @@ def test_cli_unknown_model_is_one_line(capsys):
     assert main(["ab", "--model", "/nonexistent/config-dir", "--steps", "2", "--warmup", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("trainprof: error: --model /nonexistent/config-dir") and err.count("\n") == 1
+
+
+# ---- RoPE: rerouted by swap, so ranged through a routed function rather than a module's hooks ------
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_prediction_ranges_rope_forward_and_backward(monkeypatch):
+    """The annotated step covers RoPE: each attention's apply_rotary_pos_emb is ranged in forward
+    and backward (its backward ops inside the range), with the fused kernel's fewest bytes; the
+    model and the modeling module are as before afterwards."""
+    from torch.profiler import profile
+    from transformers.models.llama import modeling_llama
+
+    from fused_layers.ops import _library
+    from trainprof.ab import _annotate_swappable
+
+    monkeypatch.setattr(_library, "INTERPRETING", False)  # swap's check runs the torch versions
+    model = _tiny_llama()
+    hf_rope = modeling_llama.apply_rotary_pos_emb
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with _annotate_swappable(model) as seen, profile() as prof:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert modeling_llama.apply_rotary_pos_emb is hf_rope
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
+    assert sorted(path for path, op in seen.paths.items() if op == "rope") == [
+        "model.layers.0.self_attn",
+        "model.layers.1.self_attn",
+    ]
+    assert len(seen.paths) == 9  # and 5 RMSNorms, 2 MLPs
+    # per RoPE call, fp32: q (2, 4, 16, 16) and k (2, 2, 16, 16), in and out, in both passes, plus
+    # cos and sin (one 16-wide row per position) read in both passes
+    q_k_bytes = (2 * 4 * 16 * 16 + 2 * 2 * 16 * 16) * 4
+    assert seen.bytes_per_call.count(2 * 2 * q_k_bytes + 2 * 2 * (2 * 16 * 16) * 4) == 2
+    events = prof.events()
+    ranges = [e for e in events if e.name == REPLACED_RANGE]
+    assert len(ranges) == 18  # forward and backward of each of the 9
+    negations = [e for e in events if e.name == "NegBackward0"]  # rotate_half's -x2, in backward
+    assert len(negations) == 4  # q and k, two layers
+    for event in negations:
+        assert any(
+            r.thread == event.thread and r.time_range.start <= event.time_range.start <= r.time_range.end
+            for r in ranges
+        ), event
+
+
+def test_liger_functions_are_routed_to_the_model_only():
+    """apply_liger's last step: a function Liger rebound in the modeling module (and that apply_liger
+    put back) runs for this model's attention modules only."""
+    from transformers.models.llama import modeling_llama
+
+    from trainprof.ab import _route_functions
+
+    model, other = _tiny_llama(), _tiny_llama()
+    hf_rope = modeling_llama.apply_rotary_pos_emb
+    calls = []
+
+    def liger_like(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        calls.append(q.shape)
+        return hf_rope(q, k, cos, sin, unsqueeze_dim)
+
+    assert _route_functions(model, modeling_llama, {"apply_rotary_pos_emb": liger_like}) == 2
+    ids = torch.randint(0, 256, (1, 8))
+    with torch.no_grad():
+        other(ids)
+        assert calls == []
+        model(ids)
+    assert len(calls) == 2

@@ -139,11 +139,14 @@ def liger_available() -> bool:
 def apply_liger(model: torch.nn.Module) -> str:
     """Liger-Kernel's patch of the ops fused_layers.swap also replaces, on this instance only.
 
-    RMSNorm, SwiGLU/GeGLU MLPs through ``_apply_liger_kernel_to_instance`` (the model families
-    Liger knows; rope, cross-entropy and fused linear cross-entropy off, as swap has none), then
+    RMSNorm, SwiGLU/GeGLU MLPs and RoPE through ``_apply_liger_kernel_to_instance`` (the model
+    families Liger knows; cross-entropy and fused linear cross-entropy off, as swap has none), then
     any ``torch.nn.LayerNorm`` left becomes ``LigerLayerNorm`` sharing its Parameters (GPT-2: Liger
-    has LayerNorm only, no plain GELU). Liger's family patch also rebinds classes in the
-    ``transformers`` modeling module; they are restored, so later models are built unpatched.
+    has LayerNorm only, no plain GELU). Liger's family patch also rebinds classes and functions in
+    the ``transformers`` modeling module; they are restored, so later models are built unpatched
+    and other models keep Hugging Face's functions. Its RoPE (a rebound ``apply_rotary_pos_emb``)
+    is then routed to this model's modules whose forward calls it, the way swap routes the fused
+    one (``fused_layers.routing``; eager only: under torch.compile Hugging Face's function runs).
     """
     from liger_kernel.transformers import LigerLayerNorm
     from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
@@ -151,10 +154,11 @@ def apply_liger(model: torch.nn.Module) -> str:
     modeling = sys.modules.get(type(model).__module__)
     saved = dict(vars(modeling)) if modeling is not None else {}
     before = {name: type(m).__name__ + m._get_name() for name, m in model.named_modules()}
+    rebound_functions = {}
     try:
         _apply_liger_kernel_to_instance(
             model=model,
-            rope=False,
+            rope=True,
             cross_entropy=False,
             fused_linear_cross_entropy=False,
             rms_norm=True,
@@ -165,7 +169,10 @@ def apply_liger(model: torch.nn.Module) -> str:
     finally:
         for key, value in saved.items():
             if vars(modeling).get(key) is not value:
+                if callable(value) and not isinstance(value, type):
+                    rebound_functions[key] = vars(modeling).get(key)
                 setattr(modeling, key, value)
+    routed = _route_functions(model, modeling, rebound_functions) if modeling is not None else 0
     patched = sum(
         1 for name, m in model.named_modules() if before.get(name) != type(m).__name__ + m._get_name()
     )
@@ -187,7 +194,27 @@ def apply_liger(model: torch.nn.Module) -> str:
             parent, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent), name, liger)
             layer_norms += 1
-    return f"patched {patched} modules by family, LayerNorm -> LigerLayerNorm x{layer_norms}"
+    return (
+        f"patched {patched} modules by family, LayerNorm -> LigerLayerNorm x{layer_norms}, "
+        f"{', '.join(sorted(rebound_functions)) or 'no function'} routed to Liger's in {routed} modules"
+    )
+
+
+def _route_functions(model: torch.nn.Module, modeling, functions: dict) -> int:
+    """Route each rebound global of ``modeling`` to its replacement in the modules of ``model``
+    whose class's forward (defined in ``modeling``) calls it by name; returns how many modules."""
+    from fused_layers import routing
+
+    routed = set()
+    for module in model.modules():
+        forward = type(module).forward
+        if getattr(forward, "__module__", None) != modeling.__name__:
+            continue
+        for name, replacement in functions.items():
+            if callable(replacement) and name in forward.__code__.co_names:
+                routing.route_function(module, modeling, name, replacement)
+                routed.add(id(module))
+    return len(routed)
 
 
 # ---- statistics --------------------------------------------------------------------------------
@@ -652,15 +679,24 @@ class _Swappable:
 #: (x for the norms and GELU; the gate projection's output for a gated MLP). Norms and GELU:
 #: forward reads x and writes y (2), backward reads x and dy and writes dx (3). Gated MLP:
 #: forward reads gate and up and writes h (3), backward reads gate, up, dh, writes dgate, dup (5).
-#: Weights (one row) are negligible.
-FUSED_BYTES_FACTOR = {"layer_norm": 5, "rms_norm": 5, "gelu": 5, "gated_mlp": 8}
-_FUSED_OP_OF_CLASS = {
-    "FusedLayerNorm": "layer_norm",
-    "FusedRMSNorm": "rms_norm",
-    "FusedGELU": "gelu",
-    "FusedGatedMLP": "gated_mlp",
-}
+#: Weights (one row) are negligible. RoPE, in units of q, k, q_embed and k_embed together (each
+#: read or written once in each pass: forward reads q, k and writes q_embed, k_embed; backward
+#: reads their grads and writes dq, dk), plus cos and sin, read once per (b, t) position in each
+#: pass (``_rope_bytes``).
+FUSED_BYTES_FACTOR = {"layer_norm": 5, "rms_norm": 5, "gelu": 5, "gated_mlp": 8, "rope": 2}
 _KEPT_CHILDREN = {"gated_mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+def _rope_bytes(inputs: tuple, output: tuple) -> float:
+    """The fused RoPE's fewest bytes, forward + backward, for a call (q, k, cos, sin) -> (q_embed, k_embed).
+
+    q is (B, H, T, D) (unsqueeze_dim 1, as every caller of the swap table's rows passes), so a
+    position's cos row has q.numel() / H elements; cos and sin are read in each of the two passes.
+    """
+    q, k, cos = inputs[:3]
+    activations = sum(t.numel() * t.element_size() for t in (q, k, *output))
+    tables = 2 * 2 * (q.numel() // max(q.shape[1], 1)) * cos.element_size()
+    return FUSED_BYTES_FACTOR["rope"] * activations + tables
 
 
 def _swappable_paths(model: torch.nn.Module) -> dict[str, str]:
@@ -669,12 +705,20 @@ def _swappable_paths(model: torch.nn.Module) -> dict[str, str]:
 
     record = fused_layers.swap(model)
     try:
-        return {
-            path: _FUSED_OP_OF_CLASS.get(type(model.get_submodule(path)).__name__, "other")
-            for path in record.replaced_paths
-        }
+        return dict(record.replaced_ops)
     finally:
         fused_layers.unswap(model, record)
+
+
+class _CallModule(torch.nn.Module):
+    """A function as a module, so module hooks can range its forward and backward."""
+
+    def __init__(self, function: Callable) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -683,12 +727,20 @@ def _annotate_swappable(model: torch.nn.Module) -> Iterator[_Swappable]:
 
     ``REPLACED_RANGE`` wraps a replaced module's forward and backward (module hooks),
     ``KEPT_RANGE`` the children the fused module keeps (a gated MLP's Linears), so kernels can be
-    attributed to what swap replaces. Sizes for the fused cost are read in the forward hooks.
+    attributed to what swap replaces. For RoPE, where swap reroutes the attention's
+    ``apply_rotary_pos_emb`` rather than replacing a module, the same route sends this model's
+    calls through a module around Hugging Face's function, whose hooks range it. Sizes for the
+    fused cost are read in the forward hooks.
     """
     from torch.autograd.profiler import record_function
 
+    from fused_layers import routing
+    from fused_layers.swap import ROPE_FUNCTION
+
     seen = _Swappable(paths=_swappable_paths(model))
     handles = []
+    routes = []
+    rope_calls: dict[str, _CallModule] = {}  # modeling module name -> its ranged function
 
     def ranged(module: torch.nn.Module, name: str, on_output: Callable | None = None) -> None:
         open_ranges: list = []
@@ -712,29 +764,43 @@ def _annotate_swappable(model: torch.nn.Module) -> Iterator[_Swappable]:
         handles.append(module.register_full_backward_pre_hook(lambda m, grad_out: enter()))
         handles.append(module.register_full_backward_hook(lambda m, grad_in, grad_out: leave()))
 
-    for path, op in seen.paths.items():
-        module = model.get_submodule(path)
-        factor = FUSED_BYTES_FACTOR.get(op)
-        if op == "gated_mlp":
+    def on_rope(inputs, output) -> None:
+        seen.bytes_per_call.append(_rope_bytes(inputs, output))
 
-            def on_gate(_inputs, output, factor=factor) -> None:
-                seen.bytes_per_call.append(factor * output.numel() * output.element_size())
+    try:  # a hook or route that fails to install must not stay behind
+        for path, op in seen.paths.items():
+            module = model.get_submodule(path)
+            factor = FUSED_BYTES_FACTOR.get(op)
+            if op == "rope":
+                namespace = sys.modules[type(module).forward.__module__]
+                call = rope_calls.get(namespace.__name__)
+                if call is None:
+                    call = rope_calls[namespace.__name__] = _CallModule(
+                        routing.original_function(namespace, ROPE_FUNCTION)
+                    )
+                    ranged(call, REPLACED_RANGE, on_rope)
+                routes.append(routing.route_function(module, namespace, ROPE_FUNCTION, call))
+            elif op == "gated_mlp":
 
-            ranged(module, REPLACED_RANGE)
-            for child in _KEPT_CHILDREN[op]:
-                ranged(getattr(module, child), KEPT_RANGE, on_gate if child == "gate_proj" else None)
-        else:
+                def on_gate(_inputs, output, factor=factor) -> None:
+                    seen.bytes_per_call.append(factor * output.numel() * output.element_size())
 
-            def on_norm(inputs, _output, factor=factor) -> None:
-                if factor and inputs and isinstance(inputs[0], torch.Tensor):
-                    seen.bytes_per_call.append(factor * inputs[0].numel() * inputs[0].element_size())
+                ranged(module, REPLACED_RANGE)
+                for child in _KEPT_CHILDREN[op]:
+                    ranged(getattr(module, child), KEPT_RANGE, on_gate if child == "gate_proj" else None)
+            else:
 
-            ranged(module, REPLACED_RANGE, on_norm)
-    try:
+                def on_norm(inputs, _output, factor=factor) -> None:
+                    if factor and inputs and isinstance(inputs[0], torch.Tensor):
+                        seen.bytes_per_call.append(factor * inputs[0].numel() * inputs[0].element_size())
+
+                ranged(module, REPLACED_RANGE, on_norm)
         yield seen
     finally:
         for handle in handles:
             handle.remove()
+        for route in routes:
+            route.remove()
 
 
 def _predict(
