@@ -20,7 +20,10 @@ of copy, host time <= eager's. About a minute on an H200.
 
 Bytes counted (bf16, 2 bytes an element, weights negligible): forward reads the inputs and
 writes the output; backward reads the inputs and dy and writes each input's gradient; the
-forward+backward figure is their sum.
+forward+backward figure is their sum. RoPE (shapes B x T x Hq x Hk x D, q and k as Hugging Face
+makes them: a projection viewed and transposed, cos/sin shared by the batch): each pass reads q
+and k (or their grads) and writes them once, and reads cos and sin once per (b, t) position; its
+backward needs no saved q or k.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ from timing import steady_ms  # noqa: E402
 NORM_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 ELEMENTWISE_SHAPES = NORM_SHAPES + [(16384, 16384), (8192, 11008)]
 QUICK_SHAPES = [(8192, 1024), (2048, 4096)]
-OPS = ("layer_norm", "rms_norm", "gelu", "geglu", "swiglu")
+# RoPE: (batch, seq, q heads, kv heads, head_dim): Llama-3.2-1B's heads, and Llama-3-8B's
+ROPE_SHAPES = [(4, 2048, 32, 8, 64), (2, 4096, 32, 8, 128), (8, 1024, 16, 4, 64)]
+QUICK_ROPE_SHAPES = [(2, 512, 32, 8, 64)]
+OPS = ("layer_norm", "rms_norm", "gelu", "geglu", "swiglu", "rope")
 OTHERS = ("eager", "hf", "compile", "liger")  # what "ours" must not be slower than
 FWD_BAR, FWDBWD_BAR = 0.90, 0.80  # fractions of copy bandwidth
 EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
@@ -59,6 +65,28 @@ def _eager_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * (x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + EPS["rms_norm"])).to(x.dtype)
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat((-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def _eager_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _heads(op: str, shape: tuple[int, ...], fn: Callable) -> Callable:
+    """For rope: ``fn(q, k, cos, sin)`` called on (B, T, H*D) projections viewed as (B, H, T, D)
+    the way a Hugging Face attention does (the timed leaves are the projections); others: ``fn``."""
+    if op != "rope":
+        return fn
+    batch, seq, _, _, head_dim = shape
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.view(batch, seq, -1, head_dim).transpose(1, 2)
+
+    return lambda q, k, cos, sin: fn(heads(q), heads(k), cos, sin)
+
+
 def _eager(op: str) -> Callable:
     return {
         "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, EPS["layer_norm"]),
@@ -66,12 +94,18 @@ def _eager(op: str) -> Callable:
         "gelu": lambda x: F.gelu(x, approximate="tanh"),
         "geglu": lambda a, b: F.gelu(a, approximate="tanh") * b,
         "swiglu": lambda a, b: F.silu(a) * b,
+        "rope": _eager_rope,
     }[op]
 
 
 def _hf(op: str, width: int, params: list[torch.Tensor]) -> tuple[Callable, list[torch.Tensor]]:
     """The Hugging Face module the op replaces, sharing our weights; returns (fn, its parameters)."""
     from transformers.activations import ACT2FN, NewGELUActivation
+
+    if op == "rope":
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        return apply_rotary_pos_emb, []
 
     if op == "layer_norm":
         module = torch.nn.LayerNorm(width, eps=EPS["layer_norm"]).to(params[0].device, torch.bfloat16)
@@ -112,11 +146,16 @@ def _liger(op: str) -> Callable | None:
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
         return LigerSiLUMulFunction.apply
+    if op == "rope":
+        from liger_kernel.ops.rope import LigerRopeFunction
+
+        # in place on q and k where they are (B, T, H, D)-contiguous, as Hugging Face's are
+        return LigerRopeFunction.apply
     return None
 
 
 def _ours(op: str, backend: str) -> Callable:
-    from fused_layers.ops import geglu, gelu, layer_norm, rms_norm, swiglu
+    from fused_layers.ops import geglu, gelu, layer_norm, rms_norm, rope, swiglu
 
     return {
         "layer_norm": lambda x, w, b: layer_norm(x, w, b, EPS["layer_norm"], backend=backend),
@@ -124,10 +163,17 @@ def _ours(op: str, backend: str) -> Callable:
         "gelu": lambda x: gelu(x, "tanh", backend=backend),
         "geglu": lambda a, b: geglu(a, b, "tanh", backend=backend),
         "swiglu": lambda a, b: swiglu(a, b, backend=backend),
+        "rope": lambda q, k, cos, sin: rope(q, k, cos, sin, backend=backend),
     }[op]
 
 
-def _min_bytes(op: str, numel: int, pass_name: str) -> int:
+def _min_bytes(op: str, shape: tuple[int, ...], pass_name: str) -> int:
+    if op == "rope":
+        batch, seq, q_heads, k_heads, head_dim = shape
+        # q and k read and written once, cos and sin read once per (b, t) position, in each pass
+        one_pass = (2 * (q_heads + k_heads) + 2) * batch * seq * head_dim * 2
+        return one_pass if pass_name == "fwd" else 2 * one_pass
+    numel = shape[0] * shape[1]
     n_inputs = 2 if op in ("geglu", "swiglu") else 1
     fwd = (n_inputs + 1) * numel * 2  # inputs read, output written
     bwd = (n_inputs + 1 + n_inputs) * numel * 2  # inputs and dy read, input grads written
@@ -143,22 +189,23 @@ def _copy_bandwidth(quick: bool) -> float:
     return 2 * numel * 2 / (ms * 1e-3)
 
 
-def _contenders(op: str, width: int, params: list[torch.Tensor], cuda_error: str | None):
-    """Yield (name, fn-or-None, extra grad tensors, error-or-None) for one op and width."""
-    yield "eager", _eager(op), [], None
+def _contenders(op: str, shape: tuple[int, ...], params: list[torch.Tensor], cuda_error: str | None):
+    """Yield (name, fn-or-None, extra grad tensors, error-or-None) for one op and shape."""
+    width = shape[1]
+    yield "eager", _heads(op, shape, _eager(op)), [], None
     try:
         fn, hf_params = _hf(op, width, params)
-        yield "hf", fn, hf_params, None
+        yield "hf", _heads(op, shape, fn), hf_params, None
     except Exception as exc:  # transformers missing or renamed: record, carry on
         yield "hf", None, [], repr(exc)
-    yield "compile", torch.compile(_eager(op), dynamic=False), [], None
+    yield "compile", _heads(op, shape, torch.compile(_eager(op), dynamic=False)), [], None
     try:
         liger = _liger(op)
         if liger is not None:
-            yield "liger", liger, [], None
+            yield "liger", _heads(op, shape, liger), [], None
     except ImportError as exc:
         yield "liger", None, [], repr(exc)
-    yield "ours", _ours(op, "triton"), [], None
+    yield "ours", _heads(op, shape, _ours(op, "triton")), [], None
     if op in ("gelu", "layer_norm"):
         if cuda_error is None:
             yield "ours_cuda", _ours(op, "cuda"), [], None
@@ -167,11 +214,17 @@ def _contenders(op: str, width: int, params: list[torch.Tensor], cuda_error: str
 
 
 def _inputs(
-    op: str, shape: tuple[int, int], grad: bool, device: str = "cuda"
+    op: str, shape: tuple[int, ...], grad: bool, device: str = "cuda"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(args, parameters) in bf16 on the GPU; random data, never zeros."""
-    tokens, width = shape
     make = lambda *s: torch.randn(*s, device=device, dtype=torch.bfloat16).requires_grad_(grad)
+    if op == "rope":  # (B, T, H*D) projections, and cos/sin of real angles shared by the batch
+        batch, seq, q_heads, k_heads, head_dim = shape
+        angles = torch.rand(1, seq, head_dim // 2, device=device) * 6.0
+        angles = torch.cat((angles, angles), dim=-1)
+        cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+        return [make(batch, seq, q_heads * head_dim), make(batch, seq, k_heads * head_dim), cos, sin], []
+    tokens, width = shape
     if op == "layer_norm":
         params = [make(width), make(width)]
         return [make(tokens, width)] + params, params
@@ -206,15 +259,18 @@ def run(args: argparse.Namespace) -> dict:
         "rows": [],
     }
     for op in args.ops.split(","):
-        shapes = QUICK_SHAPES if args.quick else (NORM_SHAPES if "norm" in op else ELEMENTWISE_SHAPES)
+        if op == "rope":
+            shapes = QUICK_ROPE_SHAPES if args.quick else ROPE_SHAPES
+        else:
+            shapes = QUICK_SHAPES if args.quick else (NORM_SHAPES if "norm" in op else ELEMENTWISE_SHAPES)
         for shape in shapes:
             for pass_name in ("fwd", "fwd+bwd"):
                 grad = pass_name == "fwd+bwd"
                 inputs, params = _inputs(op, shape, grad)
-                dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16) if grad else None
-                nbytes = _min_bytes(op, shape[0] * shape[1], pass_name)
+                dy = _dy(op, shape) if grad else None
+                nbytes = _min_bytes(op, shape, pass_name)
                 row = {"op": op, "shape": list(shape), "pass": pass_name, "min_bytes": nbytes, "results": {}}
-                for name, fn, extra, error in _contenders(op, shape[1], params, cuda_error):
+                for name, fn, extra, error in _contenders(op, shape, params, cuda_error):
                     if error is None and name == "compile" and time.monotonic() - started > args.budget_s:
                         error = "skipped: past --budget-s"
                     if error is not None:
@@ -233,15 +289,24 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def _dy(op: str, shape: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The output gradient(s): one per output (rope's two are (B, H, T, D), contiguous)."""
+    make = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)
+    if op == "rope":
+        batch, seq, q_heads, k_heads, head_dim = shape
+        return make(batch, q_heads, seq, head_dim), make(batch, k_heads, seq, head_dim)
+    return make(*shape)
+
+
 def _time(
     fn: Callable,
     inputs: list[torch.Tensor],
-    dy: torch.Tensor | None,
+    dy: torch.Tensor | tuple[torch.Tensor, ...] | None,
     extra_leaves: list[torch.Tensor],
     quick: bool,
 ) -> float:
-    """Median ms per call of ``fn(*inputs)``, or of ``fn(*inputs).backward(dy)`` when dy is given
-    (``benchmarks/timing.py`` says how, and why not ``do_bench``)."""
+    """Median ms per call of ``fn(*inputs)``, or of its backward from ``dy`` (one gradient per
+    output) when dy is given (``benchmarks/timing.py`` says how, and why not ``do_bench``)."""
     leaves = [t for t in inputs if t.requires_grad] + extra_leaves
 
     def call() -> None:
@@ -250,7 +315,7 @@ def _time(
         if dy is None:
             fn(*inputs)
         else:
-            fn(*inputs).backward(dy)
+            torch.autograd.backward(fn(*inputs), dy)
 
     with torch.no_grad() if dy is None else torch.enable_grad():
         return steady_ms(call, target_ms=5.0 if quick else 25.0, batches=3 if quick else 7)
@@ -289,7 +354,7 @@ def _table(result: dict) -> str:
             cells.append("-" if r is None else (f"{r['tbps']:.2f}" if "tbps" in r else "err"))
         pct = row.get("ours_pct_copy")
         lines.append(
-            f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | {row['pass']} | "
+            f"| {row['op']} | {'x'.join(map(str, row['shape']))} | {row['pass']} | "
             + " | ".join(cells)
             + f" | {'-' if pct is None else f'{pct:.0f}%'} | {'yes' if row.get('meets_copy_bar') else 'NO'}"
             + f" | {'yes' if row.get('meets_best_other') else 'NO'} |"
@@ -354,7 +419,7 @@ def run_launch(args: argparse.Namespace) -> dict:
         for shape in shapes:
             inputs, _ = _inputs(op, shape, grad=True)
             dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-            nbytes = _min_bytes(op, shape[0] * shape[1], "fwd+bwd")
+            nbytes = _min_bytes(op, shape, "fwd+bwd")
             row = {"op": op, "shape": list(shape), "min_bytes": nbytes, "results": {}}
             for name, fn, direct in _launch_contenders(op):
 
