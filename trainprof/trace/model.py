@@ -53,7 +53,8 @@ class EventTable:
 
     Times are microseconds on the trace's clock. `thread` indexes `Trace.threads`; `name` indexes
     `Trace.names`; `correlation` is -1 when absent; `value` is category specific: bytes for
-    `gpu_memcpy`/`gpu_memset`, `Total Allocated` bytes for `memory`, NaN otherwise.
+    `gpu_memcpy`/`gpu_memset`, `Total Allocated` bytes for `memory`, NaN otherwise. The frame
+    categories (`FRAME_CATEGORIES`) carry neither: their `correlation` is -1 and `value` NaN.
     `sequence` and `fwd_thread` exist for `cpu_op` only (None elsewhere): Kineto's autograd link
     args `Sequence number` and `Fwd thread id`, -1 when absent (see `trainprof.analysis.attribution`).
     """
