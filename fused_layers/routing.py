@@ -13,7 +13,13 @@ and the original everywhere else:
 - under ``torch.compile`` the hooks do nothing and the dispatcher calls the original, so Dynamo
   traces Hugging Face's own function (what the fused ops' default backend is under compile anyway);
 - the dispatcher is installed with the first route of a (module, function) and the original put
-  back, the very same object, when the last route is removed, or its module garbage-collected.
+  back, the very same object, when the last route is removed. A route whose module is
+  garbage-collected is only marked: a collection can run in the middle of a ``torch.compile``
+  trace, and rebinding the global there left Dynamo building a guard on a function that was no
+  longer the one it traced (an H200 test of a swapped Llama under ``mode="reduce-overhead"``,
+  2026-11-24: ``InternalTorchDynamoError`` on ``apply_rotary_pos_emb.__closure__[0]``). The next
+  route or removal, or :func:`settle`, puts the original back; until then the dispatcher, with no
+  routed forward running, calls the original.
 
 ``copy.deepcopy`` of a model copies each route with its module: the copy is routed too, and keeps
 the function rerouted until its own route is removed or it is collected.
@@ -37,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["FunctionRoute", "is_routed", "original_function", "route_function"]
+__all__ = ["FunctionRoute", "is_routed", "original_function", "route_function", "settle"]
 
 
 class _Dispatch:
@@ -106,11 +112,29 @@ def is_routed(module: nn.Module, namespace: ModuleType, name: str) -> bool:
     return dispatch is not None and module in dispatch.modules
 
 
-def _release(dispatch: _Dispatch) -> None:
-    """One route fewer; with the last, put the original back (unless something else rebound it)."""
+_collected: set[_Dispatch] = set()  # dispatchers whose last route's module was collected
+
+
+def _release(dispatch: _Dispatch, collected: bool = False) -> None:
+    """One route fewer; with the last, put the original back (unless something else rebound it).
+
+    ``collected``: the module was garbage-collected (a finalizer, which may run inside a trace):
+    only mark the dispatcher, for :func:`settle` to restore at a safe point.
+    """
     with _lock:
         dispatch.routes -= 1
         if dispatch.routes > 0:
+            return
+        if collected:
+            _collected.add(dispatch)
+            return
+    _restore(dispatch)
+
+
+def _restore(dispatch: _Dispatch) -> None:
+    with _lock:
+        _collected.discard(dispatch)
+        if dispatch.routes > 0:  # routed again since it was marked
             return
         if dispatch.registered():
             del _dispatches[dispatch.key]
@@ -118,10 +142,22 @@ def _release(dispatch: _Dispatch) -> None:
             setattr(dispatch.namespace, dispatch.name, dispatch.original)
             return
     function = f"{dispatch.namespace.__name__}.{dispatch.name}"
-    # stacklevel: this, finalize.__call__, FunctionRoute.remove, unswap, unswap's caller
+    # stacklevel: this, _release or settle, their caller (remove/route_function), unswap, unswap's caller
     warnings.warn(
         f"fused_layers: {function} was rebound after the swap; left as it is", RuntimeWarning, stacklevel=5
     )
+
+
+def settle() -> None:
+    """Put back the original of every function whose last routed module was garbage-collected.
+
+    ``fused_layers.swap`` and ``unswap`` call it; call it yourself to see the module's function
+    restored right after dropping a swapped model (and collecting it).
+    """
+    with _lock:
+        pending = list(_collected)
+    for dispatch in pending:
+        _restore(dispatch)
 
 
 class FunctionRoute:
@@ -132,7 +168,7 @@ class FunctionRoute:
         self._dispatch = dispatch
         self._handles = handles
         # A module dropped without remove() releases its route when it is collected.
-        self._finalizer: weakref.finalize | None = weakref.finalize(module, _release, dispatch)
+        self._finalizer: weakref.finalize | None = weakref.finalize(module, _release, dispatch, True)
 
     def __deepcopy__(self, memo: dict) -> FunctionRoute:
         """The route of the module's copy, whose hooks ``copy.deepcopy`` copied with it (the
@@ -150,7 +186,7 @@ class FunctionRoute:
                 self._dispatch.modules.add(copied)
                 self._dispatch.routes += 1
         route._module = weakref.ref(copied) if live else lambda: None
-        route._finalizer = weakref.finalize(copied, _release, self._dispatch) if live else None
+        route._finalizer = weakref.finalize(copied, _release, self._dispatch, True) if live else None
         return route
 
     @property
@@ -171,7 +207,9 @@ class FunctionRoute:
         module = self._module()
         if module is not None:
             self._dispatch.modules.discard(module)
-        self._finalizer()  # runs _release once, and never again at collection
+        self._finalizer.detach()  # no release at collection: this one counts instead
+        _release(self._dispatch)
+        settle()
 
 
 def route_function(
@@ -182,6 +220,7 @@ def route_function(
     ``implementation`` takes the function's arguments. Raises ValueError if ``module`` already
     has a route of this function.
     """
+    settle()
     with _lock:
         dispatch = _installed(namespace, name)
         if dispatch is None:

@@ -367,7 +367,8 @@ def rope_calls(monkeypatch):
 
     Also checks that no model of an earlier test still routes Hugging Face's function: swapped
     models that were never unswapped release their routes when collected (their swap record holds
-    a cycle, so it takes a collection; compiled ones are held by Dynamo's caches until a reset).
+    a cycle, so it takes a collection; compiled ones are held by Dynamo's caches until a reset), and
+    routing.settle() puts the function back.
     """
     import gc
     import threading
@@ -379,6 +380,7 @@ def rope_calls(monkeypatch):
 
     torch._dynamo.reset()
     gc.collect()
+    routing.settle()
     assert (
         routing.original_function(modeling_llama, "apply_rotary_pos_emb")
         is modeling_llama.apply_rotary_pos_emb
@@ -546,3 +548,36 @@ def test_rope_rows_of_other_families(rope_calls, config_name, attention):
         torch.testing.assert_close(swapped(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
     assert len(rope_calls) == 2
     unswap(swapped)
+
+
+def test_a_collected_route_is_restored_at_a_safe_point_not_in_the_finalizer():
+    """A collection (which may run inside a torch.compile trace) only marks the route; the global
+    stays the dispatcher, calling the original, until settle() or the next route or removal."""
+    import gc
+    import types
+
+    from fused_layers import routing
+
+    namespace = types.ModuleType("routing_test_namespace")
+    original = lambda x: x + 1  # noqa: E731
+    namespace.f = original
+    module = nn.Linear(2, 2)
+    routing.route_function(module, namespace, "f", lambda x: x * 10)
+    dispatcher = namespace.f
+    assert dispatcher is not original
+    with torch.no_grad():
+        calls = []
+        module.register_forward_pre_hook(lambda m, args: calls.append(namespace.f(3)))
+        module(torch.zeros(2))
+    assert calls == [30]  # inside the routed forward: the implementation
+    del module
+    gc.collect()
+    assert namespace.f is dispatcher and namespace.f(3) == 4  # marked, not rebound; the original runs
+    routing.settle()
+    assert namespace.f is original
+    # the next route of the function settles first, then installs a fresh dispatcher
+    other = nn.Linear(2, 2)
+    route = routing.route_function(other, namespace, "f", lambda x: x * 10)
+    assert namespace.f is not original and routing.original_function(namespace, "f") is original
+    route.remove()
+    assert namespace.f is original
