@@ -467,3 +467,61 @@ def test_call_kinds(name, kind):
 def test_blocking_copies():
     assert is_blocking_copy("hipMemcpyWithStream") and is_blocking_copy("cudaMemcpy")
     assert not is_blocking_copy("cudaMemcpyAsync") and not is_blocking_copy("cudaLaunchKernel")
+
+
+def test_name_rules_at_once_agree_with_one_search_per_name():
+    """`idle._name_rules` scans all names joined by newlines; it must give what one `search` per name
+    and rule (first match wins), `WARMUP_OPS.match` and the step pattern's `match` give."""
+    import re
+
+    from trainprof.analysis import idle
+    from trainprof.trace import load_traces
+
+    fixtures = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "traces"
+    names = [
+        "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+        "x enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        "torch/utils/data/dataloader.py(733): __next__",
+        "/venv/lib/python3.12/site-packages/datasets/arrow_dataset.py(1): __getitem__",
+        "datasets/formatting/formatting.py(3): format_row",
+        "mydatasets/arrow_dataset.py(1): f",
+        "PIL/Image.py(1): open",
+        "a/torchvision/transforms/functional.py(1): resize",
+        "train.py(5): get_batch",
+        "train.py(5): get_batch_size",
+        "gloo:all_reduce",
+        "c10d::barrier",
+        "aten::wait",
+        "record_param_comms",
+        "nccl:all_reduce",
+        "triton/compiler/compiler.py(1): compile",
+        "x/triton/compiler/y.py(2): z",
+        "torch/autograd/graph.py(825): _engine_run_backward",
+        "aten::mm",
+        "aten::mm_out",
+        "aten::linear\n",
+        "aten::cudnn_convolution",
+        "ProfilerStep#12",
+        "ProfilerStep#12\nx",
+        "x\ngloo:all_reduce",
+        "",
+        "x/datasets/formatting/\ntriton/compiler/",
+    ]
+    for folder in sorted(fixtures.iterdir()) if fixtures.is_dir() else []:
+        for trace in load_traces(folder):
+            names += trace.names
+
+    def one_by_one(name: str) -> tuple[int, bool, bool]:
+        codes = [code for code, rule in zip(idle._FRAME_RULE_CODES, idle.FRAME_RULES, strict=True)
+                 if re.search(rule.pattern, name)]
+        return (
+            codes[0] if codes else -1,
+            idle.WARMUP_OPS.match(name) is not None,
+            idle._STEP_ANNOTATION.match(name) is not None,
+        )
+
+    rule, warm_op, step_mark = idle._name_rules(names)
+    assert [(int(r), bool(w), bool(s)) for r, w, s in zip(rule, warm_op, step_mark, strict=True)] == [
+        one_by_one(name) for name in names
+    ]
+    assert rule[:3].tolist() == [idle.INPUT, -1, idle.INPUT]  # the anchored rule holds at the start only

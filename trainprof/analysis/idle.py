@@ -30,22 +30,22 @@ if it has `dominant_cause_margin` times the runner-up's; else `mixed`. Numbers: 
 
 from __future__ import annotations
 
-import functools
 import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
-from trainprof.analysis.frames import parse_py_frame
+from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.result import Finding
 from trainprof.analysis.runtime_calls import KINDS, blocking_copies
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace.model import FRAME_CATEGORIES, nearest_marked
-from trainprof.user_code import current_layout, is_user_file, library_of
+from trainprof.user_code import CodeLayout, current_layout, is_user_file, library_of
 
 
 @dataclass(frozen=True)
@@ -229,9 +229,7 @@ FRAME_RULES: tuple[FrameRule, ...] = (
 )
 # Internal code of a `waits_on_other_threads` rule's time until other threads are consulted.
 _WAITING = len(CAUSE_NAMES)
-_FRAME_RULES = tuple(
-    (_WAITING if r.waits_on_other_threads else _CODE[r.cause], re.compile(r.pattern)) for r in FRAME_RULES
-)
+_FRAME_RULE_CODES = tuple(_WAITING if r.waits_on_other_threads else _CODE[r.cause] for r in FRAME_RULES)
 _WAITING_CAUSE = next(_CODE[r.cause] for r in FRAME_RULES if r.waits_on_other_threads)
 
 # cpu_ops whose first (or an outlier) call is library warm-up when it lasts `warmup_call_min_ms`:
@@ -269,6 +267,48 @@ _LENDING_KINDS = frozenset(
 _GPU_WORK_KIND = np.array([k in ("launch", "graph_launch", "copy", "memset") for k in KINDS])
 _LENDING_KIND = np.array([k in _LENDING_KINDS for k in KINDS])
 _STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
+
+
+# Leading anchors of frame patterns -> their form in `_name_rules`' text, where a newline starts
+# each name: re's search then only tries the positions of the newlines (a literal prefix), or of the
+# newlines and slashes (a first-character set), not every position of the text.
+_JOINED_ANCHORS = (("^", "\n"), ("(^|/)", "[\n/]"))
+
+
+def _joined_form(source: str) -> tuple[re.Pattern, int]:
+    """A frame pattern for `_name_rules`' text of newline-separated names, `$` matching at each
+    line's end; with a leading anchor of `_JOINED_ANCHORS` rewritten (1: its matches start one
+    character before the name or path part they anchor) when the anchor covers the whole pattern."""
+    for anchor, joined in _JOINED_ANCHORS:
+        rest = source[len(anchor):]
+        if source.startswith(anchor) and "^" not in rest and not _alternates_at_top(rest):
+            return re.compile(joined + rest, re.MULTILINE), 1
+    return re.compile(source, re.MULTILINE), 0
+
+
+def _alternates_at_top(source: str) -> bool:
+    """Whether a pattern has a `|` outside every group (`^a|b`: the anchor holds for `a` only)."""
+    depth, escaped, in_set = 0, False, False
+    for char in source:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_set:
+            in_set = char != "]"
+        elif char == "[":
+            in_set = True
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "|" and depth == 0:
+            return True
+    return False
+
+
+# Compiled once, as the plain patterns were (the plain ones serve names holding a newline).
+_FRAME_RULES_JOINED = tuple(_joined_form(r.pattern) for r in FRAME_RULES)
+_WARMUP_OPS_JOINED = _joined_form(WARMUP_OPS.pattern)
+_STEP_ANNOTATION_JOINED = _joined_form(_STEP_ANNOTATION.pattern)
 
 
 @dataclass
@@ -364,7 +404,7 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
         per_step=per_step,
         holders=holders,
         host_functions=_host_functions(
-            trace, threads, key[host], slot[host], mids[host], lengths[host], n_steps
+            trace, threads, key[host], slot[host], mids[host], lengths[host], n_steps, facts
         ),
         one_off=one_offs,
     )
@@ -484,44 +524,77 @@ class _NameFacts:
 
     def __init__(self, trace):
         self.names = trace.names
-        self.layout = getattr(trace, "code_layout", None) or current_layout()
+        self._trace = trace
         n = len(self.names)
         self._done = np.zeros(n, dtype=bool)
         self._rule = np.full(n, _NONE, dtype=np.int64)
         self._flags = np.zeros((4, n), dtype=bool)
 
-    def _facts(self, name_id: int) -> tuple[int, bool, bool, bool, bool]:
-        name = self.names[name_id]
-        rule, warm_op, step_mark = _name_facts(name)
-        parsed = parse_py_frame(name)
-        return (
-            rule,
-            warm_op,
-            step_mark,
-            parsed is not None,
-            parsed is not None and library_of(parsed.file, self.layout) == "python",
-        )
+    @cached_property
+    def layout(self) -> CodeLayout:
+        """The run's code layout, else this process's: only Python frames need it (working out this
+        process's costs ~11M instructions, a trace without stacks skips it)."""
+        return getattr(self._trace, "code_layout", None) or current_layout()
 
     def of(self, name_ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per name id (repeats allowed): rule cause, warm-up op, step annotation, named Python,
         stdlib Python."""
-        for nid in distinct(name_ids[~self._done[name_ids]]).tolist():
-            rule, *flags = self._facts(nid)
-            self._rule[nid] = rule
-            self._flags[:, nid] = flags
-            self._done[nid] = True
+        new = distinct(name_ids[~self._done[name_ids]])
+        if new.size:
+            names = [self.names[nid] for nid in new.tolist()]
+            self._rule[new], self._flags[0, new], self._flags[1, new] = _name_rules(names)
+            parsed = [parse_py_frame(name) for name in names]
+            self._flags[2, new] = [frame is not None for frame in parsed]
+            self._flags[3, new] = [
+                frame is not None and library_of(frame.file, self.layout) == "python" for frame in parsed
+            ]
+            self._done[new] = True
         flags = self._flags[:, name_ids]
         return (self._rule[name_ids], flags[0], flags[1], flags[2], flags[3])
 
 
-@functools.lru_cache(maxsize=65536)  # the ranks of one run share their names: worked out once each
-def _name_facts(name: str) -> tuple[int, bool, bool]:
-    """A frame name's FRAME_RULES cause (the first rule that matches), and whether it is a warm-up
-    op and a step annotation."""
-    # One search per rule: Python's re scans fast for a literal prefix, which a single
-    # alternation of all rules loses (2.5x slower on gpt2_pathologies' names).
-    rule = next((code for code, pattern in _FRAME_RULES if pattern.search(name)), _NONE)
-    return rule, WARMUP_OPS.match(name) is not None, _STEP_ANNOTATION.match(name) is not None
+def _name_rules(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per frame name: its FRAME_RULES cause (the first rule that matches, else _NONE), whether it
+    is a warm-up op, and whether it is a step annotation.
+
+    All names at once: each pattern scans the names joined by newlines, one C-level scan instead of
+    a `search` call per name and rule (those calls cost 27M of gpt2_pathologies' 1,013M
+    instructions). A name holding a newline, or a match that would cross one, is searched alone.
+    """
+    count = len(names)
+    lines = [name if "\n" not in name else "" for name in names]
+    alone = [i for i, name in enumerate(names) if "\n" in name]
+    text = "\n" + "\n".join(lines)
+    line_starts = np.cumsum([1] + [len(line) + 1 for line in lines[:-1]])
+
+    def matches(source: str, joined_form: tuple[re.Pattern, int], anchored: bool) -> np.ndarray:
+        joined, at_newline = joined_form
+        found = np.zeros(count, dtype=bool)
+        for match in joined.finditer(text):
+            start = match.start() + at_newline  # a `^` pattern's match starts at the newline before
+            line = int(np.searchsorted(line_starts, start, side="right")) - 1
+            if "\n" in text[start:match.end()]:
+                return np.array([_matches(source, name, anchored) for name in names], dtype=bool)
+            if line >= 0 and (not anchored or start == line_starts[line]):  # `match`: at the start
+                found[line] = True
+        for i in alone:
+            found[i] = _matches(source, names[i], anchored)
+        return found
+
+    rule = np.full(count, _NONE, dtype=np.int64)
+    for code, frame_rule, joined in zip(_FRAME_RULE_CODES, FRAME_RULES, _FRAME_RULES_JOINED, strict=True):
+        rule[(rule == _NONE) & matches(frame_rule.pattern, joined, anchored=False)] = code
+    return (
+        rule,
+        matches(WARMUP_OPS.pattern, _WARMUP_OPS_JOINED, anchored=True),
+        matches(_STEP_ANNOTATION.pattern, _STEP_ANNOTATION_JOINED, anchored=True),
+    )
+
+
+def _matches(source: str, name: str, anchored: bool) -> bool:
+    """One name against a frame pattern, as a `match` (anchored) or a `search`."""
+    pattern = re.compile(source)  # rare (a name holding a newline): re's own cache keeps it
+    return (pattern.match(name) if anchored else pattern.search(name)) is not None
 
 
 def _thread_labels(
@@ -724,7 +797,9 @@ def _enclosing_op(trace, thread: int, t: float) -> str | None:
     return notes[-1] if notes else None
 
 
-def _host_functions(trace, threads, keys, slots, mids, lengths, n_steps: int) -> list[dict]:
+def _host_functions(
+    trace, threads, keys, slots, mids, lengths, n_steps: int, facts: _NameFacts
+) -> list[dict]:
     """`host` idle time by the innermost named Python function (else op or annotation), largest first.
 
     Each entry: `file`, `function`, `code` (`user`/`library`), `idle_ms_per_step`, `called_from`
@@ -738,7 +813,6 @@ def _host_functions(trace, threads, keys, slots, mids, lengths, n_steps: int) ->
     unique, inverse = np.unique(keys // 2, return_inverse=True)
     totals = np.bincount(inverse, weights=lengths)
     longest = _longest_piece(inverse, lengths, len(totals))
-    layout = getattr(trace, "code_layout", None) or current_layout()
     out = []
     for u in np.argsort(-totals)[:8].tolist():
         name = trace.names[int(unique[u])]
@@ -748,19 +822,24 @@ def _host_functions(trace, threads, keys, slots, mids, lengths, n_steps: int) ->
             _python_stack(trace, threads[int(slots[piece])], float(mids[piece])) if slots[piece] >= 0 else []
         )
         caller = next(
-            (f for f in stack if library_of(f.file, layout) not in ("torch", "python") and f != parsed), None
+            (f for f in stack if library_of(f.file, facts.layout) not in ("torch", "python") and f != parsed),
+            None,
         )
         out.append(
             {
                 "file": parsed.file if parsed else None,
                 "function": parsed.function if parsed else name,
-                "code": ("user" if is_user_file(parsed.file, layout) else "library") if parsed else None,
+                "code": _code_kind(parsed, facts) if parsed else None,
                 "idle_ms_per_step": round(float(totals[u]) / 1e3 / max(n_steps, 1), 4),
                 "called_from": f"{caller.file} {caller.function}" if caller else None,
                 "stack": [f"{f.file} {f.function}" for f in stack[:6]],
             }
         )
     return out
+
+
+def _code_kind(frame: PyFrame, facts: _NameFacts) -> str:
+    return "user" if is_user_file(frame.file, facts.layout) else "library"
 
 
 def _python_stack(trace, thread: int, t: float) -> list:
