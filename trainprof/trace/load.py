@@ -254,19 +254,38 @@ def load_trace(path: str | Path) -> Trace:
     )
 
 
-class _Args(msgspec.Struct, gc=False):
-    """The few `args` of an event that the analyses read; msgspec skips the rest while parsing."""
+class _CompleteArgs(msgspec.Struct, gc=False):
+    """The `args` of a complete event that the analyses read; msgspec skips the rest while parsing.
+    Each field costs every other key of every event's `args` a comparison: keep them few (the
+    memory instants' fields have their own struct)."""
 
     correlation: int = -1
     bytes: float = _NAN
-    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
-    device_type: int = msgspec.field(default=1, name="Device Type")
     # Kineto's forward/backward link of a cpu_op (trainprof.analysis.attribution reads them).
     sequence: int = msgspec.field(default=-1, name="Sequence number")
     fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
 
 
-_NO_ARGS = _Args()
+class _InstantArgs(msgspec.Struct, gc=False):
+    """The `args` of a `[memory]` instant that the analyses read."""
+
+    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+    device_type: int = msgspec.field(default=1, name="Device Type")
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The fields of both, for the lenient path's `_Event` (whose phase is a field)."""
+
+    correlation: int = -1
+    bytes: float = _NAN
+    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+    device_type: int = msgspec.field(default=1, name="Device Type")
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
+    fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
+
+
+_NO_ARGS = _CompleteArgs()
+_NO_INSTANT_ARGS = _InstantArgs()
 
 
 class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
@@ -278,7 +297,7 @@ class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
     tid: int | str = 0
     ts: float = _NAN
     dur: float = 0.0
-    args: _Args | None = None
+    args: _CompleteArgs | None = None
 
 
 class _Instant(msgspec.Struct, tag_field="ph", tag="i", gc=False):
@@ -289,7 +308,7 @@ class _Instant(msgspec.Struct, tag_field="ph", tag="i", gc=False):
     pid: int | str = 0
     tid: int | str = 0
     ts: float = _NAN
-    args: _Args | None = None
+    args: _InstantArgs | None = None
 
 
 # The Chrome trace format's other phases: duration B/E, instant I, counter C, async b/n/e S/T/p/F,
@@ -321,13 +340,18 @@ class _Event(msgspec.Struct, gc=False):
 def _tagged(events: list[_Event]) -> list:
     """`_Event`s as the tagged decoding would have given them (other phases stay `_Event`s)."""
     return [
-        _Complete(e.cat, e.name, e.pid, e.tid, e.ts, e.dur, e.args)
+        _Complete(e.cat, e.name, e.pid, e.tid, e.ts, e.dur, _narrow(e.args, _CompleteArgs))
         if e.ph == "X"
-        else _Instant(e.cat, e.name, e.pid, e.tid, e.ts, e.args)
+        else _Instant(e.cat, e.name, e.pid, e.tid, e.ts, _narrow(e.args, _InstantArgs))
         if e.ph == "i"
         else e
         for e in events
     ]
+
+
+def _narrow(args: _Args | None, kind: type) -> msgspec.Struct | None:
+    """The fields of `kind` (`_CompleteArgs` or `_InstantArgs`) of an `_Args`."""
+    return None if args is None else kind(**{f: getattr(args, f) for f in kind.__struct_fields__})
 
 
 def _phase(event: msgspec.Struct) -> str:
@@ -616,7 +640,7 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
     """CUDA `[memory]` instants: time and `Total Allocated`. Host memory (`Device Type` 0) and values
     that are absent or not finite numbers (`"Total Allocated": "inf"`) are left out."""
     count = len(events)
-    args = [event.args or _NO_ARGS for event in events]
+    args = [event.args or _NO_INSTANT_ARGS for event in events]
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
     device = np.fromiter([arg.device_type for arg in args], dtype=np.int64, count=count)
     keep = (device == 1) & np.isfinite(allocated)  # 1 = CUDA
