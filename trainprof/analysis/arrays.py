@@ -16,3 +16,21 @@ def distinct(values: np.ndarray) -> np.ndarray:
     keep[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)` for non-negative integer codes.
+
+    Codes that span a range of at most a few times their count (group keys built from small tables)
+    are ranked through a table of that range, in O(n): `np.unique` sorts them, 14M of the 60k-piece
+    grouping of gpt2_pathologies' idle analysis against 0.5M. Wider codes are sorted as before.
+    """
+    values = np.asarray(values)
+    span = int(values.max()) + 1 if len(values) else 0
+    if not len(values) or values.min() < 0 or span > 4 * len(values) + 4096:
+        unique, inverse = np.unique(values, return_inverse=True)
+        return unique, inverse.reshape(-1)
+    present = np.zeros(span, dtype=bool)
+    present[values] = True
+    rank = np.cumsum(present) - 1
+    return np.flatnonzero(present).astype(values.dtype), rank[values]

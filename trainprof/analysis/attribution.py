@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.analysis.arrays import distinct
+from trainprof.analysis.arrays import distinct, unique_inverse
 from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace import Trace
@@ -170,7 +170,7 @@ def attribute_kernels(timeline: Timeline) -> KernelOwners:
     op_index = np.full(n, -1, dtype=np.int64)
     for source, is_node in ((op, False), (backward_node, True)):
         has = source >= 0
-        name_ids, inverse = np.unique(cpu_ops.name[source[has]], return_inverse=True)
+        name_ids, inverse = unique_inverse(cpu_ops.name[source[has]])
         index_of = []
         for name_id in name_ids.tolist():
             name = _node_name(trace.names[name_id]) if is_node else trace.names[name_id]
