@@ -689,20 +689,24 @@ class _Ids:
     def threads_of(self, pids: list, tids: list) -> np.ndarray:
         """Per event, the number of its (pid, tid)."""
         count = len(tids)
+        if not count:
+            return np.zeros(0, dtype=np.int32)
+        # A group's events share one pid (a process, or a device for GPU events) in every trace
+        # seen: then the tids alone are the key.
+        one_pid = type(pids[0]) is int and pids.count(pids[0]) == count
         try:
             # sum() is the cheapest all-int check (TypeError at a string id); fromiter alone would
             # read "12" as 12. OverflowError: an id outside int64.
-            sum(pids), sum(tids)
-            pid = np.fromiter(pids, dtype=np.int64, count=count)
+            sum(tids)
             tid = np.fromiter(tids, dtype=np.int64, count=count)
+            if not one_pid:
+                sum(pids)
+                pid = np.fromiter(pids, dtype=np.int64, count=count)
         except (TypeError, OverflowError):
             keys = list(zip(pids, tids, strict=True))
             local = {key: self._number(key) for key in dict.fromkeys(keys)}
             return np.fromiter(map(local.__getitem__, keys), dtype=np.int32, count=count)
-        if not count:
-            return np.zeros(0, dtype=np.int32)
-        # A group's events share one pid (a process, or a device for GPU events) in every trace seen.
-        pairs = tid if pid.min() == pid.max() else np.stack((pid, tid), axis=1)
+        pairs = tid if one_pid else np.stack((pid, tid), axis=1)
         _, first, inverse = np.unique(pairs, return_index=True, return_inverse=True, axis=0)
         number = np.empty(len(first), dtype=np.int32)
         for distinct, row in sorted(enumerate(first.tolist()), key=lambda pair: pair[1]):
