@@ -349,8 +349,8 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
     }
 
     # Cut the gaps at every boundary of every thread's step function.
-    all_times = np.concatenate([lab.times for lab in labels.values()]) if labels else np.zeros(0)
-    edges = distinct(np.concatenate((gap_s, gap_e, _inside(all_times, gap_s, gap_e))))
+    inside = _inside([lab.times for lab in labels.values()], gap_s, gap_e)
+    edges = distinct(np.concatenate((gap_s, gap_e, inside)))
     mids = (edges[:-1] + edges[1:]) / 2 if len(edges) > 1 else np.zeros(0)
     g = np.searchsorted(gap_s, mids, side="right") - 1
     in_gap = (g >= 0) & (mids < gap_e[np.maximum(g, 0)]) if len(gap_s) else np.zeros(len(mids), bool)
@@ -437,12 +437,21 @@ def _gaps(timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return gs[order], ge[order], step[order]
 
 
-def _inside(times: np.ndarray, gap_s: np.ndarray, gap_e: np.ndarray) -> np.ndarray:
-    """The times that fall strictly inside a gap."""
-    if len(gap_s) == 0 or len(times) == 0:
+def _inside(sorted_times: list[np.ndarray], gap_s: np.ndarray, gap_e: np.ndarray) -> np.ndarray:
+    """The times (each array sorted) that fall inside a gap: before the end of the last gap that
+    starts at or before them. Found as each gap's slice of each array (two bisections per gap), not
+    by bisecting every time among the gaps: gpt2_pathologies has 2.7k gaps and 65k times."""
+    if len(gap_s) == 0:
         return np.zeros(0)
-    g = np.searchsorted(gap_s, times, side="right") - 1
-    return times[(g >= 0) & (times < gap_e[np.maximum(g, 0)])]
+    stop = np.minimum(gap_e, np.append(gap_s[1:], np.inf))  # a time past the next gap's start is that gap's
+    parts = []
+    for times in sorted_times:
+        lo = np.searchsorted(times, gap_s)
+        count = np.maximum(np.searchsorted(times, stop) - lo, 0)
+        # Every index lo, lo+1, ... of each gap's slice.
+        rows = np.arange(int(count.sum())) + np.repeat(lo - (np.cumsum(count) - count), count)
+        parts.append(times[rows])
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _threads(timeline: Timeline) -> list[int]:
