@@ -489,12 +489,14 @@ def _lent_by_other_threads(
     seg_cause = np.concatenate([lab.cause for _, lab in others]).astype(np.int64)
     seg_key = np.concatenate([lab.key for _, lab in others]).astype(np.int64)
     seg_slot = np.repeat(np.array([s for s, _ in others], dtype=np.int64), sizes)
-    # Segment k of a thread is [times[k], times[k+1]); its last one never ends.
-    seg_end = np.append(times[1:], np.inf)
-    seg_end[np.cumsum(sizes)[sizes > 0] - 1] = np.inf
+    # Segment k of a thread is [times[k], times[k+1]); its last one never ends. Where each time
+    # falls among the pieces, bisected once: a segment ends where the next one starts.
+    at = np.append(np.searchsorted(mids, times, side="left"), len(mids))
+    at_end = at[1:].copy()
+    at_end[np.cumsum(sizes)[sizes > 0] - 1] = len(mids)
     seg = np.flatnonzero(strength[seg_cause] < n_lent)
-    lo = np.searchsorted(mids, times[seg], side="left")
-    counts = np.searchsorted(mids, seg_end[seg], side="left") - lo
+    lo = at[seg]
+    counts = at_end[seg] - lo
     # Every (piece, segment) pair: the pieces lo, lo+1, ... of each segment.
     seg = np.repeat(seg, counts)
     piece = np.repeat(lo, counts) + np.arange(len(seg)) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -226,8 +226,10 @@ def nearest_marked(parents: np.ndarray, marked: np.ndarray) -> np.ndarray:
     Pointer doubling: every node jumps to its pointer's pointer until each points at a marked node
     or at -1 (log2(depth) vectorised passes).
     """
-    # One extra node at the end stands for -1: it points at itself and counts as marked.
     n = len(parents)
+    if not marked.any():  # e.g. named Python frames in a trace without stacks: nothing to climb to
+        return np.full(n, -1, dtype=np.int64)
+    # One extra node at the end stands for -1: it points at itself and counts as marked.
     pointer = np.append(np.where(marked, np.arange(n), parents), n)
     pointer[pointer < 0] = n
     done = np.append(marked, True)
