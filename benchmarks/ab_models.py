@@ -55,17 +55,21 @@ def main() -> int:
             command += ["--device", args.device]
         started = time.time()
         print(f"$ {' '.join(command)}", flush=True)
+        log = out / f"{model}.log"  # written as it runs: a stopped run still shows its phases
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired as expired:
-            print(f"{model}: stopped after {args.timeout} s", flush=True)
-            (out / f"{model}.log").write_text(str(expired.stderr or ""), encoding="utf-8")
+            with log.open("w", encoding="utf-8") as stderr:
+                done = subprocess.run(
+                    command, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=args.timeout
+                )
+        except subprocess.TimeoutExpired:
+            print(f"{model}: stopped after {args.timeout} s; its phases so far:", flush=True)
+            lines = log.read_text(encoding="utf-8").splitlines()
+            print("\n".join(line for line in lines if "trainprof ab:" in line), flush=True)
             failed += 1
             continue
-        (out / f"{model}.log").write_text(done.stderr, encoding="utf-8")
         if done.returncode != 0:
-            print(f"{model}: exit {done.returncode}; last lines of {out / f'{model}.log'}:", flush=True)
-            print("\n".join(done.stderr.splitlines()[-15:]), flush=True)
+            print(f"{model}: exit {done.returncode}; last lines of {log}:", flush=True)
+            print("\n".join(log.read_text(encoding="utf-8").splitlines()[-15:]), flush=True)
             failed += 1
             continue
         (out / f"{model}.json").write_text(done.stdout, encoding="utf-8")

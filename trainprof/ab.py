@@ -376,13 +376,18 @@ def _twin_drift(
         step, model = _build(factory, reference.variant)
         if model is None:
             return None
-        generator = torch.Generator().manual_seed(0)
+        generators: dict[torch.device, torch.Generator] = {}  # drawn where the weights are: a 1B
+        # model's signs drawn on the host and copied over cost seconds per step
 
         def nudged_step(i: int) -> torch.Tensor:
             with torch.no_grad():
                 for param in model.parameters():
-                    signs = torch.randint(0, 2, param.shape, generator=generator).to(param.device) * 2 - 1
-                    param.copy_(param.float() * (1 + signs * _ROUNDING_STEP[precision]))
+                    if param.device not in generators:
+                        generators[param.device] = torch.Generator(param.device).manual_seed(0)
+                    signs = torch.randint(
+                        0, 2, param.shape, generator=generators[param.device], device=param.device
+                    )
+                    param.copy_(param.float() * (1 + (signs * 2 - 1) * _ROUNDING_STEP[precision]))
             return step(i)
 
         twin = _Run(reference.variant, nudged_step, model)
@@ -442,6 +447,11 @@ def ab(
     dev = bench.resolve_device(device)
     cuda = bench.is_cuda(dev)
 
+    started = time.perf_counter()
+
+    def progress(what: str) -> None:  # phase lines for long runs (`trainprof ab` prints them)
+        logger.info("trainprof ab: %s (%.1f s)", what, time.perf_counter() - started)
+
     runs = []
     for variant in parsed:
         # A variant that cannot be built or fails its warm-up steps (e.g. a compile error) is
@@ -450,6 +460,7 @@ def ab(
             run = _Run(variant, *_build(step_fn_factory, variant))
             _run_steps(run, warmup)  # warm-up (and compilation) before any timing
             bench.synchronize(dev)
+            progress(f"{variant.name} built and warmed up")
         except Exception as error:
             if not runs:
                 raise
@@ -478,13 +489,16 @@ def ab(
                     run.peak_rise_bytes, torch.cuda.max_memory_allocated(dev) - allocated
                 )
     bench.synchronize(dev)
+    progress(f"{rounds} timed rounds done")
     reference_losses = torch.stack(runs[0].losses).cpu().tolist()
     twin_drift = _twin_drift(step_fn_factory, runs[0], reference_losses, precision)
     allowed = _allowed_drift(twin_drift, len(reference_losses), precision)
+    progress("parity noise twin done")
 
     matmul_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     peak_flops = bench.measure_matmul_peak(matmul_dtype, dev)
     copy_bandwidth = bench.measure_copy_bandwidth(dev)
+    progress("matmul peak and copy bandwidth measured")
 
     results = []
     reference_ms: float | None = None
@@ -524,7 +538,7 @@ def ab(
     prediction = None
     if profile:
         try:
-            diffs_out, prediction = _profile_and_diff(runs, results, log_dir, dev, copy_bandwidth)
+            diffs_out, prediction = _profile_and_diff(runs, results, log_dir, dev, copy_bandwidth, progress)
         except Exception as error:  # the timings stand without the profiles; say why they are missing
             logger.warning("trainprof.ab: profiling failed: %r", error)
             skipped["profile"] = f"failed: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
@@ -559,6 +573,7 @@ def _profile_and_diff(
     log_dir: str | Path | None,
     device: torch.device,
     copy_bandwidth: float,
+    progress: Callable[[str], None],
 ) -> tuple[dict[str, dict], dict | None]:
     """One profiled step per variant, each diffed against the first; the fused prediction.
 
@@ -570,18 +585,22 @@ def _profile_and_diff(
     with _trace_root(log_dir) as root:
         for run, result in zip(runs, results, strict=True):
             _profile_step(run, root / run.variant.slug, device)
+            progress(f"{run.variant.name} profiled")
             result.trace_dir = str(root / run.variant.slug) if log_dir is not None else None
         reference = root / runs[0].variant.slug
         diffs = {
             run.variant.name: _trimmed(diff_traces(reference, root / run.variant.slug).to_dict())
             for run in runs[1:]
         }
+        progress("diffs done")
         if runs[0].model is None or not any(run.variant.fused for run in runs):
             return diffs, None
         try:  # the diffs stand without the prediction (e.g. a module whose backward hooks fail)
             with _annotate_swappable(runs[0].model) as seen:
                 _profile_step(runs[0], root / PREDICTION_DIR, device)
-            return diffs, _predict(root / PREDICTION_DIR, seen, copy_bandwidth, results)
+            prediction = _predict(root / PREDICTION_DIR, seen, copy_bandwidth, results)
+            progress("fused prediction done")
+            return diffs, prediction
         except Exception as error:
             logger.warning("trainprof.ab: fused prediction failed: %r", error)
             reason = f"failed: {type(error).__name__}: {' '.join(str(error).split())[:300]}"

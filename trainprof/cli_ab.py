@@ -4,6 +4,7 @@ and trainprof.analysis.diff). Importing this module imports neither torch nor th
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def add_ab_parsers(commands: argparse._SubParsersAction) -> None:
     ab.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     ab.add_argument("--no-profile", action="store_true", help="skip the profiled step and the diffs")
     ab.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ab.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ab.add_argument("--markdown", default=None, metavar="FILE", help="also write the Markdown section here")
     ab.add_argument(
         "--log-dir",
@@ -70,6 +72,11 @@ def run_ab(args: argparse.Namespace) -> int:
     from trainprof.report import ab as render
 
     variants = [name for name in args.variants.split(",") if name.strip()]
+    if not args.quiet:  # a run takes minutes: say which phase it is in, with the seconds so far
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("trainprof.ab").addHandler(handler)
+        logging.getLogger("trainprof.ab").setLevel(logging.INFO)
     try:
         result = ab_model(
             args.model,
