@@ -327,6 +327,145 @@ def test_backward_thread_lends_its_cause_to_the_waiting_loop(tmp_path):
     assert idle["host"] == 0.0
 
 
+@pytest.mark.parametrize(
+    ("name", "cause"),
+    [
+        ("trainprof/capture/syncs.py(62): current_stack", "profiler"),
+        ("/venv/lib/python3.12/site-packages/trainprof/session.py(377): _advance", "profiler"),
+        ("torch/profiler/profiler.py(884): step", "profiler"),
+        ("torch/autograd/profiler.py(854): __enter__", "profiler"),
+        ("trainprof/demo.py(60): train_loop", "host"),  # the demo's loop is the user's code
+        ("mytrainprof/train.py(5): train_loop", "host"),
+    ],
+)
+def test_the_profilers_own_frames_are_profiler_overhead(tmp_path, name, cause):
+    def fill(t, s):
+        t.py("train.py(10): train", s + 10_000, 80_000)
+        t.py(name, s + 10_010, 79_980)
+        t.py("posixpath.py(400): realpath", s + 20_000, 30_000)  # the stdlib it calls: its cost too
+
+    idle = _idle(_one_step(tmp_path, fill))
+    assert idle[cause] == pytest.approx(GAP_MS - 0.02, abs=0.05)
+
+
+def test_stack_capture_after_a_sync_is_profiler_overhead_not_the_users_host_time(tmp_path):
+    # After an .item(), trainprof's warning hook records the Python stack (60 ms in its frames and
+    # the stdlib and builtins they call); then the user's own Python runs for 20 ms.
+    def fill(t, s):
+        t.py("train.py(10): train", s + 9_000, 82_000)
+        t.py("<built-in method item of Tensor object at 0x7f00>", s + 9_980, 60_040)
+        t.op("aten::item", s + 9_985, 30)
+        t.call("cudaStreamSynchronize", s + 9_990, 25)
+        t.py("warnings.py(100): _showwarnmsg", s + 10_015, 60_000)
+        t.py("trainprof/capture/syncs.py(193): showwarning", s + 10_020, 59_990)
+        t.py("trainprof/capture/syncs.py(141): _guarded_record", s + 10_025, 59_980)
+        t.py("trainprof/capture/syncs.py(62): current_stack", s + 10_030, 40_000)
+        t.py("<built-in function _getframe>", s + 10_035, 100)
+        t.py("posixpath.py(400): realpath", s + 50_100, 19_800)
+        t.py("train.py(40): compute_metrics", s + 70_030, 19_960)
+
+    result = _one_step(tmp_path, fill)
+    idle = _idle(result)
+    assert idle["profiler"] == pytest.approx(59.99, abs=0.01)
+    assert idle["host"] == pytest.approx(GAP_MS - 59.99, abs=0.05)
+    verdict = _verdict(result)
+    assert verdict["idle_profiler_ms_per_step"] == pytest.approx(59.99, abs=0.01)
+    assert verdict["verdict"] == "host-bound" and verdict["cause"] == "host"  # the user's 20 ms
+    assert "profiler" not in verdict["why"]
+    (host,) = [f for f in result.findings if f.kind == "host_bound"]
+    assert [f["function"] for f in host.details["functions"]] == ["compute_metrics", "train"]
+    (overhead,) = [f for f in result.findings if f.kind == "profiler_overhead"]
+    assert overhead.severity == "low"
+    assert "un-profiled" in overhead.title
+    assert overhead.op == "trainprof/capture/syncs.py(62): current_stack"  # the largest holder
+    assert "capture_syncs=False" in overhead.fix
+
+
+def test_a_profiler_frame_calling_through_leaves_the_called_code_its_own_cause(tmp_path):
+    # trainprof's explicit-sync wrapper records the stack (10 ms), then calls the original
+    # torch.cuda.synchronize: its sync wait is `sync`, its Python around the wait torch's host time.
+    # Then a trainprof frame calls back into the user's code, which holds the host for 30 ms.
+    def fill(t, s):
+        t.py("train.py(10): train", s + 9_000, 82_000)
+        t.py("trainprof/capture/syncs.py(165): wrapper", s + 10_000, 40_000)
+        t.py("trainprof/capture/syncs.py(141): _guarded_record", s + 10_000, 10_000)
+        t.py("torch/cuda/__init__.py(990): synchronize", s + 20_000, 30_000)
+        t.call("cudaDeviceSynchronize", s + 20_000, 20_000)
+        t.py("trainprof/session.py(366): _on_optimizer_step", s + 50_000, 40_000)
+        t.py("train.py(70): on_step_end", s + 60_000, 30_000)
+        t.py("json/encoder.py(200): encode", s + 70_000, 10_000)  # the stdlib the user's code calls
+
+    result = _one_step(tmp_path, fill)
+    idle = _idle(result)
+    assert idle["sync"] == pytest.approx(20.0, abs=0.01)
+    assert idle["profiler"] == pytest.approx(20.0, abs=0.01)  # the stack capture, the hook's own 10 ms
+    assert idle["host"] == pytest.approx(40.0, abs=0.05)
+    (host,) = [f for f in result.findings if f.kind == "host_bound"]
+    functions = {f["function"]: f["idle_ms_per_step"] for f in host.details["functions"]}
+    assert functions == {
+        "on_step_end": pytest.approx(30.0, abs=0.05),
+        "synchronize": pytest.approx(10.0, abs=0.01),
+    }
+
+
+def test_code_a_profiler_frame_calls_keeps_the_rule_outside_that_frame(tmp_path):
+    # The user's data preparation (input) runs a trainprof frame that calls back into the user's
+    # decoding: the decoding is still input, as it would be without trainprof's frame between.
+    def fill(t, s):
+        t.py("train.py(90): get_batch", s + 10_000, 80_000)
+        t.py("trainprof/capture/syncs.py(165): wrapper", s + 10_010, 79_980)
+        t.py("data.py(5): decode", s + 30_000, 59_960)
+
+    idle = _idle(_one_step(tmp_path, fill))
+    assert idle["input"] == pytest.approx(GAP_MS - 20.0, abs=0.05)
+    assert idle["profiler"] == pytest.approx(20.0, abs=0.01)
+
+
+def test_another_thread_decides_where_the_loops_thread_is_in_the_profilers_code(tmp_path):
+    # As for host time: while the loop's thread records a stack, autograd's thread frees memory.
+    def fill(t, s):
+        t.py("trainprof/capture/syncs.py(62): current_stack", s + 10_000, 80_000)
+        t.op("aten::empty", s + 10_000, 30_000, tid=SIDE)
+        t.call("cudaFree", s + 10_000, 30_000, tid=SIDE)
+
+    idle = _idle(_one_step(tmp_path, fill))
+    assert idle["blocking"] == pytest.approx(30.0, abs=0.01)
+    assert idle["profiler"] == pytest.approx(GAP_MS - 30.0, abs=0.05)
+
+
+def test_a_step_held_by_the_profiler_is_not_host_bound(tmp_path):
+    # 70 ms of trainprof's stack capture and 10 ms of launch work: the launches are what an
+    # un-profiled run would wait on; the profiler's time is reported beside the verdict.
+    def fill(t, s):
+        t.py("train.py(10): train", s + 9_000, 82_000)
+        t.py("trainprof/capture/syncs.py(62): current_stack", s + 10_000, 70_000)
+        for i in range(5):
+            ts = s + 80_000 + i * 2_000
+            t.op("aten::add", ts, 2_000)
+            t.call("cudaLaunchKernel", ts + 1_900, 20, kernels=[(ts + 1_995, 4)])
+
+    result = _one_step(tmp_path, fill)
+    verdict = _verdict(result)
+    assert verdict["verdict"] == "launch-bound"
+    assert verdict["idle_profiler_ms_per_step"] == pytest.approx(70.0, abs=0.01)
+    assert verdict["ranked"][0]["idle_ms_per_step"] == pytest.approx(10.0, abs=0.01)  # profiler's left out
+    assert not [f for f in result.findings if f.kind == "host_bound"]
+    assert [f.severity for f in result.findings if f.kind == "profiler_overhead"] == ["low"]
+    quiet = analyze(result.trace["files"][0], thresholds={"profiler_overhead_min_share": 0.9})
+    assert not [f for f in quiet.findings if f.kind == "profiler_overhead"]
+
+
+def test_all_idle_in_the_profiler_names_no_verdict(tmp_path):
+    trace = TraceBuilder()
+    trace.cpu("user_annotation", "ProfilerStep#1", 0, STEP_US)
+    trace.call("cudaLaunchKernel", -100, 10, kernels=[(0, 10_000)])  # launched before the step
+    trace.py("torch/profiler/profiler.py(884): step", 10_000, 90_000)
+    verdict = _verdict(analyze(trace.write(tmp_path)))
+    assert verdict["verdict"] == "unknown"
+    assert verdict["idle_profiler_ms_per_step"] == pytest.approx(90.0)
+    assert verdict["why"] == "GPU idle time is all profiler overhead"
+
+
 def test_graph_replays_are_counted_never_tiny_and_graphs_are_not_advised_for_them(tmp_path):
     def fill(t, s):
         # One graph launch replays 30 kernels, each far shorter than the launch call.
@@ -506,6 +645,11 @@ def test_name_rules_at_once_agree_with_one_search_per_name():
         "x\ngloo:all_reduce",
         "",
         "x/datasets/formatting/\ntriton/compiler/",
+        "trainprof/capture/syncs.py(62): current_stack",
+        "/src/trainprof/trainprof/session.py(377): _advance",
+        "trainprof/demo.py(60): train_loop",
+        "mytrainprof/x.py(1): f",
+        "torch/autograd/profiler_util.py(1): f",
     ]
     for folder in sorted(fixtures.iterdir()) if fixtures.is_dir() else []:
         for trace in load_traces(folder):

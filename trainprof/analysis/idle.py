@@ -11,21 +11,25 @@ innermost first:
    loading its code (`warmup`). Inside a library warm-up region every call but a context creation
    counts as `warmup` (cuDNN's algorithm search frees and allocates as part of the search).
 2. Else the innermost frame (cpu_op, python_function, user_annotation) and its enclosing frames,
-   innermost first, by the name rules of `FRAME_RULES` (`input`, `comm`, `warmup`) and one rule on
-   op instances (a cuDNN/cuBLAS/MIOpen op call that is its op's first or an outlier and lasts at
-   least `warmup_call_min_ms`: `warmup`). A cpu_op chain that launches GPU work is `launch` (the host
-   is in ATen's dispatch on the way to a launch); Python frames below it are not.
+   innermost first, by the name rules of `FRAME_RULES` (`profiler`, `input`, `comm`, `warmup`) and
+   one rule on op instances (a cuDNN/cuBLAS/MIOpen op call that is its op's first or an outlier and
+   lasts at least `warmup_call_min_ms`: `warmup`). A cpu_op chain that launches GPU work is
+   `launch` (the host is in ATen's dispatch on the way to a launch); Python frames below it are
+   not. A `profiler` frame (trainprof's or torch.profiler's own code) holds only its own code and
+   what that calls in the standard library: user or library code it calls (the original a wrapper
+   calls through to, a user's callback) is classified as if the profiler's frame were not there.
 3. Else, inside any other frame: `host`, named by the innermost Python function (file, function,
    user or library code), else the innermost op or annotation.
 4. No frame on the loop's thread: `unknown`.
 
-The loop's thread decides first. Where it is in `host` or `unknown` (e.g. waiting in
+The loop's thread decides first. Where it is in `host`, `unknown` or `profiler` (e.g. waiting in
 `loss.backward()` while autograd's thread launches the backward kernels), another thread that is
 in a runtime call or a launching op decides instead.
 
-One-off costs (`warmup`, and context creation among `blocking`) are reported as such and left out
-of the steady-state verdict. The verdict is the cause group with the most steady-state idle time,
-if it has `dominant_cause_margin` times the runner-up's; else `mixed`. Numbers: `thresholds.py`.
+One-off costs (`warmup`, and context creation among `blocking`) and `profiler` time (the
+profiler's own cost, which an un-profiled run does not pay) are reported as such and left out of
+the steady-state verdict. The verdict is the cause group with the most steady-state idle time, if
+it has `dominant_cause_margin` times the runner-up's; else `mixed`. Numbers: `thresholds.py`.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from functools import cached_property
 import numpy as np
 
 from trainprof.analysis.arrays import distinct, unique_inverse
-from trainprof.analysis.frames import PyFrame, parse_py_frame
+from trainprof.analysis.frames import PROFILER_FILES, PyFrame, parse_py_frame
 from trainprof.analysis.result import Finding
 from trainprof.analysis.runtime_calls import KINDS, blocking_copies
 from trainprof.analysis.thresholds import Thresholds
@@ -53,7 +57,7 @@ class IdleCause:
     """One cause of GPU idle time: what it means, the verdict it names, how to remove it."""
 
     name: str
-    verdict: str
+    verdict: str | None  # None: never the verdict (the profiler's own cost, not the training's)
     meaning: str
     fix: str
     one_off: bool = False  # a cost paid once (first use), never the steady-state verdict
@@ -125,12 +129,22 @@ CAUSES: tuple[IdleCause, ...] = (
         "Profile with with_stack=True (or py-spy) to name the host code; common culprits are "
         "time.sleep, Python without stacks, C extensions and the GIL.",
     ),
+    IdleCause(
+        "profiler",
+        None,
+        "the host runs the profiler's own code while it records: trainprof's hooks (sync call-site "
+        "capture, step detection) or torch.profiler's",
+        "Nothing to change in the training code: an un-profiled run does not pay this. To shrink it "
+        "while profiling, record fewer steps (a smaller `active`) or turn off what is not needed: "
+        "capture_syncs=False drops the sync call-site capture, with_stack=False the Python stacks "
+        "(and with them the names of host code).",
+    ),
 )
 CAUSE_NAMES = tuple(c.name for c in CAUSES)
 _CODE = {name: i for i, name in enumerate(CAUSE_NAMES)}
 _NONE = -1
-LAUNCH, SYNC, BLOCKING, WARMUP, INPUT, HOST, COMM, UNKNOWN = (_CODE[n] for n in CAUSE_NAMES)
-# Causes another thread may lend the loop's thread when that one is only in `host`/`unknown`,
+LAUNCH, SYNC, BLOCKING, WARMUP, INPUT, HOST, COMM, UNKNOWN, PROFILER = (_CODE[n] for n in CAUSE_NAMES)
+# Causes another thread may lend the loop's thread when that one is only in `host`/`unknown`/`profiler`,
 # strongest first (the GPU waits on what that thread is doing).
 _LENT_BY_OTHER_THREADS = (SYNC, BLOCKING, WARMUP, COMM, LAUNCH)
 
@@ -149,8 +163,20 @@ class FrameRule:
 
 # Frame names: python_function `file(line): function`, cpu_op `aten::x`, annotations as recorded.
 # First match wins. These hold for everything nested inside the frame unless something more inner
-# (a runtime call, a launching op, an inner rule) decides.
+# (a runtime call, a launching op, an inner rule) decides; `profiler` frames hold only their own
+# code and the standard library they call (`_through_profiler`).
 FRAME_RULES: tuple[FrameRule, ...] = (
+    FrameRule(
+        "profiler",
+        r"(^|/)trainprof/(?!demo\.py\()[\w/]+\.py\(\d+\): ",
+        "trainprof's own code inside a recorded step: sync call-site capture, step detection, its "
+        "wrappers (not trainprof/demo.py, the demo's training loop, which is the user's code there)",
+    ),
+    FrameRule(
+        "profiler",
+        r"(^|/)(" + "|".join(re.escape(file) for file in PROFILER_FILES) + ")",
+        "torch.profiler's own code: its step, record_function's enter and exit (`frames.PROFILER_FILES`)",
+    ),
     FrameRule("input", r"^enumerate\(DataLoader\)#", "torch.profiler's range around DataLoader.__next__"),
     FrameRule(
         "input",
@@ -364,9 +390,9 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
         cause, key = _lookup(labels[main], mids)
         cause = np.where(cause == _NONE, UNKNOWN, cause)
         slot = np.where(key >= 0, threads.index(main), -1)
-    # Where the loop's thread is only in `host`/`unknown` or waiting on other threads, the strongest
-    # cause another thread has at that moment decides.
-    lendable = (cause == HOST) | (cause == UNKNOWN) | (cause == _WAITING)
+    # Where the loop's thread is only in `host`/`unknown`, the profiler's code or waiting on other
+    # threads, the strongest cause another thread has at that moment decides.
+    lendable = (cause == HOST) | (cause == UNKNOWN) | (cause == PROFILER) | (cause == _WAITING)
     piece, lent_cause, lent_key, lent_slot = _lent_by_other_threads(labels, threads, main, mids, lendable)
     cause[piece], key[piece], slot[piece] = lent_cause, lent_key, lent_slot
     cause = np.where(cause == _WAITING, _WAITING_CAUSE, cause)
@@ -639,7 +665,7 @@ def _thread_labels(
     # warm-up op, a step annotation, a named Python frame, a standard-library one.
     own, warm_op, step_frame, named_py, stdlib_py = facts.of(name_ids)
     if lend_only:  # other threads lend only what they do in ops and calls, not their Python
-        own = np.where((own == INPUT) | (own == _WAITING), _NONE, own)
+        own = np.where((own == INPUT) | (own == _WAITING) | (own == PROFILER), _NONE, own)
 
     # Warm-up op calls: first of their op on this thread, or an outlier; and long enough.
     candidates = np.flatnonzero(is_op & warm_op)
@@ -656,9 +682,11 @@ def _thread_labels(
             )
             own[members[warm & (own[members] == _NONE)]] = WARMUP
 
-    # The nearest enclosing rule holds inside its frame; a launching op chain is `launch` for its
-    # innermost time unless a rule sits inside the chain (innermost first).
-    region = nearest_marked(parent, own != _NONE)
+    # The nearest enclosing rule holds inside its frame (a `profiler` one over its own code only); a
+    # launching op chain is `launch` for its innermost time unless a rule sits inside the chain
+    # (innermost first).
+    named_code = is_py & named_py & ~stdlib_py  # user or library Python, not the standard library
+    region = _through_profiler(parent, own, nearest_marked(parent, own != _NONE), named_code)
     chain_top = nearest_marked(parent, is_op & ~np.concatenate(([False], is_op))[np.maximum(parent + 1, 0)])
     # Whether a chain's top op launched GPU work: asked of the tops only (gpt2_pathologies' main
     # thread: 2,316 of 22,984 frames).
@@ -679,7 +707,7 @@ def _thread_labels(
     # innermost named Python frame, else the frame itself.
     # Host time is named by the innermost Python function outside the standard library (the code
     # that called inspect/logging/threading), else the innermost Python function.
-    named = nearest_marked(parent, is_py & named_py & ~stdlib_py)
+    named = nearest_marked(parent, named_code)
     named = np.where(named >= 0, named, nearest_marked(parent, is_py & named_py))
     decider = np.where(
         launching, np.arange(n), np.where(region >= 0, region, np.where(named >= 0, named, np.arange(n)))
@@ -713,6 +741,24 @@ def _thread_labels(
     keep = call_cause != _NONE
     cs, ce, call_cause, call_key = cs[keep], ce[keep], call_cause[keep], call_key[keep]
     return _overlay(_ThreadLabels(times, seg_cause, seg_key), cs, ce, call_cause, call_key)
+
+
+def _through_profiler(
+    parent: np.ndarray, own: np.ndarray, region: np.ndarray, named_code: np.ndarray
+) -> np.ndarray:
+    """`region` (per frame, the frame whose rule holds there, or -1) with `profiler` frames holding
+    only the profiler's own code: a frame of `named_code` (named Python outside the standard
+    library: user or library code) inside a profiler frame, and all inside it, take the rule that
+    holds outside the profiler's frames, as without them. A wrapper's call to the original keeps
+    its cause; the stdlib, builtins and ops the profiler's code calls stay `profiler`."""
+    in_profiler = (region >= 0) & (own[np.maximum(region, 0)] == PROFILER)
+    through = in_profiler & (own == _NONE) & named_code
+    if not through.any():
+        return region
+    outside = nearest_marked(parent, (own != _NONE) & (own != PROFILER))
+    inner = nearest_marked(parent, (own != _NONE) | through)  # the nearest rule frame or way through
+    at = np.maximum(inner, 0)
+    return np.where(inner >= 0, np.where(through[at], outside[at], inner), -1)
 
 
 def _call_causes(timeline: Timeline, thresholds: Thresholds) -> np.ndarray:
@@ -884,6 +930,7 @@ def verdict(steps: list[dict], tiny_kernel_pct: float, thresholds: Thresholds) -
     """What bounds the steps: `gpu-bound`, `communication-bound`, a GPU-idle cause's verdict
     (`launch-bound`, `sync-bound`, `blocking-call-bound`, `warm-up-bound`, `input-bound`, `host-bound`),
     `mixed` when no cause leads by the margin, or `cpu-only` when the steps launched no GPU work.
+    One-off costs and profiler overhead are reported beside it, never as it.
 
     GPU busy % is time-weighted: the union of GPU busy time over the total step time.
     """
@@ -912,10 +959,12 @@ def verdict(steps: list[dict], tiny_kernel_pct: float, thresholds: Thresholds) -
     busy_pct = 100.0 * busy_ms / total_ms if total_ms > 0 else 0.0
     by_cause = {c.name: per_step(f"idle_{c.name}_ms") for c in CAUSES}
     one_off = per_step("idle_one_off_ms")
-    steady = by_cause  # the per-cause fields leave one-off costs out
+    # The per-cause fields leave one-off costs out; profiler overhead names no verdict.
+    steady = {c.name: by_cause[c.name] for c in CAUSES if c.verdict is not None}
     by_verdict: dict[str, float] = defaultdict(float)
     for c in CAUSES:
-        by_verdict[c.verdict] += steady[c.name]
+        if c.verdict is not None:
+            by_verdict[c.verdict] += steady[c.name]
     ranked = sorted(by_verdict.items(), key=lambda kv: -kv[1])
     (top, top_ms), (second, second_ms) = ranked[0], ranked[1]
     if busy_pct >= thresholds.gpu_bound_busy_pct:
@@ -929,7 +978,9 @@ def verdict(steps: list[dict], tiny_kernel_pct: float, thresholds: Thresholds) -
         cause = None
     elif top_ms <= 0:
         label, cause = "unknown", None
-        why = "GPU idle time is all one-off cost" if one_off > 0 else "no GPU-idle time to explain"
+        profiler = by_cause["profiler"]
+        left_out = [w for w, ms in (("one-off cost", one_off), ("profiler overhead", profiler)) if ms > 0]
+        why = f"GPU idle time is all {' and '.join(left_out)}" if left_out else "no GPU-idle time to explain"
     elif top_ms >= thresholds.dominant_cause_margin * second_ms:
         label = top
         cause = max((c for c in CAUSES if c.verdict == top), key=lambda c: steady[c.name]).name
@@ -953,6 +1004,7 @@ def verdict(steps: list[dict], tiny_kernel_pct: float, thresholds: Thresholds) -
         "gpu_idle_ms_per_step": round(per_step("gpu_idle_ms"), 4),
         "idle_ms_per_step": {k: round(v, 4) for k, v in by_cause.items()},
         "idle_one_off_ms_per_step": round(one_off, 4),
+        "idle_profiler_ms_per_step": round(by_cause["profiler"], 4),
         "idle_launch_ms_per_step": round(by_cause["launch"], 4),
         "idle_sync_ms_per_step": round(by_cause["sync"], 4),
         "idle_host_ms_per_step": round(by_cause["host"] + by_cause["unknown"], 4),
@@ -969,9 +1021,10 @@ def idle_findings(
     verdict_info: dict, breakdown: IdleBreakdown, steps: list[dict], rank: int | None, thresholds: Thresholds
 ) -> list[Finding]:
     """Findings for the GPU-idle causes that matter: each cause costing at least
-    `finding_min_idle_share` of the step time (or naming the verdict) gets one with its fix, and each
-    one-off cost of at least `one_off_min_ms` gets a one-off finding. Launch overhead and sync points
-    have their own modules' findings."""
+    `finding_min_idle_share` of the step time (or naming the verdict) gets one with its fix, profiler
+    overhead of at least `profiler_overhead_min_share` a `low` one, and each one-off cost of at least
+    `one_off_min_ms` a one-off finding. Launch overhead and sync points have their own modules'
+    findings."""
     if verdict_info["verdict"] == "cpu-only" or not steps:
         return []
     n = len(steps)
@@ -984,30 +1037,58 @@ def idle_findings(
     host_ms = sum(s["idle_host_ms"] + s["idle_unknown_ms"] for s in steps)
     if share(host_ms) >= thresholds.finding_min_idle_share or verdict_info["verdict"] == "host-bound":
         findings.append(_host_bound_finding(verdict_info, breakdown, steps, rank, thresholds))
-    for cause, kind, title in (
-        ("input", "input_bound", "waiting for input (DataLoader / data preparation on the training thread)"),
+    # (cause, finding kind, title, the threshold of the step time it needs for a finding)
+    for cause, kind, title, min_share in (
+        (
+            "input",
+            "input_bound",
+            "waiting for input (DataLoader / data preparation on the training thread)",
+            thresholds.finding_min_idle_share,
+        ),
         (
             "blocking",
             "blocking_runtime_call",
             "inside blocking runtime calls (allocation, free, stream creation, synchronous copies)",
+            thresholds.finding_min_idle_share,
         ),
-        ("warmup", "recurring_warmup", "in library warm-up that recurs in several steps"),
-        ("comm", "communication_wait", "inside host-side collectives, waiting for other ranks"),
+        (
+            "warmup",
+            "recurring_warmup",
+            "in library warm-up that recurs in several steps",
+            thresholds.finding_min_idle_share,
+        ),
+        (
+            "comm",
+            "communication_wait",
+            "inside host-side collectives, waiting for other ranks",
+            thresholds.finding_min_idle_share,
+        ),
+        (
+            "profiler",
+            "profiler_overhead",
+            "in the profiler's own code (trainprof's hooks, torch.profiler), which an un-profiled run "
+            "does not pay",
+            thresholds.profiler_overhead_min_share,
+        ),
     ):
         ms = sum(s[f"idle_{cause}_ms"] for s in steps)
         verdict_here = verdict_info.get("cause") == cause
-        if ms <= 0 or (share(ms) < thresholds.finding_min_idle_share and not verdict_here):
+        if ms <= 0 or (share(ms) < min_share and not verdict_here):
             continue
         held = [h for h in breakdown.holders if h["cause"] == cause]
         top = held[0] if held else {"event": None, "op": None}
         info = next(c for c in CAUSES if c.name == cause)
+        if info.verdict is None:  # the profiler's cost, not the training's: told, never urgent
+            severity = "low"
+        else:
+            severity = "high" if share(ms) >= thresholds.high_severity_idle_share else "medium"
         findings.append(
             Finding(
                 kind=kind,
                 title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}"
                 + (f": mostly {top['event']}" if top["event"] else "")
                 + (f" in {top['op']}" if top.get("op") and top["op"] != top["event"] else ""),
-                severity="high" if share(ms) >= thresholds.high_severity_idle_share else "medium",
+                severity=severity,
                 op=top.get("op") or top["event"],
                 where={"file": None, "line": None, "function": None},
                 count=n,

@@ -77,6 +77,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "One-off costs (context creation, library warm-up) under 1 ms in total are not worth a finding.",
     ),
     Threshold(
+        "profiler_overhead_min_share",
+        0.05,
+        "GPU idle while the profiler's own code runs (trainprof's hooks, torch.profiler) never names the "
+        "verdict; it gets a `low` finding from 5% of the profiled step time: from there the recorded "
+        "steps are noticeably slower than un-profiled ones. Below, it shows only as `idle_profiler_ms`.",
+    ),
+    Threshold(
         "tiny_kernel_pct",
         50.0,
         "When at least half the kernels run shorter than their own launch call, the GPU finishes each "
