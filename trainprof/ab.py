@@ -659,7 +659,15 @@ def _trace_root(log_dir: str | Path | None) -> Iterator[Path]:
 
 
 def _profile_step(run: _Run, trace_dir: Path, device: torch.device) -> None:
-    """Two steps under torch.profiler: one warm-up, one recorded (``ProfilerStep#1``)."""
+    """Two steps under torch.profiler: one warm-up, one recorded (``ProfilerStep#1``).
+
+    The device is synchronised before the recorded step: else the recorded window also holds the
+    GPU tail of the warm-up step, whose kernels have no launch in the trace and count by their start
+    time (a GPU-bound Llama step showed 2,881 kernels "per step", twice its own). Not after it: a
+    sync inside the recorded step would show as the step's own. So the recorded step's "step ms" is
+    its host window, which for a GPU-bound step ends before the GPU has run its work (counted by
+    launch); ``ABResult``'s ms/step is the measured time.
+    """
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.is_cuda(device) else [])
@@ -670,9 +678,11 @@ def _profile_step(run: _Run, trace_dir: Path, device: torch.device) -> None:
     with profile(
         activities=activities, schedule=schedule(wait=0, warmup=1, active=1), on_trace_ready=handler
     ) as prof:
-        for _ in range(2):
-            _run_steps(run, 1)
-            prof.step()
+        _run_steps(run, 1)
+        bench.synchronize(device)
+        prof.step()
+        _run_steps(run, 1)
+        prof.step()
     bench.synchronize(device)
 
 
