@@ -168,3 +168,36 @@ def test_progress_is_reported_per_file_and_per_trace():
     calls = []
     analyze(FIXTURES / "ddp_straggler", on_progress=lambda what, done, total: calls.append((done, total)))
     assert calls == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def _backlog_trace(path: Path, early_correlation: int | None) -> Path:
+    """One step launching one kernel, while a kernel queued before the trace (no launch in it) runs."""
+
+    def event(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    early_args = {} if early_correlation is None else {"correlation": early_correlation}
+    events = [
+        event("user_annotation", "ProfilerStep#3", 1000, 900),
+        event("cpu_op", "aten::mm", 1010, 100),
+        event("cuda_runtime", "cudaLaunchKernel", 1020, 10, correlation=50),
+        event("kernel", "earlier_step_gemm", 1005, 200, tid=7, **early_args),
+        event("kernel", "gemm", 1210, 300, tid=7, correlation=50),
+    ]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("early_correlation", "own", "before"),
+    [
+        (12, 1, 1),  # launched before the trace: busy time, not the step's kernel
+        (77, 2, 0),  # a higher id with no launch in the trace: not known to be earlier; the step's
+        (None, 2, 0),  # no correlation id (older schemas): by where it starts, as before
+    ],
+)
+def test_kernels_queued_before_the_trace_are_not_the_steps(tmp_path, early_correlation, own, before):
+    (step,) = analyze(_backlog_trace(tmp_path / "t.json", early_correlation)).steps
+    assert step["kernel_count"] == own
+    assert step["kernels_launched_before_trace"] == before
+    assert step["gpu_busy_ms"] == pytest.approx(0.5)  # both kernels' time: 1005-1205 and 1210-1510 µs

@@ -168,6 +168,29 @@ def test_mi300_hip_launches_counted_and_comm_heavy():
     assert result.steps[0]["comm_ms"] > 0  # RCCL
 
 
+def test_mi300_kernels_queued_before_the_trace_are_no_steps_own():
+    # The GPU starts this trace ~30 ms behind the host: kernels launched before recording began
+    # (no launch in the trace, correlation ids below every call's) run in the first two steps.
+    result = result_of("tl_mi300_resnet_act_ckpt")
+    events = [e for e in _raw_events(THIRDPARTY / "tl_mi300_resnet_act_ckpt") if e.get("ph") == "X"]
+    calls = [e for e in events if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})]
+    call_ids = {e["args"]["correlation"] for e in calls}
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    early = [e for e in kernels if e["args"]["correlation"] not in call_ids]
+    assert all(e["args"]["correlation"] < min(call_ids) for e in early)
+    assert len(early) > 500
+    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in steps)
+    expected_early = [sum(a <= e["ts"] <= b for e in early) for a, b in windows]
+    assert expected_early[0] > 500
+    assert [s["kernels_launched_before_trace"] for s in result.steps] == expected_early
+    # Every step then holds its own kernels: one per kernel launch of the step, the same each step.
+    launches = [e["ts"] for e in events if e.get("cat") == "cuda_runtime" and "LaunchKernel" in e["name"]]
+    per_step = [sum(a <= t <= b for t in launches) for a, b in windows]
+    assert [s["kernel_count"] for s in result.steps] == per_step
+    assert result.summary["gpu_busy_pct"] >= 93  # the queued kernels still count as busy time
+
+
 def test_xdit_graph_replays_are_counted_and_never_tiny():
     result = result_of("tl_xdit_flux_aiter_sage")
     (trace,) = _traces(result)

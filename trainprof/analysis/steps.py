@@ -40,6 +40,9 @@ def step_breakdown(timeline: Timeline) -> list[dict]:
     kernel_step = timeline.kernel_step
     kernel_n = np.bincount(kernel_step[kernel_step >= 0], minlength=n)
     comm_n = np.bincount(kernel_step[(kernel_step >= 0) & comm], minlength=n)
+    # Kernels queued before the trace began that run inside a step: busy time there, not its kernels.
+    backlog_step = timeline.step_of(timeline.kernels.start_us[timeline.kernel_before_trace])
+    backlog_n = np.bincount(backlog_step[backlog_step >= 0], minlength=n)
     steps = []
     for i, window in enumerate(timeline.steps):
         steps.append(
@@ -56,6 +59,7 @@ def step_breakdown(timeline: Timeline) -> list[dict]:
                 "memcpy_ms": round(memcpy_us[i] / 1e3, 4),
                 "memset_ms": round(memset_us[i] / 1e3, 4),
                 "kernel_count": int(kernel_n[i]),
+                "kernels_launched_before_trace": int(backlog_n[i]),
                 "comm_kernel_count": int(comm_n[i]),
                 "cpu_op_ms": round(cpu_op_us[i] / 1e3, 4),
                 "cuda_runtime_ms": round(float(runtime_us[i]) / 1e3, 4),

@@ -47,6 +47,8 @@ class Timeline:
     gpu_busy: Coverage  # union of kernels, memcpys, memsets
     kernel_call: np.ndarray  # per kernel: index into `calls` of its launch, -1 if unmatched
     kernel_step: np.ndarray  # per kernel: index into `steps` (by launch time), -1 outside steps
+    # per kernel: launched before the trace began (the backlog of earlier steps; in no step's kernels)
+    kernel_before_trace: np.ndarray
     kernel_is_comm: np.ndarray
     call_is_launch: np.ndarray  # launches and graph launches
     call_kind: np.ndarray  # per call: index into runtime_calls.KINDS
@@ -113,6 +115,7 @@ def build_timeline(trace: Trace) -> Timeline:
         gpu_busy=gpu_busy,
         kernel_call=kernel_call,
         kernel_step=np.zeros(0, dtype=np.int64),
+        kernel_before_trace=_launched_before_trace(kernels.correlation, kernel_call, calls.correlation),
         kernel_is_comm=trace.names_matching(is_comm_kernel)[kernels.name],
         call_is_launch=call_is_launch,
         call_kind=call_kind,
@@ -126,8 +129,25 @@ def build_timeline(trace: Trace) -> Timeline:
         if len(kernels) and len(calls)
         else kernels.start_us
     )
-    timeline.kernel_step = timeline.step_of(launched_at)
+    timeline.kernel_step = np.where(timeline.kernel_before_trace, -1, timeline.step_of(launched_at))
     return timeline
+
+
+def _launched_before_trace(
+    kernel_corr: np.ndarray, kernel_call: np.ndarray, call_corr: np.ndarray
+) -> np.ndarray:
+    """Per kernel: its launch is not in the trace and its correlation id is below every call's.
+
+    Correlation ids grow with each launch, so such a kernel was queued before recording began: the
+    GPU is still running earlier steps' work (the host ran ahead). It is GPU busy time where it runs,
+    but none of the step's own kernels (on an MI300 ResNet trace, 757 of 2,995 kernels, which made
+    the first step's 746 launches look like 1,383 kernels). Traces without correlation ids keep
+    every kernel in the step it starts in.
+    """
+    known = call_corr[call_corr >= 0]
+    if known.size == 0:
+        return np.zeros(len(kernel_corr), dtype=bool)
+    return (kernel_call < 0) & (kernel_corr >= 0) & (kernel_corr < known.min())
 
 
 def _busiest_thread(trace: Trace) -> int | None:
