@@ -195,6 +195,26 @@ def test_cli_unknown_model_is_one_line(capsys):
     assert err.startswith("trainprof: error: --model /nonexistent/config-dir") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_cli_prints_its_phases_once_per_run_unless_quiet(capsys, quiet):
+    argv = ["ab", "--model", "gpt2-tiny", "--variants", "bare", "--steps", "2", "--warmup", "1",
+            "--block", "1", "--device", "cpu", "--no-profile", "--json"]  # fmt: skip
+    argv += ["--quiet"] if quiet else []
+    for _ in range(2):  # a second run in the same process: its handler gone, the lines not doubled
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        phases = [line for line in err.splitlines() if line.startswith("trainprof ab: ")]
+        if quiet:
+            assert phases == []
+        else:
+            assert [line.split(" (")[0] for line in phases] == [
+                "trainprof ab: bare built and warmed up",
+                "trainprof ab: 1 timed rounds done",
+                "trainprof ab: parity noise twin done",
+                "trainprof ab: matmul peak and copy bandwidth measured",
+            ]
+
+
 # ---- RoPE: rerouted by swap, so ranged through a routed function rather than a module's hooks ------
 
 

@@ -385,7 +385,8 @@ def _twin_drift(
                     if param.device not in generators:
                         generators[param.device] = torch.Generator(param.device).manual_seed(0)
                     signs = torch.randint(
-                        0, 2, param.shape, generator=generators[param.device], device=param.device
+                        0, 2, param.shape, generator=generators[param.device], device=param.device,
+                        dtype=torch.int8,
                     )
                     param.copy_(param.float() * (1 + (signs * 2 - 1) * _ROUNDING_STEP[precision]))
             return step(i)

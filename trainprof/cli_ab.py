@@ -68,15 +68,25 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ab(args: argparse.Namespace) -> int:
     """`trainprof ab`: console tables, or JSON with --json; Markdown with --markdown."""
+    variants = [name for name in args.variants.split(",") if name.strip()]
+    progress = logging.getLogger("trainprof.ab")
+    handler = logging.StreamHandler(sys.stderr)  # a run takes minutes: its phases, seconds so far
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = progress.level
+    if not args.quiet:
+        progress.addHandler(handler)
+        progress.setLevel(logging.INFO)
+    try:
+        return _run_ab(args, variants)
+    finally:
+        progress.removeHandler(handler)
+        progress.setLevel(level)
+
+
+def _run_ab(args: argparse.Namespace, variants: list[str]) -> int:
     from trainprof.ab import ModelNotFound, ab_model
     from trainprof.report import ab as render
 
-    variants = [name for name in args.variants.split(",") if name.strip()]
-    if not args.quiet:  # a run takes minutes: say which phase it is in, with the seconds so far
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logging.getLogger("trainprof.ab").addHandler(handler)
-        logging.getLogger("trainprof.ab").setLevel(logging.INFO)
     try:
         result = ab_model(
             args.model,
