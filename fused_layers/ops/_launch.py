@@ -47,6 +47,7 @@ class NormSettings(NamedTuple):
     """One norm's launch settings, chosen by ``benchmarks/norm_backward_sweep.py``."""
 
     max_fused_width: int  # widest row the forward holds in registers (capped by MAX_FUSED_WIDTH)
+    fwd_max_warps: int  # forward: at most this many warps per program (and MAX_WARPS)
     bwd_tile: int  # backward: elements per row tile (rows = tile // width, at least 1)
     bwd_per_thread: int  # backward: fp32 values a thread holds per loaded tensor (sets num_warps)
     resident_warps: int  # backward: warps per SM the persistent grid aims for
@@ -60,13 +61,14 @@ class NormSettings(NamedTuple):
 #: / 4.11 at widths 1024 / 4096 / 8192, against 3.20-3.38 / 3.22 / 2.88 and 3.45-3.73 / 3.47 / 3.16
 #: without stages. Rows wider than PIPELINED_MAX_WIDTH hold too much in registers for stages to help
 #: (width 16384: LayerNorm 423 against 426 µs, RMSNorm 313 against 288). LayerNorm's forward holds
-#: a 16384-wide row badly (2.41 TB/s; looped: 3.42), RMSNorm's well (4.09).
+#: a 16384-wide row well with 8 warps (2026-11-24, back-to-back at
+#: 8192x16384: 3.81 TB/s; 16 warps 2.36; looped 3.34: `fwd_max_warps`), RMSNorm's with 16 (4.04).
 PIPELINED_MAX_WIDTH = 8192
 SETTINGS: dict[str, NormSettings] = {
-    "layer_norm": NormSettings(max_fused_width=8192, bwd_tile=2048, bwd_per_thread=16, resident_warps=16,
-                               bwd_stages=3),
-    "rms_norm": NormSettings(max_fused_width=16384, bwd_tile=2048, bwd_per_thread=16, resident_warps=16,
-                             bwd_stages=3),
+    "layer_norm": NormSettings(max_fused_width=16384, fwd_max_warps=8, bwd_tile=2048, bwd_per_thread=16,
+                               resident_warps=16, bwd_stages=3),
+    "rms_norm": NormSettings(max_fused_width=16384, fwd_max_warps=16, bwd_tile=2048, bwd_per_thread=16,
+                             resident_warps=16, bwd_stages=3),
 }
 
 
@@ -76,14 +78,18 @@ def flat_config(n_elements: int) -> tuple[int, int, int]:
     return triton.cdiv(n_elements, block), block, FLAT_WARPS
 
 
-def row_tile(n_rows: int, width: int, tile: int, per_thread: int) -> tuple[int, int, int]:
+def row_tile(
+    n_rows: int, width: int, tile: int, per_thread: int, max_warps: int | None = None
+) -> tuple[int, int, int]:
     """Return (ROWS, BLOCK_N, num_warps) for a norm whose row fits one block: about ``tile``
-    elements per program, ``per_thread`` fp32 values of each tensor per thread."""
+    elements per program, ``per_thread`` fp32 values of each tensor per thread, at most
+    ``max_warps`` (and MAX_WARPS) warps."""
     block_n = max(16, triton.next_power_of_2(width))
     rows = max(1, min(tile // block_n, triton.next_power_of_2(max(n_rows, 1))))
     # About per_thread fp32 values per thread (rows * block_n / (32 * warps)); 4 warps at least
     # so small tiles still hide latency, MAX_WARPS at most.
-    num_warps = min(MAX_WARPS, max(4, rows * block_n // (32 * per_thread)))
+    cap = MAX_WARPS if max_warps is None else min(MAX_WARPS, max_warps)
+    num_warps = min(cap, max(4, rows * block_n // (32 * per_thread)))
     return rows, block_n, num_warps
 
 
@@ -156,7 +162,9 @@ def _norm_plan(op: str, n_rows: int, width: int, device: torch.device, backward:
             programs = persistent_programs(tiles, num_warps, settings.resident_warps, device)
             stages = settings.bwd_stages if width <= PIPELINED_MAX_WIDTH else 1
             return NormPlan(True, programs, rows, block_n, num_warps, stages)
-        rows, block_n, num_warps = row_tile(n_rows, width, TILE_ELEMENTS, ELEMENTS_PER_THREAD)
+        rows, block_n, num_warps = row_tile(
+            n_rows, width, TILE_ELEMENTS, ELEMENTS_PER_THREAD, settings.fwd_max_warps
+        )
         return NormPlan(True, triton.cdiv(n_rows, rows), rows, block_n, num_warps, 1)
     if backward:
         programs = persistent_programs(n_rows, LOOP_WARPS, settings.resident_warps, device)
