@@ -273,41 +273,42 @@ class _InstantArgs(msgspec.Struct, gc=False):
     device_type: int = msgspec.field(default=1, name="Device Type")
 
 
-class _Args(msgspec.Struct, gc=False):
-    """The fields of both, for the lenient path's `_Event` (whose phase is a field)."""
-
-    correlation: int = -1
-    bytes: float = _NAN
-    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
-    device_type: int = msgspec.field(default=1, name="Device Type")
-    sequence: int = msgspec.field(default=-1, name="Sequence number")
-    fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
+# The fields of both, for the lenient path's `_Event` (whose phase is a field).
+_Args = msgspec.defstruct(
+    "_Args",
+    [
+        (f.name, f.type, msgspec.field(default=f.default, name=f.encode_name))
+        for kind in (_CompleteArgs, _InstantArgs)
+        for f in msgspec.structs.fields(kind)
+    ],
+    gc=False,
+)
 
 
 _NO_ARGS = _CompleteArgs()
 _NO_INSTANT_ARGS = _InstantArgs()
 
 
-class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
-    """A complete event (`"ph": "X"`): ops, Python functions, kernels, runtime calls, copies, ..."""
+class _EventFields(msgspec.Struct, gc=False):
+    """The fields every event shape below reads."""
 
     cat: str = ""
     name: str = ""
     pid: int | str = 0
     tid: int | str = 0
     ts: float = _NAN
+
+
+class _Complete(_EventFields, tag_field="ph", tag="X", gc=False):
+    """A complete event (`"ph": "X"`): ops, Python functions, kernels, runtime calls, copies, ..."""
+
     dur: float = 0.0
     args: _CompleteArgs | None = None
 
 
-class _Instant(msgspec.Struct, tag_field="ph", tag="i", gc=False):
+class _Instant(_EventFields, tag_field="ph", tag="i", gc=False):
     """An instant event (`"ph": "i"`); the analyses read the CUDA `[memory]` ones."""
 
-    cat: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = _NAN
     args: _InstantArgs | None = None
 
 
@@ -323,16 +324,11 @@ _OTHER_PHASES = tuple(
 _AnyEvent = Union[(_Complete, _Instant, *_OTHER_PHASES)]  # noqa: UP007 (a union built from a tuple)
 
 
-class _Event(msgspec.Struct, gc=False):
+class _Event(_EventFields, gc=False):
     """Any event, with its phase as a field: what the lenient path reads (an unknown phase, or no
     phase, fails the tagged decoding), turned into the tagged shapes by `_tagged`."""
 
     ph: str = ""
-    cat: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = _NAN
     dur: float = 0.0
     args: _Args | None = None
 
