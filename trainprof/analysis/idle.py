@@ -1037,48 +1037,32 @@ def idle_findings(
     host_ms = sum(s["idle_host_ms"] + s["idle_unknown_ms"] for s in steps)
     if share(host_ms) >= thresholds.finding_min_idle_share or verdict_info["verdict"] == "host-bound":
         findings.append(_host_bound_finding(verdict_info, breakdown, steps, rank, thresholds))
-    # (cause, finding kind, title, the threshold of the step time it needs for a finding)
-    for cause, kind, title, min_share in (
-        (
-            "input",
-            "input_bound",
-            "waiting for input (DataLoader / data preparation on the training thread)",
-            thresholds.finding_min_idle_share,
-        ),
+    for cause, kind, title in (
+        ("input", "input_bound", "waiting for input (DataLoader / data preparation on the training thread)"),
         (
             "blocking",
             "blocking_runtime_call",
             "inside blocking runtime calls (allocation, free, stream creation, synchronous copies)",
-            thresholds.finding_min_idle_share,
         ),
-        (
-            "warmup",
-            "recurring_warmup",
-            "in library warm-up that recurs in several steps",
-            thresholds.finding_min_idle_share,
-        ),
-        (
-            "comm",
-            "communication_wait",
-            "inside host-side collectives, waiting for other ranks",
-            thresholds.finding_min_idle_share,
-        ),
+        ("warmup", "recurring_warmup", "in library warm-up that recurs in several steps"),
+        ("comm", "communication_wait", "inside host-side collectives, waiting for other ranks"),
         (
             "profiler",
             "profiler_overhead",
             "in the profiler's own code (trainprof's hooks, torch.profiler), which an un-profiled run "
             "does not pay",
-            thresholds.profiler_overhead_min_share,
         ),
     ):
+        info = next(c for c in CAUSES if c.name == cause)
+        overhead = info.verdict is None  # the profiler's cost, not the training's: told, never urgent
+        min_share = thresholds.profiler_overhead_min_share if overhead else thresholds.finding_min_idle_share
         ms = sum(s[f"idle_{cause}_ms"] for s in steps)
         verdict_here = verdict_info.get("cause") == cause
         if ms <= 0 or (share(ms) < min_share and not verdict_here):
             continue
         held = [h for h in breakdown.holders if h["cause"] == cause]
         top = held[0] if held else {"event": None, "op": None}
-        info = next(c for c in CAUSES if c.name == cause)
-        if info.verdict is None:  # the profiler's cost, not the training's: told, never urgent
+        if overhead:
             severity = "low"
         else:
             severity = "high" if share(ms) >= thresholds.high_severity_idle_share else "medium"
