@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trainprof
-from trainprof.ab import REPLACED_RANGE, Variant, ab_model, median_ci
+from trainprof.ab import REPLACED_RANGE, ABResult, Variant, ab_model, median_ci
 from trainprof.cli import main
 
 
@@ -92,16 +92,16 @@ def _logistic_factory(rate_of):
     return factory
 
 
-def test_parity_allows_the_drift_rounding_alone_makes():
-    result = trainprof.ab(
-        _logistic_factory(lambda variant: 3.9),
-        variants=("bare", "fused"),
-        steps=60,
-        warmup=1,
-        block=5,
-        device="cpu",
+def _logistic_ab(rate_of) -> ABResult:
+    """bare and fused of `_logistic_factory(rate_of)`, 60 steps on the CPU, no profile."""
+    return trainprof.ab(
+        _logistic_factory(rate_of), variants=("bare", "fused"), steps=60, warmup=1, block=5, device="cpu",
         profile=False,
-    )
+    )  # fmt: skip
+
+
+def test_parity_allows_the_drift_rounding_alone_makes():
+    result = _logistic_ab(lambda variant: 3.9)
     fused = result.variant("fused")
     assert fused.parity_max_rel_diff > 1e-2  # far beyond the fixed fp32 tolerance of 1e-3 ...
     assert result.parity_noise_floor > 1e-2  # ... and so is the twin's drift
@@ -110,15 +110,7 @@ def test_parity_allows_the_drift_rounding_alone_makes():
 
 def test_parity_catches_a_wrong_variant_before_the_twin_drifts():
     # The "fused" variant uses another rate: wrong from its first step, when the twin is still level.
-    result = trainprof.ab(
-        _logistic_factory(lambda variant: 3.95 if variant.fused else 3.9),
-        variants=("bare", "fused"),
-        steps=60,
-        warmup=1,
-        block=5,
-        device="cpu",
-        profile=False,
-    )
+    result = _logistic_ab(lambda variant: 3.95 if variant.fused else 3.9)
     assert not result.variant("fused").parity_ok
 
 
