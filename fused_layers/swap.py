@@ -330,7 +330,7 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
     """Replace ``model``'s layers by fused ones in place and return the record of what changed.
 
     ``ops`` picks rows of ``TABLE`` by op name (``OPS``); ``backend`` is passed to every fused op
-    (None: each op's default; "cuda" applies to gelu and layer_norm, the others keep their
+    (None: each op's default; "cuda" applies to gelu, layer_norm and rms_norm, the others keep their
     default). A module whose factory fails unexpectedly is left with a warning, never half-replaced.
     RoPE rows leave the attention module in place and reroute its modeling module's
     ``apply_rotary_pos_emb`` for this model only (other models in the process keep Hugging Face's).
@@ -360,7 +360,7 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
             continue
         fused = fused_by_original.get(id(module))
         if fused is None:
-            # The CUDA C++ extension has gelu and layer_norm only; other ops keep their default.
+            # The CUDA C++ extension has gelu, layer_norm and rms_norm only; other ops keep their default.
             rule_backend = None if backend == "cuda" and rule.op not in _CUDA_OPS else backend
             try:
                 fused = rule.factory(module, rule_backend)

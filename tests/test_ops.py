@@ -107,8 +107,6 @@ def test_torch_backend(op_case, op):
 def test_backend_errors():
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match="no CUDA C\\+\\+ version"):
-        rms_norm(x, backend="cuda")
-    with pytest.raises(ValueError, match="no CUDA C\\+\\+ version"):
         swiglu(x, x, backend="cuda")
     with pytest.raises(ValueError, match="no CUDA C\\+\\+ version"):
         geglu(x, x, backend="cuda")

@@ -1,11 +1,13 @@
-"""CUDA C++ GELU and LayerNorm, each an autograd Function with its own forward and backward kernels.
+"""CUDA C++ GELU, LayerNorm and RMSNorm, each with its own forward and backward kernels.
 
 The extension is compiled by ``load_inline`` on the first call (never at import) into a cached
 build folder (see ``fused_layers.cuda._build``). Inputs of any leading shape in float32, float16 or
 bfloat16; math in fp32, results stored in the input's dtype; non-contiguous inputs are copied to
-contiguous ones; zero rows are allowed. Like the Triton ops, eager calls run an autograd.Function
-over the launchers and traced calls the custom ops ``torch.ops.fused_layers.cuda_*`` (opaque to
-torch.compile, with fake implementations; see ``fused_layers.ops._library``).
+contiguous ones; zero rows are allowed. Eager norm calls go through an autograd node written in
+C++ (``norm_autograd``: no Python between the forward, the backward and their kernels); GELU's is
+a Python autograd.Function. Traced calls (torch.compile, fake tensors) use the custom ops
+``torch.ops.fused_layers.cuda_*`` (opaque to torch.compile, with fake implementations; see
+``fused_layers.ops._library``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import Tensor
 from fused_layers.cuda._build import CudaExtensionUnavailable, load_extension
 from fused_layers.ops._library import define, register_custom_ops, registers, traced
 
-__all__ = ["CudaExtensionUnavailable", "gelu", "layer_norm", "load_extension"]
+__all__ = ["CudaExtensionUnavailable", "gelu", "layer_norm", "load_extension", "rms_norm"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _GELU_APPROXIMATIONS = ("tanh", "none")
@@ -62,65 +64,57 @@ def _gelu_backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
     return _gelu_bwd(dy, x, ctx.tanh_approx), None
 
 
-def _layer_norm_fwd(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+def _norm_fwd(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, rms: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    x2d = x.contiguous().view(-1, x.shape[-1])
-    y, mean, rstd = load_extension().layer_norm_forward(x2d, weight, bias, eps)
-    return y.view(x.shape), mean, rstd
+    """y (x's shape), fp32 mean ((0,) for RMSNorm) and rstd per row: the traced path's forward."""
+    return tuple(load_extension().norm_forward(x, weight, bias, eps, rms))
 
 
-def _layer_norm_fwd_fake(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+def _norm_fwd_fake(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, rms: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    stats = [torch.empty(rows, dtype=torch.float32, device=x.device) for _ in range(2)]
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), *stats
+    mean = torch.empty(0 if rms else rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), mean, rstd
 
 
-def _layer_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, need_dw: bool, need_db: bool
+def _norm_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, need_dw: bool, need_db: bool,
+    rms: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dx (x's shape) and fp32 dweight, dbias (N,), each (0,) when not asked for."""
-    width = x.shape[-1]
-    x2d, dy2d = x.contiguous().view(-1, width), dy.contiguous().view(-1, width)
-    dx, dw, db = load_extension().layer_norm_backward(dy2d, x2d, weight, mean, rstd, need_dw, need_db)
-    return dx.view(x.shape), dw, db
+    """dx (x's shape) and dweight, dbias (N,) in x's dtype, each (0,) when not asked for."""
+    return tuple(load_extension().norm_backward(dy, x, weight, mean, rstd, need_dw, need_db, rms))
 
 
-def _layer_norm_bwd_fake(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, need_dw: bool, need_db: bool
+def _norm_bwd_fake(
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, need_dw: bool, need_db: bool,
+    rms: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     width = x.shape[-1]
-    sums = [
-        torch.empty(width if need else 0, dtype=torch.float32, device=x.device) for need in (need_dw, need_db)
-    ]
+    sums = [torch.empty(width if need else 0, dtype=x.dtype, device=x.device) for need in (need_dw, need_db)]
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), *sums
 
 
-def _layer_norm_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:
-    x, weight, bias, _ = inputs
+def _norm_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:
+    x, weight, bias, _, rms = inputs
     ctx.save_for_backward(x, weight, output[1], output[2])
     ctx.has_bias = bias is not None
+    ctx.rms = rms
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
 
 
-def _layer_norm_backward(
-    ctx: Any, dy: Tensor | None, _dmean: None, _drstd: None
-) -> tuple[Tensor | None, ...]:
+def _norm_backward(ctx: Any, dy: Tensor | None, _dmean: None, _drstd: None) -> tuple[Tensor | None, ...]:
     if dy is None:
-        return None, None, None, None
+        return None, None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[1]
     need_db = ctx.has_bias and ctx.needs_input_grad[2]
-    if traced(dy) and register_custom_ops():
-        backward_op = torch.ops.fused_layers.cuda_layer_norm_backward
-        dx, dw, db = backward_op(dy, x, weight, mean, rstd, need_dw, need_db)
-    else:
-        dx, dw, db = _layer_norm_bwd(dy, x, weight, mean, rstd, need_dw, need_db)
-    # fp32 sums of the partials; the parameters were cast to x's dtype before the call
-    return dx, dw.to(x.dtype) if need_dw else None, db.to(x.dtype) if need_db else None, None
+    backward_op = torch.ops.fused_layers.cuda_norm_backward
+    dx, dw, db = backward_op(dy, x, weight, mean, rstd, need_dw, need_db, ctx.rms)
+    return dx, dw if need_dw else None, db if need_db else None, None, None
 
 
 # ctx in forward, not setup_context staticmethods: Function.apply binds a setup_context Function's
@@ -135,26 +129,14 @@ class _GeluFunction(torch.autograd.Function):
     backward = staticmethod(_gelu_backward)
 
 
-class _LayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        output = _layer_norm_fwd(x, weight, bias, eps)
-        _layer_norm_setup_context(ctx, (x, weight, bias, eps), output)
-        return output
-
-    backward = staticmethod(_layer_norm_backward)
-
-
 @registers
 def _define() -> None:
     define("cuda_gelu_backward", _gelu_bwd, fake=_gelu_bwd_fake)
     gelu_op = define("cuda_gelu", _gelu_fwd, fake=_like)
     gelu_op.register_autograd(_gelu_backward, setup_context=_gelu_setup_context)
-    define("cuda_layer_norm_backward", _layer_norm_bwd, fake=_layer_norm_bwd_fake)
-    layer_norm_op = define("cuda_layer_norm", _layer_norm_fwd, fake=_layer_norm_fwd_fake)
-    layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup_context)
+    define("cuda_norm_backward", _norm_bwd, fake=_norm_bwd_fake)
+    norm_op = define("cuda_norm", _norm_fwd, fake=_norm_fwd_fake)
+    norm_op.register_autograd(_norm_backward, setup_context=_norm_setup_context)
 
 
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
@@ -171,6 +153,26 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     return _GeluFunction.apply(x, approximate == "tanh")
 
 
+def _checked_affine(x: Tensor, param: Tensor | None, name: str, op: str) -> Tensor | None:
+    """``param`` cast to x's dtype (in the autograd graph, so its gradient keeps its own dtype)."""
+    if param is None:
+        return None
+    width = x.shape[-1]
+    if param.shape != (width,):
+        shape = tuple(param.shape)
+        raise ValueError(f"fused_layers.cuda.{op}: {name} has shape {shape}, expected ({width},)")
+    if param.device != x.device:
+        raise ValueError(f"fused_layers.cuda.{op}: {name} is on {param.device}, x on {x.device}")
+    return param if param.dtype == x.dtype else param.to(x.dtype)
+
+
+def _norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, rms: bool) -> Tensor:
+    if traced(x) and register_custom_ops():
+        return torch.ops.fused_layers.cuda_norm(x, weight, bias, eps, rms)[0]
+    # Eager: the autograd node is C++ (forward and backward launch from C++, no Python in between).
+    return load_extension().norm_autograd(x, weight, bias, eps, rms)
+
+
 def layer_norm(
     x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
 ) -> Tensor:
@@ -182,18 +184,26 @@ def layer_norm(
     _check_tensor(x, "layer_norm")
     if x.dim() == 0:
         raise ValueError("fused_layers.cuda.layer_norm: expected at least one dimension")
-    width = x.shape[-1]
-    affine = {"weight": weight, "bias": bias}
-    for name, param in affine.items():
-        if param is None:
-            continue
-        if param.shape != (width,):
-            raise ValueError(
-                f"fused_layers.cuda.layer_norm: {name} has shape {tuple(param.shape)}, expected ({width},)"
-            )
-        if param.device != x.device:
-            raise ValueError(f"fused_layers.cuda.layer_norm: {name} is on {param.device}, x on {x.device}")
-        affine[name] = param.to(x.dtype).contiguous()
-    if traced(x) and register_custom_ops():
-        return torch.ops.fused_layers.cuda_layer_norm(x, affine["weight"], affine["bias"], float(eps))[0]
-    return _LayerNormFunction.apply(x, affine["weight"], affine["bias"], float(eps))[0]
+    weight = _checked_affine(x, weight, "weight", "layer_norm")
+    bias = _checked_affine(x, bias, "bias", "layer_norm")
+    return _norm(x, weight, bias, float(eps), False)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """RMSNorm over the last dim of ``x`` with CUDA C++ kernels, like Hugging Face ``LlamaRMSNorm``.
+
+    ``x_normed = (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``, then
+    ``weight * x_normed``. ``weight`` (optional, shape ``(x.shape[-1],)``) must have x's dtype:
+    Llama's casting gives a result in torch's promotion of the two, which this kernel does not
+    produce (``fused_layers.ops.rms_norm`` routes such calls to Triton).
+    """
+    _check_tensor(x, "rms_norm")
+    if x.dim() == 0:
+        raise ValueError("fused_layers.cuda.rms_norm: expected at least one dimension")
+    if weight is not None and weight.dtype != x.dtype:
+        raise TypeError(
+            f"fused_layers.cuda.rms_norm: weight is {weight.dtype} and x {x.dtype}; the CUDA kernel needs "
+            "one dtype (use backend='triton' for Llama's mixed-dtype casting)"
+        )
+    weight = _checked_affine(x, weight, "weight", "rms_norm")
+    return _norm(x, weight, None, float(eps), True)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import fused_layers.cuda as fused_cuda
 from fused_layers.ops import _launch
 from fused_layers.ops._dispatch import resolve_backend
 from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
@@ -300,13 +301,18 @@ def rms_norm(
     ``x_normed = (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``, then
     ``weight * x_normed``: the result dtype is torch's promotion of weight and input.
     ``weight`` is optional, of shape (N,). ``backend`` is None (``DEFAULT_BACKEND["rms_norm"]``),
-    "triton" or "torch"; "cuda" raises ValueError.
+    "triton", "torch" or "cuda" (the CUDA C++ kernel where weight and x share a dtype; Llama's
+    mixed-dtype casting, e.g. fp32 weight and bf16 x, runs on Triton).
     """
     width = x.shape[-1]
     if weight is not None and weight.shape != (width,):
         raise ValueError(f"rms_norm: weight must have shape ({width},), got {tuple(weight.shape)}")
-    if resolve_backend("rms_norm", backend, x, weight) == "torch":
+    choice = resolve_backend("rms_norm", backend, x, weight)
+    if choice == "torch":
         return _rms_norm_torch(x, weight, eps)
+    if choice == "cuda":
+        if weight is None or weight.dtype == x.dtype:
+            return fused_cuda.rms_norm(x, weight, eps)
     if traced(x) and register_custom_ops():
         return torch.ops.fused_layers.rms_norm(x, weight, eps)[0]
     return RMSNormFunction.apply(x, weight, eps)[0]

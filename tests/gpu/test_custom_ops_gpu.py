@@ -22,8 +22,8 @@ def _ops(backend: str) -> dict:
         "layer_norm": (lambda x, w, b: layer_norm(x, w, b, backend=backend), 3),
         "gelu": (lambda x, w, b: gelu(x, backend=backend), 1),
     }
+    ops["rms_norm"] = (lambda x, w, b: rms_norm(x, w, backend=backend), 2)
     if backend == "triton":
-        ops["rms_norm"] = (lambda x, w, b: rms_norm(x, w, backend=backend), 2)
         ops["swiglu"] = (lambda x, w, b: swiglu(x, x * 0.5, backend=backend), 1)
     return ops
 

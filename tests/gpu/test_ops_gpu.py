@@ -54,8 +54,18 @@ def test_layer_norm_without_affine_cuda(op_case):
     op_case("layer_norm", (128, 4096), torch.bfloat16, "cuda", weight=True, bias=False)
 
 
+def _skip_without_cuda_extension() -> None:
+    from fused_layers.cuda import CudaExtensionUnavailable, load_extension
+
+    try:
+        load_extension()
+    except CudaExtensionUnavailable as exc:  # no nvcc here: the Triton path still works
+        pytest.skip(f"fused_layers.cuda does not build here: {exc}")
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rms_norm_matches_llama_cuda(dtype):
+def test_rms_norm_matches_llama_cuda(dtype, backend):
     """On the GPU the casts round to nearest even, so fp16/bf16 outputs match LlamaRMSNorm bit for bit
     except where rsqrt or the row sum differ in the last place."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -67,7 +77,9 @@ def test_rms_norm_matches_llama_cuda(dtype):
     module.to(dtype)
     x = torch.randn(512, width, device="cuda").to(dtype)
     ref = module(x)
-    out = rms_norm(x, module.weight, eps=1e-6, backend="triton")
+    if backend == "cuda":
+        _skip_without_cuda_extension()
+    out = rms_norm(x, module.weight, eps=1e-6, backend=backend)
     assert out.dtype == ref.dtype
     diff = (out.float() - ref.float()).abs()
     # a last-place difference in x_normed, times the weight, rounded again: two ulps at most
@@ -78,11 +90,8 @@ def test_rms_norm_matches_llama_cuda(dtype):
         assert (diff == 0).float().mean().item() >= 0.99
 
 
-@pytest.mark.parametrize("op", ["gelu_tanh", "gelu_erf", "layer_norm"])
+@pytest.mark.parametrize("op", ["gelu_tanh", "gelu_erf", "layer_norm", "rms_norm"])
 def test_cuda_backend(op_case, op):
     """The CUDA C++ versions (fused_layers.cuda), where they build here."""
-    try:
-        import fused_layers.cuda  # noqa: F401
-    except Exception as exc:  # a missing compiler or headers: the Triton path still works
-        pytest.skip(f"fused_layers.cuda does not build here: {exc!r}")
+    _skip_without_cuda_extension()
     op_case(op, (64, 4096), torch.bfloat16, "cuda", backend="cuda")
