@@ -13,23 +13,25 @@ from fused_layers.ops import _library
 
 #: Backend each op uses when called with ``backend=None``: (for a call that autograd will
 #: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured on an
-#: H200. LayerNorm forward+backward (``benchmarks/fused_layers.py --launch``, 2026-11-24 UTC,
-#: bf16, widths 1024 / 4096 / 8192 / 16384, µs per call back to back): Triton 331 / 410 / 351 / 599
-#: against CUDA's 521 / 492 / 533 / 565, host 225-485 against 302-503 (the CUDA version led until
-#: Triton's direct launch engaged: BENCHMARKS.md §6). LayerNorm forward alone (2026-11-22): Triton
-#: 3.76-4.04 TB/s against CUDA's 3.14-3.85. GELU: Triton ahead in both passes (3.75-4.15 against
-#: 3.41-3.65). The other ops have only Triton kernels.
+#: H200 (``benchmarks/fused_layers.py --launch``, bf16, widths 1024 / 4096 / 8192 / 16384,
+#: forward+backward; BENCHMARKS.md §6). RMSNorm, 2026-11-24: CUDA C++ kernels 347-363 µs against
+#: Triton's 326-424 (87-91% of copy against 75-97%), host 155-255 µs against Triton's 309-602,
+#: through a C++ autograd node; so CUDA where it builds and weight and input share a dtype. LayerNorm:
+#: Triton's kernels 328-350 µs at widths 1024-8192 against CUDA's 385-403 (577 against 429 at 16384),
+#: CUDA's host time lower (134-248 µs against 266-604): no version is ahead on both, Triton kept.
+#: LayerNorm forward alone (2026-11-22): Triton 3.76-4.04 TB/s against CUDA's 3.14-3.85. GELU:
+#: Triton ahead in both passes (3.75-4.15 against 3.41-3.65). The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "gelu": ("triton", "triton"),
     "layer_norm": ("triton", "triton"),
-    "rms_norm": ("triton", "triton"),
+    "rms_norm": ("cuda", "triton"),
     "geglu": ("triton", "triton"),
     "swiglu": ("triton", "triton"),
     "rope": ("triton", "triton"),
 }
 
 #: Ops that ``fused_layers.cuda`` implements.
-_CUDA_OPS = frozenset({"gelu", "layer_norm"})
+_CUDA_OPS = frozenset({"gelu", "layer_norm", "rms_norm"})
 _BACKENDS = ("triton", "torch", "cuda")
 
 _warned_fallback = False
