@@ -332,11 +332,14 @@ def _threads_trace(path: Path, threads: int) -> Path:
 
 
 def _growth(make, tmp_path: Path, small: int) -> tuple[float, dict]:
-    """CPU time at 4x `small` over CPU time at `small` (best of three runs each), and the large result."""
+    """CPU time at 4x `small` over CPU time at `small` (best of three runs each, taken in turns so
+    that a busy spell of the machine slows both sizes), and the large result."""
     small_path, large_path = make(tmp_path / "small.json", small), make(tmp_path / "large.json", 4 * small)
-    t_small = min(_cpu_seconds_of_analyze(small_path)[0] for _ in range(3))
-    runs = [_cpu_seconds_of_analyze(large_path) for _ in range(3)]
-    return min(seconds for seconds, _ in runs) / t_small, runs[0][1]
+    small_runs, large_runs = [], []
+    for _ in range(3):
+        small_runs.append(_cpu_seconds_of_analyze(small_path)[0])
+        large_runs.append(_cpu_seconds_of_analyze(large_path))
+    return min(seconds for seconds, _ in large_runs) / min(small_runs), large_runs[0][1]
 
 
 def test_step_annotations_in_linear_time(tmp_path):
@@ -349,4 +352,4 @@ def test_threads_in_linear_time(tmp_path):
     growth, large = _growth(_threads_trace, tmp_path, 4_000)
     assert large["steps"][0]["kernel_count"] == 16_000
     assert large["steps"][0]["launch_count"] == 16_000
-    assert growth < 5, f"4x the threads cost {growth:.1f}x the CPU time (linear: about 3x; quadratic: 5.7x)"
+    assert growth < 5, f"4x the threads cost {growth:.1f}x the CPU time (linear: about 3.5x; quadratic: 5x+)"
