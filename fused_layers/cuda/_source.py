@@ -35,6 +35,42 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
+// A pack in fp32. Callers load a pack from global memory into a local first: given a reference to
+// global memory, the word-wise bf16 conversion below would load it 4 bytes at a time.
+template <typename T, int VEC>
+__device__ __forceinline__ void unpack(const Pack<T, VEC>& p, float (&f)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(p.v[j]);
+}
+
+// bf16 is the top half of an fp32, so a 32-bit word of two bf16 converts with one integer
+// instruction per element (u << 16, u & 0xffff0000); the generic conversion of the upper half
+// takes two (a byte permute, then the shift). The norm kernels issue about one instruction per
+// cycle per scheduler, so this shows up in their time.
+template <int VEC>
+__device__ __forceinline__ void unpack(const Pack<__nv_bfloat16, VEC>& p, float (&f)[VEC]) {
+  if constexpr (VEC % 2 == 0) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(&p);
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      f[2 * j] = __uint_as_float(words[j] << 16);
+      f[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f[j] = to_float(p.v[j]);
+  }
+}
+
+// f *= w, element by element.
+template <typename T, int VEC>
+__device__ __forceinline__ void scale_by(float (&f)[VEC], const Pack<T, VEC>& w) {
+  float wf[VEC];
+  unpack(w, wf);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] *= wf[j];
+}
+
 // ---------------------------------------------------------------------------------------------
 // GELU. Exact (erf) and tanh-approximate forms and their derivatives, in fp32.
 // No --use_fast_math: it turns tanhf/erff/expf into MUFU approximations (~1e-3 relative error
@@ -145,21 +181,25 @@ __device__ __forceinline__ Welford shfl_xor(Welford v, int mask) {
   return {shfl_xor(v.count, mask), shfl_xor(v.mean, mask), shfl_xor(v.m2, mask)};
 }
 
+// `turn` counts the calls (every thread of the block makes the same ones). Rows wider than a warp
+// exchange partials through two buffers, used in turn: a thread still reading the previous call's
+// partials holds no one up, since the buffer written now was last read before the previous call's
+// barrier. One __syncthreads per call instead of two.
 template <typename S>
-__device__ __forceinline__ S row_allreduce(S v) {
+__device__ __forceinline__ S row_allreduce(S v, int& turn) {
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) v = combine(v, shfl_xor(v, mask));
   if (blockDim.x == 32) return v;
   // Rows of blockDim.x > 32 threads: every thread of the block must call this together.
-  __shared__ S warp_partials[32];
+  __shared__ S warp_partials[2][32];
+  S* partials = warp_partials[turn++ & 1];
   const int n_warps = blockDim.x >> 5;
   const int first = threadIdx.y * n_warps;  // this row's warps are first .. first + n_warps - 1
-  __syncthreads();  // a previous call may still be reading warp_partials
-  if ((threadIdx.x & 31) == 0) warp_partials[first + (threadIdx.x >> 5)] = v;
+  if ((threadIdx.x & 31) == 0) partials[first + (threadIdx.x >> 5)] = v;
   __syncthreads();
   // Every thread folds its row's <= 32 partials in the same order: a broadcast read, identical results.
-  v = warp_partials[first];
-  for (int w = 1; w < n_warps; ++w) v = combine(v, warp_partials[first + w]);
+  v = partials[first];
+  for (int w = 1; w < n_warps; ++w) v = combine(v, partials[first + w]);
   return v;
 }
 
@@ -183,23 +223,26 @@ __device__ __forceinline__ float round_to(float v) {
   return to_float(from_float<T>(v));
 }
 
+// v: the row's values, minus the mean already for LayerNorm (RMSNorm: as they are).
 template <typename T, int VEC, bool RMS>
-__device__ __forceinline__ void normalize_store(const float (&v)[VEC], float mean, float rstd,
+__device__ __forceinline__ void normalize_store(const float (&v)[VEC], float rstd,
                                                 const T* __restrict__ weight, const T* __restrict__ bias,
                                                 T* __restrict__ y_row, int p) {
   using P = Pack<T, VEC>;
   float h[VEC];
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) h[j] = RMS ? round_to<T>(v[j] * rstd) : (v[j] - mean) * rstd;
+  for (int j = 0; j < VEC; ++j) h[j] = RMS ? round_to<T>(v[j] * rstd) : v[j] * rstd;
   if (weight != nullptr) {
-    const P w = reinterpret_cast<const P*>(weight)[p];
+    float w[VEC];
+    unpack(P(reinterpret_cast<const P*>(weight)[p]), w);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) h[j] *= to_float(w.v[j]);
+    for (int j = 0; j < VEC; ++j) h[j] *= w[j];
   }
   if (!RMS && bias != nullptr) {
-    const P b = reinterpret_cast<const P*>(bias)[p];
+    float b[VEC];
+    unpack(P(reinterpret_cast<const P*>(bias)[p]), b);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) h[j] += to_float(b.v[j]);
+    for (int j = 0; j < VEC; ++j) h[j] += b[j];
   }
   P out;
 #pragma unroll
@@ -220,6 +263,7 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
     int64_t M, int N, float eps) {
   using P = Pack<T, VEC>;
   const int n_packs = N / VEC;  // the launcher picks VEC dividing N
+  int turn = 0;                 // row_allreduce's calls
   for (int64_t group = blockIdx.x; group * blockDim.y < M; group += gridDim.x) {
     const int64_t row = group * blockDim.y + threadIdx.y;
     const bool active = row < M;
@@ -230,27 +274,27 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (active && p < n_packs) {
-        const P in = x_row[p];
+        unpack(P(x_row[p]), v[k]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          v[k][j] = to_float(in.v[j]);
-          sum += v[k][j];
-        }
+        for (int j = 0; j < VEC; ++j) sum += v[k][j];
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[k][j] = 0.0f;
       }
     }
-    const float mean = RMS ? 0.0f : row_allreduce(sum) / N;
+    const float mean = RMS ? 0.0f : row_allreduce(sum, turn) / N;
     float sq = 0.0f;
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       if (threadIdx.x + k * blockDim.x < n_packs) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sq += (v[k][j] - mean) * (v[k][j] - mean);
+        for (int j = 0; j < VEC; ++j) {
+          if (!RMS) v[k][j] -= mean;  // centred once, for the variance and the output
+          sq += v[k][j] * v[k][j];
+        }
       }
     }
-    const float rstd = rsqrtf(row_allreduce(sq) / N + eps);
+    const float rstd = rsqrtf(row_allreduce(sq, turn) / N + eps);
     if (!active) continue;  // after the last reduction: no block-wide step follows in this group
     if (threadIdx.x == 0) {
       if (!RMS) mean_out[row] = mean;
@@ -259,7 +303,7 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
-      if (p < n_packs) normalize_store<T, VEC, RMS>(v[k], mean, rstd, weight, bias, y + row * N, p);
+      if (p < n_packs) normalize_store<T, VEC, RMS>(v[k], rstd, weight, bias, y + row * N, p);
     }
   }
 }
@@ -272,6 +316,7 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
     float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t M, int N, float eps) {
   using P = Pack<T, VEC>;
   const int n_packs = N / VEC;
+  int turn = 0;  // row_allreduce's calls
   for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
     const P* x_row = reinterpret_cast<const P*>(x + row * N);
     float mean = 0.0f;
@@ -279,19 +324,21 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
     if (RMS) {
       float sq = 0.0f;
       for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
-        const P in = x_row[p];
+        float v[VEC];
+        unpack(P(x_row[p]), v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sq += to_float(in.v[j]) * to_float(in.v[j]);
+        for (int j = 0; j < VEC; ++j) sq += v[j] * v[j];
       }
-      rstd = rsqrtf(row_allreduce(sq) / N + eps);
+      rstd = rsqrtf(row_allreduce(sq, turn) / N + eps);
     } else {
       Welford w = {0.0f, 0.0f, 0.0f};
       for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
-        const P in = x_row[p];
+        float v[VEC];
+        unpack(P(x_row[p]), v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) welford_update(w, to_float(in.v[j]));
+        for (int j = 0; j < VEC; ++j) welford_update(w, v[j]);
       }
-      w = row_allreduce(w);
+      w = row_allreduce(w, turn);
       mean = w.mean;
       rstd = rsqrtf(w.m2 / N + eps);
     }
@@ -300,11 +347,13 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
       rstd_out[row] = rstd;
     }
     for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
-      const P in = x_row[p];
       float v[VEC];
+      unpack(P(x_row[p]), v);
+      if (!RMS) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = to_float(in.v[j]);
-      normalize_store<T, VEC, RMS>(v, mean, rstd, weight, bias, y + row * N, p);
+        for (int j = 0; j < VEC; ++j) v[j] -= mean;
+      }
+      normalize_store<T, VEC, RMS>(v, rstd, weight, bias, y + row * N, p);
     }
   }
 }
@@ -399,7 +448,7 @@ __device__ __forceinline__ void stage_row(const T* __restrict__ dy, const T* __r
 // block folds its row slots and writes one row of fp32 partials per sum, [gridDim.x, n_sums, N]
 // (dweight first), summed by sum_partials_kernel.
 template <typename T, int VEC, int PACKS, bool RMS>
-__global__ void __launch_bounds__(512) norm_backward_kernel(
+__global__ void __launch_bounds__(512, 1) norm_backward_kernel(
     const T* __restrict__ dy,        // [M, N]
     const T* __restrict__ x,         // [M, N]
     const T* __restrict__ weight,    // [N] or nullptr
@@ -407,7 +456,9 @@ __global__ void __launch_bounds__(512) norm_backward_kernel(
     const float* __restrict__ rstd,  // [M]
     T* __restrict__ dx,              // [M, N]
     float* __restrict__ partials,    // [gridDim.x, n_sums, N] or nullptr
-    bool sum_dw, bool sum_db, int64_t M, int N) {
+    bool sum_dw, bool sum_db, int64_t M, int N,
+    float inv_n) {  // 1 / N from the host: an fp32 division's slow path is a subroutine call, and
+                    // with one in the kernel ptxas holds the narrow instantiations to 64 registers
   using P = Pack<T, VEC>;
   // [n_sums][blockDim.y][N] floats of sums, then [blockDim.y][2][N] T of staged x and dy
   extern __shared__ float4 smem4[];
@@ -432,6 +483,7 @@ __global__ void __launch_bounds__(512) norm_backward_kernel(
   }
   const int64_t stride = (int64_t)gridDim.x * blockDim.y;
   int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  int turn = 0;  // row_allreduce's calls
   float mu = 0.0f, rs = 0.0f;
   if (row < M) {
     stage_row<T, VEC, PACKS>(dy, x, row, N, x_stage, dy_stage);
@@ -458,47 +510,50 @@ __global__ void __launch_bounds__(512) norm_backward_kernel(
       next_mu = RMS ? 0.0f : mean[row + stride];
       next_rs = rstd[row + stride];
     }
-    SumPair sums = {0.0f, 0.0f};  // a: sum(g), b: sum(g * x_hat)
+    SumPair sums = {0.0f, 0.0f};  // a: sum(g), b: sum(g * (x - mean))
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (active && p < n_packs) {
-        P w;
-        if (weight != nullptr) w = reinterpret_cast<const P*>(weight)[p];
+        float xf[VEC], g[VEC];
+        unpack(cx[k], xf);
+        unpack(cd[k], g);
+        if (weight != nullptr) scale_by(g, P(reinterpret_cast<const P*>(weight)[p]));
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xh = (to_float(cx[k].v[j]) - mu) * rs;
-          const float g = weight != nullptr ? to_float(cd[k].v[j]) * to_float(w.v[j]) : to_float(cd[k].v[j]);
-          sums.a += g;
-          sums.b += g * xh;
+          if (!RMS) sums.a += g[j];
+          sums.b += g[j] * (xf[j] - mu);
         }
       }
     }
     // The sum pass has consumed cx and cd, so their shared-memory slots are free to refill.
     if (has_next) stage_row<T, VEC, PACKS>(dy, x, row + stride, N, x_stage, dy_stage);
-    sums = row_allreduce(sums);
-    const float mean_g = RMS ? 0.0f : sums.a / N;
-    const float mean_gx = sums.b / N;
+    sums = row_allreduce(sums, turn);
+    // dx = rs * (g - mean(g) - x_hat * mean(g * x_hat)) = rs * g + (x_hat * b + c): two fused
+    // multiply-adds per element. The sums stay centred on the mean: the uncentred form torch's older
+    // kernel used (sum(g * x) - mean * sum(g), times rs^3) blows a rounding error up to O(1) where
+    // the variance is near zero (a row of one element, a constant row).
+    const float b = -sums.b * rs * rs * inv_n;  // -rs * mean(g * x_hat)
+    const float c = RMS ? 0.0f : -sums.a * rs * inv_n;
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (active && p < n_packs) {
-        P w;
-        if (weight != nullptr) w = reinterpret_cast<const P*>(weight)[p];
+        float xf[VEC], d[VEC], w[VEC], dw[VEC];
+        unpack(cx[k], xf);
+        unpack(cd[k], d);
+        if (weight != nullptr) unpack(P(reinterpret_cast<const P*>(weight)[p]), w);
         P out;
-        float dw[VEC], db[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xh = (to_float(cx[k].v[j]) - mu) * rs;
-          const float d = to_float(cd[k].v[j]);
-          const float g = weight != nullptr ? d * to_float(w.v[j]) : d;
-          out.v[j] = from_float<T>(rs * (g - mean_g - xh * mean_gx));
-          dw[j] = d * (RMS ? round_to<T>(xh) : xh);
-          db[j] = d;
+          const float g = weight != nullptr ? d[j] * w[j] : d[j];
+          const float xh = (xf[j] - mu) * rs;
+          out.v[j] = from_float<T>(fmaf(rs, g, fmaf(xh, b, c)));
+          dw[j] = d[j] * (RMS ? round_to<T>(xh) : xh);
         }
         reinterpret_cast<P*>(dx + row * N)[p] = out;
         if (acc_dw != nullptr) smem_add<VEC>(acc_dw, n_packs, p, dw);
-        if (acc_db != nullptr) smem_add<VEC>(acc_db, n_packs, p, db);
+        if (acc_db != nullptr) smem_add<VEC>(acc_db, n_packs, p, d);
       }
     }
     mu = next_mu;
@@ -547,6 +602,7 @@ __global__ void __launch_bounds__(512) norm_backward_dx_looped_kernel(
     const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, int64_t M, int N) {
   using P = Pack<T, VEC>;
   const int n_packs = N / VEC;
+  int turn = 0;  // row_allreduce's calls
   for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
     const float mu = RMS ? 0.0f : mean[row];
     const float rs = rstd[row];
@@ -554,30 +610,28 @@ __global__ void __launch_bounds__(512) norm_backward_dx_looped_kernel(
     const P* dy_row = reinterpret_cast<const P*>(dy + row * N);
     SumPair sums = {0.0f, 0.0f};
     for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
-      const P in = x_row[p];
-      const P d = dy_row[p];
-      P w;
-      if (weight != nullptr) w = reinterpret_cast<const P*>(weight)[p];
+      float xf[VEC], g[VEC];
+      unpack(P(x_row[p]), xf);
+      unpack(P(dy_row[p]), g);
+      if (weight != nullptr) scale_by(g, P(reinterpret_cast<const P*>(weight)[p]));
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float g = weight != nullptr ? to_float(d.v[j]) * to_float(w.v[j]) : to_float(d.v[j]);
-        sums.a += g;
-        sums.b += g * (to_float(in.v[j]) - mu) * rs;
+        sums.a += g[j];
+        sums.b += g[j] * (xf[j] - mu);
       }
     }
-    sums = row_allreduce(sums);
+    sums = row_allreduce(sums, turn);
     const float mean_g = RMS ? 0.0f : sums.a / N;
-    const float mean_gx = sums.b / N;
+    const float mean_gx = sums.b * rs / N;
     for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
-      const P in = x_row[p];
-      const P d = dy_row[p];
-      P w;
-      if (weight != nullptr) w = reinterpret_cast<const P*>(weight)[p];
+      float xf[VEC], g[VEC];
+      unpack(P(x_row[p]), xf);
+      unpack(P(dy_row[p]), g);
+      if (weight != nullptr) scale_by(g, P(reinterpret_cast<const P*>(weight)[p]));
       P out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float g = weight != nullptr ? to_float(d.v[j]) * to_float(w.v[j]) : to_float(d.v[j]);
-        out.v[j] = from_float<T>(rs * (g - mean_g - (to_float(in.v[j]) - mu) * rs * mean_gx));
+        out.v[j] = from_float<T>(rs * (g[j] - mean_g - (xf[j] - mu) * rs * mean_gx));
       }
       reinterpret_cast<P*>(dx + row * N)[p] = out;
     }
@@ -606,16 +660,16 @@ __global__ void __launch_bounds__(256) norm_backward_dwdb_kernel(
   }
 #pragma unroll 4
   for (int64_t row = blockIdx.y; row < M; row += gridDim.y) {
-    const P d = reinterpret_cast<const P*>(dy + row * N)[p];
-    const P in = reinterpret_cast<const P*>(x + row * N)[p];
+    float d[VEC], xf[VEC];
+    unpack(P(reinterpret_cast<const P*>(dy + row * N)[p]), d);
+    unpack(P(reinterpret_cast<const P*>(x + row * N)[p]), xf);
     const float mu = RMS ? 0.0f : mean[row];
     const float rs = rstd[row];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float dyj = to_float(d.v[j]);
-      const float xh = (to_float(in.v[j]) - mu) * rs;
-      db[j] += dyj;
-      dw[j] += dyj * (RMS ? round_to<T>(xh) : xh);
+      const float xh = (xf[j] - mu) * rs;
+      db[j] += d[j];
+      dw[j] += d[j] * (RMS ? round_to<T>(xh) : xh);
     }
   }
   const int n_sums = (int)sum_dw + (int)sum_db;
@@ -889,7 +943,7 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
     if (n_sums > 0) partials = torch::empty({n_partials, n_sums, N}, f32);                            \
     __VA_ARGS__<<<n_partials, block, smem, stream>>>(                                                 \
         data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx),                          \
-        n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N);                           \
+        n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N, 1.0f / N);                 \
   } while (0)
     switch (plan.packs) {
       case 1: FL_NORM_BWD(norm_backward_kernel<T, VEC, 1, RMS>); break;
