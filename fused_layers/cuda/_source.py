@@ -260,7 +260,9 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
     T* __restrict__ y,             // [M, N]
     float* __restrict__ mean_out,  // [M] (LayerNorm only)
     float* __restrict__ rstd_out,  // [M]
-    int64_t M, int N, float eps) {
+    int64_t M, int N, float eps,
+    float inv_n) {  // 1 / N from the host: an fp32 division's slow path is a subroutine call, and
+                    // with one in a kernel ptxas holds instantiations to 64 registers and spills
   using P = Pack<T, VEC>;
   const int n_packs = N / VEC;  // the launcher picks VEC dividing N
   int turn = 0;                 // row_allreduce's calls
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
         for (int j = 0; j < VEC; ++j) v[k][j] = 0.0f;
       }
     }
-    const float mean = RMS ? 0.0f : row_allreduce(sum, turn) / N;
+    const float mean = RMS ? 0.0f : row_allreduce(sum, turn) * inv_n;
     float sq = 0.0f;
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
         }
       }
     }
-    const float rstd = rsqrtf(row_allreduce(sq, turn) / N + eps);
+    const float rstd = rsqrtf(row_allreduce(sq, turn) * inv_n + eps);
     if (!active) continue;  // after the last reduction: no block-wide step follows in this group
     if (threadIdx.x == 0) {
       if (!RMS) mean_out[row] = mean;
@@ -313,7 +315,8 @@ __global__ void __launch_bounds__(1024) norm_forward_kernel(
 template <typename T, int VEC, bool RMS>
 __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ y,
-    float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t M, int N, float eps) {
+    float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t M, int N, float eps,
+    float inv_n) {  // 1 / N, as for norm_forward_kernel
   using P = Pack<T, VEC>;
   const int n_packs = N / VEC;
   int turn = 0;  // row_allreduce's calls
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sq += v[j] * v[j];
       }
-      rstd = rsqrtf(row_allreduce(sq, turn) / N + eps);
+      rstd = rsqrtf(row_allreduce(sq, turn) * inv_n + eps);
     } else {
       Welford w = {0.0f, 0.0f, 0.0f};
       for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
       }
       w = row_allreduce(w, turn);
       mean = w.mean;
-      rstd = rsqrtf(w.m2 / N + eps);
+      rstd = rsqrtf(w.m2 * inv_n + eps);
     }
     if (threadIdx.x == 0) {
       if (!RMS) mean_out[row] = mean;
@@ -365,6 +368,40 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
 //   dbias = sum_rows dy.
 // x_hat is recomputed from the saved fp32 mean/rstd; the two row sums share one reduction.
 // ---------------------------------------------------------------------------------------------
+
+// Adds one pack's terms to a row's sums: a += g (LayerNorm only), b += g * (x - mean), where
+// g = dy * weight.
+template <bool RMS, typename T, int VEC>
+__device__ __forceinline__ void add_row_sums(SumPair& sums, const Pack<T, VEC>& x, const Pack<T, VEC>& dy,
+                                             const T* __restrict__ weight, int p, float mu) {
+  float xf[VEC], g[VEC];
+  unpack(x, xf);
+  unpack(dy, g);
+  if (weight != nullptr) scale_by(g, Pack<T, VEC>(reinterpret_cast<const Pack<T, VEC>*>(weight)[p]));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if (!RMS) sums.a += g[j];
+    sums.b += g[j] * (xf[j] - mu);
+  }
+}
+
+// dx = rs * (g - mean(g) - x_hat * mean(g * x_hat)) = rs * g + (x_hat * b + c), from the row's
+// reduced sums: two fused multiply-adds per element. The sums stay centred on the mean: the
+// uncentred form torch's older kernel used (sum(g * x) - mean * sum(g), times rs^3) blows a
+// rounding error up to O(1) where the variance is near zero (a row of one element, a constant row).
+struct DxTerms {
+  float b;  // -rs * mean(g * x_hat)
+  float c;  // -rs * mean(g) (0 for RMSNorm)
+};
+
+template <bool RMS>
+__device__ __forceinline__ DxTerms dx_terms(SumPair sums, float rs, float inv_n) {
+  return {-sums.b * rs * rs * inv_n, RMS ? 0.0f : -sums.a * rs * inv_n};
+}
+
+__device__ __forceinline__ float dx_value(float g, float x_hat, float rs, DxTerms t) {
+  return fmaf(rs, g, fmaf(x_hat, t.b, t.c));
+}
 
 // Per-thread sums in shared memory, laid out [VEC / 4][n_packs] float4s (VEC % 4 == 0) or
 // [VEC][n_packs] floats (VEC == 1), so that a warp's lanes touch consecutive words: no bank
@@ -457,8 +494,7 @@ __global__ void __launch_bounds__(512, 1) norm_backward_kernel(
     T* __restrict__ dx,              // [M, N]
     float* __restrict__ partials,    // [gridDim.x, n_sums, N] or nullptr
     bool sum_dw, bool sum_db, int64_t M, int N,
-    float inv_n) {  // 1 / N from the host: an fp32 division's slow path is a subroutine call, and
-                    // with one in the kernel ptxas holds the narrow instantiations to 64 registers
+    float inv_n) {  // 1 / N, as for norm_forward_kernel
   using P = Pack<T, VEC>;
   // [n_sums][blockDim.y][N] floats of sums, then [blockDim.y][2][N] T of staged x and dy
   extern __shared__ float4 smem4[];
@@ -510,31 +546,15 @@ __global__ void __launch_bounds__(512, 1) norm_backward_kernel(
       next_mu = RMS ? 0.0f : mean[row + stride];
       next_rs = rstd[row + stride];
     }
-    SumPair sums = {0.0f, 0.0f};  // a: sum(g), b: sum(g * (x - mean))
+    SumPair sums = {0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
-      if (active && p < n_packs) {
-        float xf[VEC], g[VEC];
-        unpack(cx[k], xf);
-        unpack(cd[k], g);
-        if (weight != nullptr) scale_by(g, P(reinterpret_cast<const P*>(weight)[p]));
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          if (!RMS) sums.a += g[j];
-          sums.b += g[j] * (xf[j] - mu);
-        }
-      }
+      if (active && p < n_packs) add_row_sums<RMS>(sums, cx[k], cd[k], weight, p, mu);
     }
     // The sum pass has consumed cx and cd, so their shared-memory slots are free to refill.
     if (has_next) stage_row<T, VEC, PACKS>(dy, x, row + stride, N, x_stage, dy_stage);
-    sums = row_allreduce(sums, turn);
-    // dx = rs * (g - mean(g) - x_hat * mean(g * x_hat)) = rs * g + (x_hat * b + c): two fused
-    // multiply-adds per element. The sums stay centred on the mean: the uncentred form torch's older
-    // kernel used (sum(g * x) - mean * sum(g), times rs^3) blows a rounding error up to O(1) where
-    // the variance is near zero (a row of one element, a constant row).
-    const float b = -sums.b * rs * rs * inv_n;  // -rs * mean(g * x_hat)
-    const float c = RMS ? 0.0f : -sums.a * rs * inv_n;
+    const DxTerms terms = dx_terms<RMS>(row_allreduce(sums, turn), rs, inv_n);
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
@@ -548,7 +568,7 @@ __global__ void __launch_bounds__(512, 1) norm_backward_kernel(
         for (int j = 0; j < VEC; ++j) {
           const float g = weight != nullptr ? d[j] * w[j] : d[j];
           const float xh = (xf[j] - mu) * rs;
-          out.v[j] = from_float<T>(fmaf(rs, g, fmaf(xh, b, c)));
+          out.v[j] = from_float<T>(dx_value(g, xh, rs, terms));
           dw[j] = d[j] * (RMS ? round_to<T>(xh) : xh);
         }
         reinterpret_cast<P*>(dx + row * N)[p] = out;
@@ -599,7 +619,8 @@ __global__ void __launch_bounds__(512, 1) norm_backward_kernel(
 template <typename T, int VEC, bool RMS>
 __global__ void __launch_bounds__(512) norm_backward_dx_looped_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
-    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, int64_t M, int N) {
+    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, int64_t M, int N,
+    float inv_n) {  // 1 / N, as for norm_forward_kernel
   using P = Pack<T, VEC>;
   const int n_packs = N / VEC;
   int turn = 0;  // row_allreduce's calls
@@ -610,19 +631,9 @@ __global__ void __launch_bounds__(512) norm_backward_dx_looped_kernel(
     const P* dy_row = reinterpret_cast<const P*>(dy + row * N);
     SumPair sums = {0.0f, 0.0f};
     for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
-      float xf[VEC], g[VEC];
-      unpack(P(x_row[p]), xf);
-      unpack(P(dy_row[p]), g);
-      if (weight != nullptr) scale_by(g, P(reinterpret_cast<const P*>(weight)[p]));
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        sums.a += g[j];
-        sums.b += g[j] * (xf[j] - mu);
-      }
+      add_row_sums<RMS>(sums, P(x_row[p]), P(dy_row[p]), weight, p, mu);
     }
-    sums = row_allreduce(sums, turn);
-    const float mean_g = RMS ? 0.0f : sums.a / N;
-    const float mean_gx = sums.b * rs / N;
+    const DxTerms terms = dx_terms<RMS>(row_allreduce(sums, turn), rs, inv_n);
     for (int p = threadIdx.x; p < n_packs; p += blockDim.x) {
       float xf[VEC], g[VEC];
       unpack(P(x_row[p]), xf);
@@ -630,9 +641,7 @@ __global__ void __launch_bounds__(512) norm_backward_dx_looped_kernel(
       if (weight != nullptr) scale_by(g, P(reinterpret_cast<const P*>(weight)[p]));
       P out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        out.v[j] = from_float<T>(rs * (g[j] - mean_g - (xf[j] - mu) * rs * mean_gx));
-      }
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<T>(dx_value(g[j], (xf[j] - mu) * rs, rs, terms));
       reinterpret_cast<P*>(dx + row * N)[p] = out;
     }
   }
@@ -866,7 +875,7 @@ void launch_norm_forward(const torch::Tensor& x, const std::optional<torch::Tens
   float* mean_ptr = RMS ? nullptr : data<float>(mean);
 #define FL_NORM_FWD(...) \
   __VA_ARGS__<<<grid, block, 0, stream>>>(data<T>(x), w, b, data<T>(y), mean_ptr, data<float>(rstd), M, N, \
-                                          eps)
+                                          eps, 1.0f / N)
   switch (plan.packs) {
     case 1: FL_NORM_FWD(norm_forward_kernel<T, VEC, 1, RMS>); break;
     case 2: FL_NORM_FWD(norm_forward_kernel<T, VEC, 2, RMS>); break;
@@ -955,7 +964,7 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
   } else {
     const int grid = (int)std::min<int64_t>(M, (int64_t)device_info().sms * 4);
     norm_backward_dx_looped_kernel<T, VEC, RMS><<<grid, plan.threads_per_row, 0, stream>>>(
-        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx), M, N);
+        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx), M, N, 1.0f / N);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (n_sums > 0) {
       // Column tiles x row chunks: about 4 waves of blocks on the SMs, each chunk >= 8 rows.
