@@ -176,7 +176,7 @@ def test_rms_norm_matches_llama(dtype, weight_dtype):
 
 
 def test_a_cuda_default_steps_aside_for_triton_off_gpu(monkeypatch):
-    """A measured default may be CUDA C++ (layer_norm's was until 2026-11-24); off the GPU, Triton serves."""
+    """A measured default may be CUDA C++ (layer_norm's and rms_norm's are); off the GPU, Triton serves."""
     assert all(set(pair) <= {"triton", "cuda"} for pair in _dispatch.DEFAULT_BACKEND.values())
     monkeypatch.setitem(_dispatch.DEFAULT_BACKEND, "layer_norm", ("cuda", "triton"))
     x = torch.randn(2, 8, requires_grad=True)

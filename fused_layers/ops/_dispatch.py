@@ -16,14 +16,15 @@ from fused_layers.ops import _library
 #: H200 (``benchmarks/fused_layers.py --launch``, bf16, widths 1024 / 4096 / 8192 / 16384,
 #: forward+backward; BENCHMARKS.md §6). RMSNorm, 2026-11-24: CUDA C++ kernels 347-363 µs against
 #: Triton's 326-424 (87-91% of copy against 75-97%), host 155-255 µs against Triton's 309-602,
-#: through a C++ autograd node; so CUDA where it builds and weight and input share a dtype. LayerNorm:
-#: Triton's kernels 328-350 µs at widths 1024-8192 against CUDA's 385-403 (577 against 429 at 16384),
-#: CUDA's host time lower (134-248 µs against 266-604): no version is ahead on both, Triton kept.
-#: LayerNorm forward alone (2026-11-22): Triton 3.76-4.04 TB/s against CUDA's 3.14-3.85. GELU:
+#: through a C++ autograd node; so CUDA where it builds and weight and input share a dtype. LayerNorm,
+#: with the pipelined CUDA backward (2026-11-24, each kernel alone, CUDA events): CUDA forward +
+#: backward 338 / 344 / 358 / 393 µs at widths 1024 / 4096 / 8192 / 16384 against Triton's 348 / 341
+#: / 356 / 585, and CUDA's host time lower (its autograd node is C++): CUDA for differentiated calls.
+#: LayerNorm forward alone: Triton 132-149 µs, CUDA 134-145, level; Triton kept there. GELU:
 #: Triton ahead in both passes (3.75-4.15 against 3.41-3.65). The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "gelu": ("triton", "triton"),
-    "layer_norm": ("triton", "triton"),
+    "layer_norm": ("cuda", "triton"),
     "rms_norm": ("cuda", "triton"),
     "geglu": ("triton", "triton"),
     "swiglu": ("triton", "triton"),
