@@ -17,9 +17,9 @@ from fused_layers.ops import _library
 #: forward+backward; BENCHMARKS.md §6). RMSNorm, 2026-11-24: CUDA C++ kernels 347-363 µs against
 #: Triton's 326-424 (87-91% of copy against 75-97%), host 155-255 µs against Triton's 309-602,
 #: through a C++ autograd node; so CUDA where it builds and weight and input share a dtype. LayerNorm,
-#: with the pipelined CUDA backward (2026-11-24, each kernel alone, CUDA events): CUDA forward +
-#: backward 338 / 344 / 358 / 393 µs at widths 1024 / 4096 / 8192 / 16384 against Triton's 348 / 341
-#: / 356 / 585, and CUDA's host time lower (its autograd node is C++): CUDA for differentiated calls.
+#: with the pipelined CUDA backward (2026-11-24, --launch): CUDA kernels 335 / 341 / 357 / 389 µs
+#: per forward+backward at widths 1024 / 4096 / 8192 / 16384 against Triton's 329 / 330 / 348 / 566,
+#: host 165-259 µs against Triton's 362-673 (its autograd node is C++): CUDA for differentiated calls.
 #: LayerNorm forward alone: Triton 132-149 µs, CUDA 134-145, level; Triton kept there. GELU:
 #: Triton ahead in both passes (3.75-4.15 against 3.41-3.65). The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
