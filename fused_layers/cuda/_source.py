@@ -629,7 +629,7 @@ __device__ __forceinline__ void copy_async_wait_newest() {
 // and dy from the slot again (the reduction's barrier comes between), which keeps fewer registers
 // live than holding both packs. H200, bf16, 2026-11-24: 203 / 210 / 221 µs at 131072x1024,
 // 32768x4096 and 16384x8192 against 247 / 228 / 231 for norm_backward_kernel (shared-memory sums);
-// a third slot was 2-4 µs slower. At the end the block folds its row slots' sums through shared
+// a third slot was 3-6 µs slower. At the end the block folds its row slots' sums through shared
 // memory and writes one row of fp32 partials per sum, [gridDim.x, n_sums, N], as the held path does.
 template <typename T, int VEC, int PACKS, bool RMS>
 __global__ void __launch_bounds__(512, 1) norm_backward_pipelined_kernel(
