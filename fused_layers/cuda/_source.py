@@ -370,19 +370,28 @@ __global__ void __launch_bounds__(1024) norm_forward_looped_kernel(
 // ---------------------------------------------------------------------------------------------
 
 // Adds one pack's terms to a row's sums: a += g (LayerNorm only), b += g * (x - mean), where
-// g = dy * weight.
+// g = dy * weight; w is the weight's pack, or nullptr for no weight.
 template <bool RMS, typename T, int VEC>
 __device__ __forceinline__ void add_row_sums(SumPair& sums, const Pack<T, VEC>& x, const Pack<T, VEC>& dy,
-                                             const T* __restrict__ weight, int p, float mu) {
+                                             const Pack<T, VEC>* w, float mu) {
   float xf[VEC], g[VEC];
   unpack(x, xf);
   unpack(dy, g);
-  if (weight != nullptr) scale_by(g, Pack<T, VEC>(reinterpret_cast<const Pack<T, VEC>*>(weight)[p]));
+  if (w != nullptr) scale_by(g, *w);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     if (!RMS) sums.a += g[j];
     sums.b += g[j] * (xf[j] - mu);
   }
+}
+
+// The same, with the weight's pack p loaded from global memory (weight may be nullptr).
+template <bool RMS, typename T, int VEC>
+__device__ __forceinline__ void add_row_sums(SumPair& sums, const Pack<T, VEC>& x, const Pack<T, VEC>& dy,
+                                             const T* __restrict__ weight, int p, float mu) {
+  if (weight == nullptr) return add_row_sums<RMS>(sums, x, dy, (const Pack<T, VEC>*)nullptr, mu);
+  const Pack<T, VEC> w(reinterpret_cast<const Pack<T, VEC>*>(weight)[p]);
+  add_row_sums<RMS>(sums, x, dy, &w, mu);
 }
 
 // dx = rs * (g - mean(g) - x_hat * mean(g * x_hat)) = rs * g + (x_hat * b + c), from the row's
@@ -693,15 +702,7 @@ __global__ void __launch_bounds__(512, 1) norm_backward_pipelined_kernel(
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (active && p < n_packs) {
-        float xf[VEC], g[VEC];
-        unpack(P(x_stage[p]), xf);
-        unpack(P(dy_stage[p]), g);
-        if (weight != nullptr) scale_by(g, w_packs[k]);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          if (!RMS) sums.a += g[j];
-          sums.b += g[j] * (xf[j] - mu);
-        }
+        add_row_sums<RMS>(sums, P(x_stage[p]), P(dy_stage[p]), weight != nullptr ? &w_packs[k] : nullptr, mu);
       }
     }
     const DxTerms terms = dx_terms<RMS>(row_allreduce(sums, turn), rs, inv_n);
@@ -1097,39 +1098,27 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
   const float* mean_ptr = RMS ? nullptr : data<float>(mean);
   torch::Tensor partials;
   int n_partials = 0;
+  // Both persistent kernels take the same arguments: grid, partials and launch on plan p with
+  // `bytes` of dynamic shared memory.
+  auto launch_persistent = [&](auto kernel, const RowPlan& p, size_t bytes) {
+    n_partials = persistent_blocks(kernel, p.threads_per_row * p.rows_per_block, bytes, row_groups(M, p));
+    if (n_sums > 0) partials = torch::empty({n_partials, n_sums, N}, f32);
+    kernel<<<n_partials, dim3(p.threads_per_row, p.rows_per_block), bytes, stream>>>(
+        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx),
+        n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N, 1.0f / N);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
   if (pipelined) {
-    const dim3 block(piped.threads_per_row, piped.rows_per_block);
-    const int threads = piped.threads_per_row * piped.rows_per_block;
-#define FL_NORM_BWD(...)                                                                               \
-  do {                                                                                                 \
-    n_partials = persistent_blocks(__VA_ARGS__, threads, piped_smem, row_groups(M, piped));            \
-    if (n_sums > 0) partials = torch::empty({n_partials, n_sums, N}, f32);                            \
-    __VA_ARGS__<<<n_partials, block, piped_smem, stream>>>(                                           \
-        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx),                          \
-        n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N, 1.0f / N);                 \
-  } while (0)
-    if (piped.packs == 1) FL_NORM_BWD(norm_backward_pipelined_kernel<T, VEC, 1, RMS>);
-    else FL_NORM_BWD(norm_backward_pipelined_kernel<T, VEC, 2, RMS>);
-#undef FL_NORM_BWD
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else if (held) {
-    const dim3 block(plan.threads_per_row, plan.rows_per_block);
-    const int threads = plan.threads_per_row * plan.rows_per_block;
-#define FL_NORM_BWD(...)                                                                               \
-  do {                                                                                                 \
-    n_partials = persistent_blocks(__VA_ARGS__, threads, smem, row_groups(M, plan));                   \
-    if (n_sums > 0) partials = torch::empty({n_partials, n_sums, N}, f32);                            \
-    __VA_ARGS__<<<n_partials, block, smem, stream>>>(                                                 \
-        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx),                          \
-        n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N, 1.0f / N);                 \
-  } while (0)
-    switch (plan.packs) {
-      case 1: FL_NORM_BWD(norm_backward_kernel<T, VEC, 1, RMS>); break;
-      case 2: FL_NORM_BWD(norm_backward_kernel<T, VEC, 2, RMS>); break;
-      default: FL_NORM_BWD(norm_backward_kernel<T, VEC, 4, RMS>); break;
+    switch (piped.packs) {
+      case 1: launch_persistent(norm_backward_pipelined_kernel<T, VEC, 1, RMS>, piped, piped_smem); break;
+      default: launch_persistent(norm_backward_pipelined_kernel<T, VEC, 2, RMS>, piped, piped_smem); break;
     }
-#undef FL_NORM_BWD
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (held) {
+    switch (plan.packs) {
+      case 1: launch_persistent(norm_backward_kernel<T, VEC, 1, RMS>, plan, smem); break;
+      case 2: launch_persistent(norm_backward_kernel<T, VEC, 2, RMS>, plan, smem); break;
+      default: launch_persistent(norm_backward_kernel<T, VEC, 4, RMS>, plan, smem); break;
+    }
   } else {
     const int grid = (int)std::min<int64_t>(M, (int64_t)device_info().sms * 4);
     norm_backward_dx_looped_kernel<T, VEC, RMS><<<grid, plan.threads_per_row, 0, stream>>>(
