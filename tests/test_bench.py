@@ -85,3 +85,23 @@ def test_to_dict_is_json_ready():
     timing = bench.time_fn(lambda: None, device="cpu", samples=2, calls_per_sample=2)
     data = json.loads(json.dumps(timing.to_dict()))
     assert data["clock"] == "host" and len(data["samples_ms"]) == 2
+
+
+def test_host_times_interleave_rounds_in_rotated_order():
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    timings = bench.host_times(fns, device="cpu", warmup=0, rounds=3, calls_per_sample=2, busy_gpu_ms=5.0)
+    assert set(timings) == set("abc")
+    assert all(t.clock == bench.CLOCK_HOST and len(t.samples_ms) == 3 for t in timings.values())
+    # one sample (2 calls) of each per round, the starting function rotated from round to round;
+    # busy_gpu_ms does nothing off CUDA
+    assert "".join(order) == "aabbcc" + "bbccaa" + "ccaabb"
+
+
+def test_paired_ratio_compares_round_by_round():
+    slow = bench.summarize([2.0, 4.0, 6.0], clock=bench.CLOCK_HOST, device="cpu")
+    fast = bench.summarize([1.0, 4.0, 3.0], clock=bench.CLOCK_HOST, device="cpu")
+    median, q1, q3 = bench.paired_ratio(fast, slow)
+    assert median == 0.5 and q1 == 0.5 and q3 == 0.75  # ratios 0.5, 1.0, 0.5
+    with pytest.raises(ValueError, match="one sample per round"):
+        bench.paired_ratio(fast, bench.summarize([1.0], clock=bench.CLOCK_HOST, device="cpu"))

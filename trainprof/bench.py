@@ -19,7 +19,8 @@ in several samples, and reports the median and the interquartile range of the sa
 - Throughput is a fraction of what the same device did in the same process
   (``measure_copy_bandwidth``, ``measure_matmul_peak``), never of a datasheet table.
 - ``host_time`` measures the host's cost of launching a call (µs per call, no sync between
-  calls), which the GPU figure hides when the GPU is the slower side.
+  calls), which the GPU figure hides when the GPU is the slower side; ``host_times`` measures
+  several side by side, round by round, and ``paired_ratio`` compares two of them per round.
 
 Every ``torch.cuda`` call is behind a device check: on a CPU build they raise.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -264,6 +265,91 @@ def host_time(
         per_call.append((time.perf_counter() - start) * 1e3 / calls_per_sample)
     synchronize(dev)
     return summarize(per_call, clock=CLOCK_HOST, device=str(dev), calls_per_sample=calls_per_sample)
+
+
+def host_times(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    device: str | torch.device | None = None,
+    warmup: int = 3,
+    rounds: int = 15,
+    calls_per_sample: int = 10,
+    busy_gpu_ms: float | None = None,
+) -> dict[str, Timing]:
+    """``host_time`` of several functions side by side, for comparing them in one run.
+
+    Each round takes one sample of every function, in an order rotated from round to round (A B C,
+    B C A, ...), so that drift of the host (its clock speed, other processes) falls on all of them
+    alike rather than on whichever was measured last. Sample ``i`` of each result comes from round
+    ``i``: ``paired_ratio`` compares two of them round by round.
+
+    ``busy_gpu_ms``: on CUDA, queue a spin kernel of that length before each sample (outside the
+    timing), so the calls' launches all meet a busy GPU with work queued, as in a GPU-bound training
+    step. Without it each sample starts on an idle GPU, and a function whose kernels finish sooner
+    keeps the queue shorter, which changes the host's launch cost: on the H200's host a faster
+    kernel made the same launches look slower. Make it longer than a sample's host time.
+    """
+    if not fns:
+        raise ValueError("no functions to time")
+    dev = resolve_device(device)
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            synchronize(dev)
+            if busy_gpu_ms:
+                keep_gpu_busy(busy_gpu_ms, dev)
+            start = time.perf_counter()
+            for _ in range(calls_per_sample):
+                fn()
+            samples[name].append((time.perf_counter() - start) * 1e3 / calls_per_sample)
+    synchronize(dev)
+    return {
+        name: summarize(per_call, clock=CLOCK_HOST, device=str(dev), calls_per_sample=calls_per_sample)
+        for name, per_call in samples.items()
+    }
+
+
+def keep_gpu_busy(ms: float, device: str | torch.device | None = None) -> None:
+    """Queue a spin kernel of about ``ms`` milliseconds on the current stream; a no-op off CUDA."""
+    dev = resolve_device(device)
+    if is_cuda(dev):
+        torch.cuda._sleep(int(_spin_cycles_per_ms(str(dev)) * ms))
+
+
+@functools.cache
+def _spin_cycles_per_ms(device: str) -> float:
+    """GPU clock cycles of ``torch.cuda._sleep`` per millisecond, measured with CUDA events."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(1_000_000)  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        return 10_000_000 / start.elapsed_time(end)
+
+
+def paired_ratio(numerator: Timing, denominator: Timing) -> tuple[float, float, float]:
+    """Median and quartiles (inclusive) of ``numerator``'s sample over ``denominator``'s, round by round.
+
+    For two results of one ``host_times`` call: a median below 1 means the numerator was the cheaper
+    one in most rounds.
+    """
+    if len(numerator.samples_ms) != len(denominator.samples_ms):
+        raise ValueError("paired_ratio needs timings with one sample per round, from one host_times call")
+    ratios = [a / b for a, b in zip(numerator.samples_ms, denominator.samples_ms, strict=True) if b > 0]
+    if not ratios:
+        raise ValueError("no positive samples to compare")
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return median, q1, q3
 
 
 @functools.cache
