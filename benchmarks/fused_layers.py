@@ -12,7 +12,8 @@ compact table last.
     python benchmarks/fused_layers.py --launch --out log/norm_launch         # host vs kernel time
 
 ``--launch`` answers a narrower question for LayerNorm and RMSNorm forward+backward at the norm
-shapes: per call, the back-to-back time, the host's time without a sync (``trainprof.bench.host_time``),
+shapes: per call, the back-to-back time, the host's time without a sync (``trainprof.bench.host_times``:
+the contenders side by side, round by round),
 and the GPU kernel time summed from the profiler, each kernel time also as a fraction of copy
 bandwidth; for eager torch, ours with the direct launch, ours through Triton's own launcher
 (``FUSED_LAYERS_DIRECT_LAUNCH=0`` behaviour) and the CUDA C++ versions. Bars: kernel time >= 85%
@@ -378,6 +379,10 @@ def _write(result: dict, out: str) -> None:
 
 
 LAUNCH_KERNEL_BAR = 0.85  # GPU kernel time of ours as a fraction of copy bandwidth
+# Host time: rounds of one sample per contender, each sample the mean of HOST_CALLS calls.
+HOST_ROUNDS = 41
+HOST_CALLS = 5
+HOST_BUSY_GPU_MS = 10.0  # longer than any contender's HOST_CALLS calls take the host
 
 
 def _launch_contenders(op: str):
@@ -399,11 +404,39 @@ def _kernel_us(call: Callable[[], None], calls: int = 10) -> float:
     return sum(event.self_device_time_total for event in prof.key_averages()) / calls
 
 
-def run_launch(args: argparse.Namespace) -> dict:
-    """--launch: host µs, kernel µs and back-to-back µs per forward+backward of each norm."""
+def _launch_calls(op: str, shape: tuple[int, int], saved_direct: bool) -> dict[str, Callable[[], None]]:
+    """name -> one forward+backward of that contender on fresh bf16 inputs of ``shape``."""
     from fused_layers.ops import _library
-    from trainprof.bench import host_time, measure_copy_bandwidth, time_fn
 
+    inputs, _ = _inputs(op, shape, grad=True)
+    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    calls = {}
+    for name, fn, direct in _launch_contenders(op):
+
+        def call(fn=fn, direct=direct) -> None:
+            _library.DIRECT_LAUNCH = saved_direct and direct
+            try:
+                for leaf in inputs:
+                    leaf.grad = None
+                fn(*inputs).backward(dy)
+            finally:
+                _library.DIRECT_LAUNCH = saved_direct
+
+        calls[name] = call
+    return calls
+
+
+def run_launch(args: argparse.Namespace) -> dict:
+    """--launch: host µs, kernel µs and back-to-back µs per forward+backward of each norm.
+
+    Host times come first, for every shape, before anything runs the profiler: once it has run,
+    CUPTI stays attached and adds host time to every kernel launch (on the H200's host, eager
+    LayerNorm forward+backward went from 137-141 µs a call to 201-250 after one profiled run).
+    """
+    from fused_layers.ops import _library
+    from trainprof.bench import host_times, measure_copy_bandwidth, paired_ratio, time_fn
+
+    saved = _library.DIRECT_LAUNCH
     copy_bps = measure_copy_bandwidth("cuda")
     result = {
         "device": torch.cuda.get_device_name(),
@@ -414,48 +447,59 @@ def run_launch(args: argparse.Namespace) -> dict:
         "rows": [],
     }
     shapes = QUICK_SHAPES if args.quick else NORM_SHAPES
-    for op in ("layer_norm", "rms_norm"):
-        for shape in shapes:
-            inputs, _ = _inputs(op, shape, grad=True)
-            dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-            nbytes = _min_bytes(op, shape, "fwd+bwd")
-            row = {"op": op, "shape": list(shape), "min_bytes": nbytes, "results": {}}
-            for name, fn, direct in _launch_contenders(op):
-
-                def call(fn=fn, inputs=inputs, dy=dy) -> None:
-                    for leaf in inputs:
-                        leaf.grad = None
-                    fn(*inputs).backward(dy)
-
-                saved = _library.DIRECT_LAUNCH
-                _library.DIRECT_LAUNCH = saved and direct
-                try:
-                    steady = time_fn(call, device="cuda", target_ms=5.0 if args.quick else 25.0)
-                    host = host_time(call, device="cuda", calls_per_sample=10)
-                    kernel_us = _kernel_us(call)
-                    row["results"][name] = {
-                        "steady_us": steady.median_us,
-                        "host_us": host.median_us,
-                        "host_iqr_us": host.iqr_ms * 1e3,
-                        "kernel_us": kernel_us,
-                        "kernel_pct_copy": 100 * nbytes / (kernel_us * 1e-6) / copy_bps,
-                    }
-                except Exception as exc:  # one contender failing must not end the run
-                    row["results"][name] = {"error": repr(exc)[:500]}
-                finally:
-                    _library.DIRECT_LAUNCH = saved
-            eager = row["results"].get("eager", {})
-            for name in ("ours", "ours_cuda"):  # the bars, for the Triton and the CUDA C++ version
-                ours = row["results"].get(name, {})
-                if "kernel_us" in ours and "host_us" in eager:
-                    row.setdefault("bars", {})[name] = {
-                        "kernel": ours["kernel_pct_copy"] >= 100 * LAUNCH_KERNEL_BAR,
-                        "host": ours["host_us"] <= eager["host_us"],
-                    }
-            result["rows"].append(row)
-            inputs = dy = None
-            torch.cuda.empty_cache()
-            _write_launch(result, args.out)
+    cases = [(op, shape) for op in ("layer_norm", "rms_norm") for shape in shapes]
+    for op, shape in cases:  # pass 1: host time, no profiler yet
+        row = {"op": op, "shape": list(shape), "min_bytes": _min_bytes(op, shape, "fwd+bwd"), "results": {}}
+        calls = {}
+        for name, call in _launch_calls(op, shape, saved).items():
+            try:
+                call()  # builds and warms; a contender that fails here is left out of the timing
+                calls[name] = call
+            except Exception as exc:  # one contender failing must not end the run
+                row["results"][name] = {"error": repr(exc)[:500]}
+        # Side by side: the contenders in rotated order, one sample each per round, so that the
+        # host's drift within the run falls on all of them alike. The bar's figure starts each
+        # sample on a GPU kept busy (launches meet a queue, as in a GPU-bound step); the other
+        # starts on an idle GPU, where faster kernels keep the queue short (see host_times).
+        for key, busy_ms in (("host", HOST_BUSY_GPU_MS), ("host_idle", None)):
+            hosts = host_times(
+                calls, device="cuda", rounds=HOST_ROUNDS, calls_per_sample=HOST_CALLS, busy_gpu_ms=busy_ms
+            )
+            for name, host in hosts.items():
+                row["results"].setdefault(name, {}).update(
+                    {f"{key}_us": host.median_us, f"{key}_iqr_us": host.iqr_ms * 1e3,
+                     f"{key}_samples_ms": host.samples_ms}
+                )  # fmt: skip
+                if name != "eager" and "eager" in hosts:
+                    row["results"][name][f"{key}_over_eager"] = paired_ratio(host, hosts["eager"])
+        result["rows"].append(row)
+        calls = None
+        torch.cuda.empty_cache()
+    for row in result["rows"]:  # pass 2: back-to-back and kernel time
+        shape = tuple(row["shape"])
+        for name, call in _launch_calls(row["op"], shape, saved).items():
+            if "error" in row["results"].get(name, {}):
+                continue
+            try:
+                steady = time_fn(call, device="cuda", target_ms=5.0 if args.quick else 25.0)
+                kernel_us = _kernel_us(call)
+                row["results"][name].update(
+                    steady_us=steady.median_us,
+                    kernel_us=kernel_us,
+                    kernel_pct_copy=100 * row["min_bytes"] / (kernel_us * 1e-6) / copy_bps,
+                )
+            except Exception as exc:
+                row["results"][name] = {"error": repr(exc)[:500]}
+        eager = row["results"].get("eager", {})
+        for name in ("ours", "ours_cuda"):  # the bars, for the Triton and the CUDA C++ version
+            ours = row["results"].get(name, {})
+            if "kernel_us" in ours and "host_us" in eager:
+                row.setdefault("bars", {})[name] = {
+                    "kernel": ours["kernel_pct_copy"] >= 100 * LAUNCH_KERNEL_BAR,
+                    "host": ours["host_us"] <= eager["host_us"],
+                }
+        torch.cuda.empty_cache()
+        _write_launch(result, args.out)
     return result
 
 
@@ -464,12 +508,15 @@ def _launch_table(result: dict) -> str:
     lines = [
         f"device: {result['device']}  date: {result['date']}  torch {result['torch']}  triton "
         f"{result['triton']}  copy: {result['copy_tbps']:.2f} TB/s (read+write)",
-        "forward+backward, bf16, µs per call: back-to-back (CUDA events) / host, no sync / GPU kernels "
-        f"(profiler) and kernels as % of copy; bars: ours' kernels >= {100 * LAUNCH_KERNEL_BAR:.0f}% of "
-        "copy, ours' host <= eager's",
+        "forward+backward, bf16, µs per call: back-to-back (CUDA events) / host with the GPU busy / host "
+        "from an idle GPU (no sync in either) / GPU kernels (profiler), and kernels as % of copy. Host: "
+        f"medians of {HOST_ROUNDS} rounds that time each contender in turn, before any profiling. Bars: "
+        f"ours' kernels >= {100 * LAUNCH_KERNEL_BAR:.0f}% of copy; ours' host (GPU busy) <= eager's. Last "
+        "columns: CUDA's host sample over eager's in the same round, median (quartiles)",
         "",
-        "| op | shape | " + " | ".join(names) + " | kernel bar (Triton / CUDA) | host bar (Triton / CUDA) |",
-        "|---|---|" + "---|" * len(names) + "---|---|",
+        "| op | shape | " + " | ".join(names) + " | kernel bar (Triton / CUDA) | host bar (Triton / CUDA) "
+        "| CUDA / eager host, GPU busy | same, idle |",
+        "|---|---|" + "---|" * len(names) + "---|---|---|---|",
     ]
     for row in result["rows"]:
         cells = []
@@ -477,18 +524,24 @@ def _launch_table(result: dict) -> str:
             r = row["results"].get(name)
             if r is None or "error" in r:
                 cells.append("-" if r is None else "err")
-            else:
-                times = f"{r['steady_us']:.0f} / {r['host_us']:.0f} / {r['kernel_us']:.0f}"
-                cells.append(f"{times} ({r['kernel_pct_copy']:.0f}%)")
+                continue
+            keys = ("steady_us", "host_us", "host_idle_us", "kernel_us")
+            times = " / ".join(f"{r[key]:.0f}" if key in r else "-" for key in keys)
+            cells.append(f"{times} ({r['kernel_pct_copy']:.0f}%)" if "kernel_pct_copy" in r else times)
         verdict = {True: "yes", False: "NO", None: "-"}
         bars = row.get("bars", {})
         judged = [
             " / ".join(verdict[bars.get(name, {}).get(bar)] for name in ("ours", "ours_cuda"))
             for bar in ("kernel", "host")
         ]
+        cuda = row["results"].get("ours_cuda", {})
+        paired = [
+            "{:.2f} ({:.2f}-{:.2f})".format(*cuda[key]) if key in cuda else "-"
+            for key in ("host_over_eager", "host_idle_over_eager")
+        ]
         lines.append(
             f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | " + " | ".join(cells)
-            + f" | {judged[0]} | {judged[1]} |"
+            + f" | {judged[0]} | {judged[1]} | {paired[0]} | {paired[1]} |"
         )  # fmt: skip
     errors = {
         f"{row['op']}/{name}": r["error"][:200]

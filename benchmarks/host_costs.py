@@ -7,6 +7,13 @@ forward's Python. The backward's Python runs on autograd's device thread, which 
 not see: its launcher is profiled by a direct call instead.
 
     python benchmarks/host_costs.py [--width 1024] [--rows 8] [--out FILE.json]
+    python benchmarks/host_costs.py --phases 32768x4096,8192x16384 [--out FILE.json]
+
+``--phases`` splits one LayerNorm forward+backward at full-size shapes into its host phases
+(clearing the grads, the forward call, the backward call) for eager torch, the CUDA extension's
+autograd node called directly, and ``fused_layers.ops.layer_norm`` (``backend="cuda"`` and the
+default), side by side: rounds in rotated order, each sample starting on a GPU kept busy by a spin
+kernel, as ``trainprof.bench.host_times`` does; medians of the rounds.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import importlib
 import io
 import json
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -56,12 +64,75 @@ def host_us(call, calls: int = 300, repeats: int = 7) -> float:
     return best * 1e6
 
 
+def phases(rows: int, width: int, rounds: int = 60, calls: int = 5, busy_ms: float = 10.0) -> dict:
+    """Median host µs per call of each phase (``clear``, ``fwd``, ``bwd``, and the sample's ``total``)."""
+    from fused_layers import cuda as fused_cuda
+    from trainprof.bench import keep_gpu_busy
+
+    ext = fused_cuda.load_extension()
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    x, w, b = make(rows, width), make(width), make(width)
+    dy = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+    forwards = {
+        "eager": lambda: F.layer_norm(x, (width,), w, b, 1e-5),
+        "extension node": lambda: ext.norm_autograd(x, w, b, 1e-5, False),
+        "ops cuda": lambda: ln.layer_norm(x, w, b, 1e-5, backend="cuda"),
+        "ops default": lambda: ln.layer_norm(x, w, b, 1e-5),
+    }
+    samples = {name: {"clear": [], "fwd": [], "bwd": [], "total": []} for name in forwards}
+    for forward in forwards.values():  # warm-up: builds, caches
+        for _ in range(3):
+            x.grad = w.grad = b.grad = None
+            forward().backward(dy)
+    names = list(forwards)
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            forward = forwards[name]
+            torch.cuda.synchronize()
+            keep_gpu_busy(busy_ms, "cuda")
+            spent = {"clear": 0.0, "fwd": 0.0, "bwd": 0.0}
+            start = time.perf_counter()
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                x.grad = w.grad = b.grad = None
+                t1 = time.perf_counter()
+                y = forward()
+                t2 = time.perf_counter()
+                y.backward(dy)
+                t3 = time.perf_counter()
+                spent["clear"] += t1 - t0
+                spent["fwd"] += t2 - t1
+                spent["bwd"] += t3 - t2
+                del y
+            spent["total"] = time.perf_counter() - start
+            for phase, seconds in spent.items():
+                samples[name][phase].append(seconds / calls * 1e6)
+    torch.cuda.synchronize()
+    return {
+        name: {phase: round(statistics.median(values), 1) for phase, values in by_phase.items()}
+        for name, by_phase in samples.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--phases", help="comma-separated ROWSxWIDTH shapes: split a forward+backward")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.phases:
+        shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.phases.split(",")]
+        date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        result = {"device": torch.cuda.get_device_name(), "date": date}
+        for rows, width in shapes:
+            result[f"{rows}x{width}"] = split = phases(rows, width)
+            for name, by_phase in split.items():
+                print(f"{rows}x{width} {name:15s} " + "  ".join(f"{k} {v:6.1f}" for k, v in by_phase.items()))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
     x, w, b = make(args.rows, args.width), make(args.width), make(args.width)
     dy = torch.randn(args.rows, args.width, device="cuda", dtype=torch.bfloat16)
