@@ -913,25 +913,19 @@ void check_input(const torch::Tensor& t, const torch::Tensor& like, const char* 
   TORCH_CHECK(t.device() == like.device(), "fused_layers.cuda: ", name, " is on another device");
 }
 
-// Kept to c10 headers (no ATen/cuda/CUDAContext.h, which pulls in cuBLAS/cuSPARSE headers), so the
-// host code also compiles in a syntax check against torch's headers on a machine without them.
-int current_device() {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
 struct DeviceInfo {
   int sms = 0;
   int max_smem_optin = 0;  // bytes of shared memory a block may opt in to
 };
 
-// Looked up once per device and process: attribute queries cost host time on every call.
-const DeviceInfo& device_info() {
+// Looked up once per device and process: attribute queries cost host time on every call. `device`
+// is the tensors' device index, read from a tensor (not cudaGetDevice: host time on every call).
+// Kept to c10 headers (no ATen/cuda/CUDAContext.h, which pulls in cuBLAS/cuSPARSE headers), so the
+// host code also compiles in a syntax check against torch's headers on a machine without them.
+const DeviceInfo& device_info(int device) {
   constexpr int kMaxDevices = 64;
   static std::array<std::once_flag, kMaxDevices> once;
   static std::array<DeviceInfo, kMaxDevices> info;
-  const int device = current_device();
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "fused_layers.cuda: device index ", device,
               " out of range");
   std::call_once(once[device], [device] {
@@ -951,8 +945,10 @@ void launch_gelu(const torch::Tensor* dy, const torch::Tensor& x, torch::Tensor&
   const int64_t n = x.numel();
   const int threads = 256;
   const int64_t packs = std::max<int64_t>(n / VEC, 1);
-  const int blocks = (int)std::min<int64_t>((packs + threads - 1) / threads, (int64_t)device_info().sms * 8);
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int device = x.get_device();
+  const int64_t max_blocks = (int64_t)device_info(device).sms * 8;
+  const int blocks = (int)std::min<int64_t>((packs + threads - 1) / threads, max_blocks);
+  auto stream = c10::cuda::getCurrentCUDAStream(device);
   const T* x_ptr = data<T>(x);
   T* out_ptr = data<T>(out);
   if (dy == nullptr) {
@@ -1014,18 +1010,16 @@ int row_groups(int64_t M, const RowPlan& plan) {
 
 template <typename T, int VEC, bool RMS>
 void launch_norm_forward(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
-                         const std::optional<torch::Tensor>& bias, torch::Tensor& y, torch::Tensor& mean,
-                         torch::Tensor& rstd, int64_t M, int N, float eps) {
+                         const std::optional<torch::Tensor>& bias, torch::Tensor& y, float* mean, float* rstd,
+                         int64_t M, int N, float eps) {
   const RowPlan plan = plan_rows(N / VEC, 1024, 128);
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   const int grid = plan.packs > 0 ? row_groups(M, plan) : (int)std::min<int64_t>(M, 1 << 30);
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream(x.get_device());
   const T* w = data_or_null<T>(weight);
   const T* b = data_or_null<T>(bias);
-  float* mean_ptr = RMS ? nullptr : data<float>(mean);
 #define FL_NORM_FWD(...) \
-  __VA_ARGS__<<<grid, block, 0, stream>>>(data<T>(x), w, b, data<T>(y), mean_ptr, data<float>(rstd), M, N, \
-                                          eps, 1.0f / N)
+  __VA_ARGS__<<<grid, block, 0, stream>>>(data<T>(x), w, b, data<T>(y), mean, rstd, M, N, eps, 1.0f / N)
   switch (plan.packs) {
     case 1: FL_NORM_FWD(norm_forward_kernel<T, VEC, 1, RMS>); break;
     case 2: FL_NORM_FWD(norm_forward_kernel<T, VEC, 2, RMS>); break;
@@ -1043,10 +1037,9 @@ constexpr int kBackwardWarpsPerSm = 16;
 // Blocks for a persistent launch: kBackwardWarpsPerSm worth per SM (fewer if they do not fit),
 // at most `needed`. Occupancy is looked up once per kernel, block shape and shared memory size.
 template <typename Kernel>
-int persistent_blocks(Kernel kernel, int threads, size_t smem_bytes, int needed) {
+int persistent_blocks(Kernel kernel, int threads, size_t smem_bytes, int needed, int device) {
   static std::mutex lock;
   static std::map<std::tuple<const void*, int, size_t, int>, int> per_sm_cache;
-  const int device = current_device();
   const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, smem_bytes, device);
   int per_sm = 0;
   {
@@ -1059,7 +1052,7 @@ int persistent_blocks(Kernel kernel, int threads, size_t smem_bytes, int needed)
       // buffers: one setting per kernel, whatever size each launch asks for.
       cudaFuncAttributes attributes;
       C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-      const int dynamic_max = device_info().max_smem_optin - (int)attributes.sharedSizeBytes;
+      const int dynamic_max = device_info(device).max_smem_optin - (int)attributes.sharedSizeBytes;
       C10_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max));
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
@@ -1069,20 +1062,22 @@ int persistent_blocks(Kernel kernel, int threads, size_t smem_bytes, int needed)
       per_sm_cache.emplace(key, per_sm);
     }
   }
-  return std::max(1, std::min(needed, per_sm * device_info().sms));
+  return std::max(1, std::min(needed, per_sm * device_info(device).sms));
 }
 
-// Writes dx, and dweight / dbias (in T) where they are defined tensors.
+// Writes dx, and dweight / dbias (in T) where they are defined tensors. mean is nullptr for RMSNorm.
 template <typename T, int VEC, bool RMS>
 void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
-                          const std::optional<torch::Tensor>& weight, const torch::Tensor& mean,
-                          const torch::Tensor& rstd, torch::Tensor& dx, torch::Tensor& dweight,
+                          const std::optional<torch::Tensor>& weight, const float* mean_ptr,
+                          const float* rstd_ptr, torch::Tensor& dx, torch::Tensor& dweight,
                           torch::Tensor& dbias, int64_t M, int N) {
   const bool sum_dw = dweight.defined();
   const bool sum_db = dbias.defined();
   const int n_sums = (int)sum_dw + (int)sum_db;
+  const int device = x.get_device();
+  const DeviceInfo& info = device_info(device);
   const size_t static_smem = 1024;  // row_allreduce's partials, with room to spare
-  const size_t smem_limit = (size_t)device_info().max_smem_optin - static_smem;
+  const size_t smem_limit = (size_t)info.max_smem_optin - static_smem;
   // Pipelined: 2 packs a thread, 512 threads at most; the ring's two slots of x and dy per row.
   const RowPlan piped = plan_rows(N / VEC, 512, 256, 2);
   const size_t piped_smem = (size_t)2 * piped.rows_per_block * 2 * N * sizeof(T);
@@ -1092,19 +1087,19 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
   const RowPlan plan = plan_rows(N / VEC, 512, 256);
   const size_t smem = (size_t)plan.rows_per_block * N * (n_sums * sizeof(float) + 2 * sizeof(T));
   const bool held = plan.packs > 0 && smem <= smem_limit;
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream(device);
   auto f32 = x.options().dtype(at::kFloat);
   const T* w = data_or_null<T>(weight);
-  const float* mean_ptr = RMS ? nullptr : data<float>(mean);
   torch::Tensor partials;
   int n_partials = 0;
   // Both persistent kernels take the same arguments: grid, partials and launch on plan p with
   // `bytes` of dynamic shared memory.
   auto launch_persistent = [&](auto kernel, const RowPlan& p, size_t bytes) {
-    n_partials = persistent_blocks(kernel, p.threads_per_row * p.rows_per_block, bytes, row_groups(M, p));
+    n_partials =
+        persistent_blocks(kernel, p.threads_per_row * p.rows_per_block, bytes, row_groups(M, p), device);
     if (n_sums > 0) partials = torch::empty({n_partials, n_sums, N}, f32);
     kernel<<<n_partials, dim3(p.threads_per_row, p.rows_per_block), bytes, stream>>>(
-        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx),
+        data<T>(dy), data<T>(x), w, mean_ptr, rstd_ptr, data<T>(dx),
         n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N, 1.0f / N);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -1120,20 +1115,20 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
       default: launch_persistent(norm_backward_kernel<T, VEC, 4, RMS>, plan, smem); break;
     }
   } else {
-    const int grid = (int)std::min<int64_t>(M, (int64_t)device_info().sms * 4);
+    const int grid = (int)std::min<int64_t>(M, (int64_t)info.sms * 4);
     norm_backward_dx_looped_kernel<T, VEC, RMS><<<grid, plan.threads_per_row, 0, stream>>>(
-        data<T>(dy), data<T>(x), w, mean_ptr, data<float>(rstd), data<T>(dx), M, N, 1.0f / N);
+        data<T>(dy), data<T>(x), w, mean_ptr, rstd_ptr, data<T>(dx), M, N, 1.0f / N);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (n_sums > 0) {
       // Column tiles x row chunks: about 4 waves of blocks on the SMs, each chunk >= 8 rows.
       const int col_threads = 256;
       const int64_t col_tiles = (N / VEC + col_threads - 1) / col_threads;
-      const int64_t wanted = std::max<int64_t>(1, 4 * device_info().sms / col_tiles);
+      const int64_t wanted = std::max<int64_t>(1, 4 * info.sms / col_tiles);
       n_partials = (int)std::max<int64_t>(1, std::min<int64_t>({wanted, (M + 7) / 8, 1024}));
       partials = torch::empty({n_partials, n_sums, N}, f32);
       const dim3 grid2((unsigned)col_tiles, n_partials);
       norm_backward_dwdb_kernel<T, VEC, RMS><<<grid2, col_threads, 0, stream>>>(
-          data<T>(dy), data<T>(x), mean_ptr, data<float>(rstd), data<float>(partials), sum_dw, sum_db, M, N);
+          data<T>(dy), data<T>(x), mean_ptr, rstd_ptr, data<float>(partials), sum_dw, sum_db, M, N);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   }
@@ -1164,8 +1159,9 @@ void check_affine(const std::optional<torch::Tensor>& t, const torch::Tensor& x,
   TORCH_CHECK(t->dim() == 1 && t->size(0) == N, "fused_layers.cuda: ", name, " must have shape (", N, ",)");
 }
 
-// x contiguous, of any shape with at least one dimension; returns {y (x's shape), mean (rows,;
-// (0,) for RMSNorm), rstd (rows,)}.
+// x contiguous, of any shape with at least one dimension; returns {y (x's shape), stats}: stats is
+// fp32 [2, rows] (mean, then rstd) for LayerNorm and [rows] (rstd) for RMSNorm, one allocation
+// rather than two (each allocation is host time on every call).
 std::vector<torch::Tensor> norm_forward_impl(const torch::Tensor& x,
                                              const std::optional<torch::Tensor>& weight,
                                              const std::optional<torch::Tensor>& bias, double eps, bool rms) {
@@ -1180,9 +1176,10 @@ std::vector<torch::Tensor> norm_forward_impl(const torch::Tensor& x,
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   auto f32 = x.options().dtype(at::kFloat);
   auto y = torch::empty(x.sizes(), x.options());
-  auto mean = torch::empty({rms ? 0 : M}, f32);
-  auto rstd = torch::empty({M}, f32);
-  if (M == 0) return {y, mean, rstd};
+  auto stats = rms ? torch::empty({M}, f32) : torch::empty({2, M}, f32);
+  if (M == 0) return {y, stats};
+  float* mean = rms ? nullptr : data<float>(stats);
+  float* rstd = data<float>(stats) + (rms ? 0 : M);
   dispatch_dtype(x, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int VEC = 16 / sizeof(T);
@@ -1198,15 +1195,16 @@ std::vector<torch::Tensor> norm_forward_impl(const torch::Tensor& x,
       else launch_norm_forward<T, 1, false>(x, weight, bias, y, mean, rstd, M, n, e);
     }
   });
-  return {y, mean, rstd};
+  return {y, stats};
 }
 
-// grad_output and x contiguous, of one shape; returns {dx, dweight, dbias}, the gradients in x's
-// dtype, an empty tensor for one not asked for.
+// grad_output and x contiguous, of one shape; mean (nullptr for RMSNorm) and rstd hold x's rows'
+// fp32 statistics. Returns {dx, dweight, dbias}, the gradients in x's dtype, an undefined tensor for
+// one not asked for.
 std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, const torch::Tensor& x,
-                                              const std::optional<torch::Tensor>& weight,
-                                              const torch::Tensor& mean, const torch::Tensor& rstd,
-                                              bool need_dweight, bool need_dbias, bool rms) {
+                                              const std::optional<torch::Tensor>& weight, const float* mean,
+                                              const float* rstd, bool need_dweight, bool need_dbias,
+                                              bool rms) {
   check_input(x, x, "x");
   check_input(grad_output, x, "grad_output");
   TORCH_CHECK(x.dim() >= 1 && grad_output.sizes() == x.sizes(),
@@ -1214,14 +1212,10 @@ std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, 
   const int64_t N = x.size(-1);
   const int64_t M = N > 0 ? x.numel() / N : 0;
   check_affine(weight, x, N, "weight");
-  TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.is_contiguous() && rstd.numel() == M &&
-                  (rms || (mean.scalar_type() == at::kFloat && mean.is_contiguous() && mean.numel() == M)),
-              "fused_layers.cuda: mean and rstd must be contiguous float32 tensors of ", M, " elements");
   TORCH_CHECK(!(need_dweight && !weight.has_value()), "fused_layers.cuda: no weight to differentiate");
   TORCH_CHECK(!(rms && need_dbias), "fused_layers.cuda: rms_norm has no bias");
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   auto dx = torch::empty(x.sizes(), x.options());
-  auto empty = torch::empty({0}, x.options());
   torch::Tensor dweight = need_dweight ? torch::empty({N}, x.options()) : torch::Tensor();
   torch::Tensor dbias = need_dbias ? torch::empty({N}, x.options()) : torch::Tensor();
   if (M == 0) {
@@ -1246,7 +1240,7 @@ std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, 
 #undef FL_NORM_BWD_CALL
     });
   }
-  return {dx, need_dweight ? dweight : empty, need_dbias ? dbias : empty};
+  return {dx, dweight, dbias};
 }
 
 // The eager path's autograd node, in C++: a Python autograd.Function costs more host time per
@@ -1258,27 +1252,30 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
                                const std::optional<torch::Tensor>& bias, double eps, bool rms) {
     const torch::Tensor input = x.contiguous();
     std::vector<torch::Tensor> out = norm_forward_impl(input, weight, bias, eps, rms);
-    ctx->save_for_backward({input, weight.has_value() ? *weight : torch::Tensor(), out[1], out[2]});
-    ctx->saved_data["rms"] = rms;
-    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->save_for_backward({input, weight.has_value() ? *weight : torch::Tensor(), out[1]});
+    ctx->saved_data["flags"] = (int64_t)rms | (int64_t)bias.has_value() << 1;  // one entry: host time
     return out[0];
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
     const torch::Tensor& weight = saved[1];
-    const bool rms = ctx->saved_data["rms"].toBool();
+    const torch::Tensor& stats = saved[2];
+    const int64_t flags = ctx->saved_data["flags"].toInt();
+    const bool rms = flags & 1;
     // needs_input_grad counts tensor inputs only: x, then weight and bias where given.
     const bool need_dweight = weight.defined() && ctx->needs_input_grad(1);
-    const bool need_dbias =
-        ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(weight.defined() ? 2 : 1);
+    const bool need_dbias = (flags & 2) && ctx->needs_input_grad(weight.defined() ? 2 : 1);
     std::optional<torch::Tensor> weight_opt;
     if (weight.defined()) weight_opt = weight;
-    std::vector<torch::Tensor> g = norm_backward_impl(grads[0].contiguous(), saved[0], weight_opt, saved[2],
-                                                      saved[3], need_dweight, need_dbias, rms);
-    return {g[0], need_dweight ? g[1] : torch::Tensor(), need_dbias ? g[2] : torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    const int64_t rows = x.numel() / x.size(-1);  // the forward checked the width > 0
+    const float* mean = rms ? nullptr : data<float>(stats);
+    const float* rstd = data<float>(stats) + (rms ? 0 : rows);
+    std::vector<torch::Tensor> g =
+        norm_backward_impl(grads[0].contiguous(), x, weight_opt, mean, rstd, need_dweight, need_dbias, rms);
+    return {g[0], g[1], g[2], torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -1293,16 +1290,30 @@ torch::Tensor gelu_backward(torch::Tensor grad_output, torch::Tensor x, bool tan
   return gelu_impl(&grad_output, x, tanh_approx);
 }
 
+// {y, stats} (see norm_forward_impl): the traced path's forward.
 std::vector<torch::Tensor> norm_forward(torch::Tensor x, std::optional<torch::Tensor> weight,
                                         std::optional<torch::Tensor> bias, double eps, bool rms) {
   return norm_forward_impl(x.contiguous(), weight, bias, eps, rms);
 }
 
+// {dx, dweight, dbias}, each (0,) when not asked for: the traced path's backward. stats as
+// norm_forward returns them.
 std::vector<torch::Tensor> norm_backward(torch::Tensor grad_output, torch::Tensor x,
-                                         std::optional<torch::Tensor> weight, torch::Tensor mean,
-                                         torch::Tensor rstd, bool need_dweight, bool need_dbias, bool rms) {
-  return norm_backward_impl(grad_output.contiguous(), x.contiguous(), weight, mean, rstd, need_dweight,
-                            need_dbias, rms);
+                                         std::optional<torch::Tensor> weight, torch::Tensor stats,
+                                         bool need_dweight, bool need_dbias, bool rms) {
+  const int64_t rows = x.dim() >= 1 && x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+  TORCH_CHECK(stats.device() == x.device() && stats.scalar_type() == at::kFloat && stats.is_contiguous() &&
+                  stats.numel() == (rms ? 1 : 2) * rows,
+              "fused_layers.cuda: stats must be a contiguous float32 tensor of ", (rms ? 1 : 2) * rows,
+              " elements on x's device, as norm_forward returns it");
+  const float* mean = rms ? nullptr : data<float>(stats);
+  const float* rstd = data<float>(stats) + (rms ? 0 : rows);
+  std::vector<torch::Tensor> g = norm_backward_impl(grad_output.contiguous(), x.contiguous(), weight, mean,
+                                                    rstd, need_dweight, need_dbias, rms);
+  for (torch::Tensor& t : g) {
+    if (!t.defined()) t = torch::empty({0}, x.options());
+  }
+  return g;
 }
 
 torch::Tensor norm_autograd(torch::Tensor x, std::optional<torch::Tensor> weight,
@@ -1321,8 +1332,8 @@ torch::Tensor gelu_backward(torch::Tensor grad_output, torch::Tensor x, bool tan
 std::vector<torch::Tensor> norm_forward(torch::Tensor x, std::optional<torch::Tensor> weight,
                                         std::optional<torch::Tensor> bias, double eps, bool rms);
 std::vector<torch::Tensor> norm_backward(torch::Tensor grad_output, torch::Tensor x,
-                                         std::optional<torch::Tensor> weight, torch::Tensor mean,
-                                         torch::Tensor rstd, bool need_dweight, bool need_dbias, bool rms);
+                                         std::optional<torch::Tensor> weight, torch::Tensor stats,
+                                         bool need_dweight, bool need_dbias, bool rms);
 torch::Tensor norm_autograd(torch::Tensor x, std::optional<torch::Tensor> weight,
                             std::optional<torch::Tensor> bias, double eps, bool rms);
 """

@@ -166,6 +166,53 @@ def test_eager_norms_run_a_cpp_autograd_node(extension):
 
 
 @requires_cuda
+def test_layer_norm_casts_affine_params_in_the_graph_and_checks_them(extension):
+    """Eager calls check and cast weight and bias in C++: fp32 parameters of a bf16 input get fp32
+    gradients, and a misshapen or misplaced parameter is a ValueError, as on the traced path."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = (torch.rand(256, device="cuda") + 0.5).requires_grad_()
+    bias = torch.randn(256, device="cuda", requires_grad=True)
+    y = fused_cuda.layer_norm(x, weight, bias)
+    assert y.dtype == torch.bfloat16
+    w64, b64 = (param.to(torch.bfloat16).double() for param in (weight, bias))
+    expected = F.layer_norm(x.double(), (256,), w64, b64)
+    _close(y, expected, torch.bfloat16, "output")
+    y.float().sum().backward()
+    assert weight.grad.dtype == torch.float32 and bias.grad.dtype == torch.float32
+    assert weight.grad.abs().sum() > 0 and torch.all(bias.grad == 16)
+    with pytest.raises(ValueError, match="weight has shape"):
+        fused_cuda.layer_norm(x, torch.ones(128, device="cuda"))
+    with pytest.raises(ValueError, match="bias is on cpu"):
+        fused_cuda.layer_norm(x, weight, torch.zeros(256))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        fused_cuda.layer_norm(torch.tensor(1.0, device="cuda"))
+
+
+@requires_cuda
+def test_ops_norms_go_straight_to_the_cpp_node_only_where_the_checked_path_picks_cuda(extension):
+    from fused_layers.ops.layer_norm import layer_norm
+    from fused_layers.ops.rms_norm import rms_norm
+
+    direct = fused_cuda.eager_norm_extension
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.rand(256, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
+    b = torch.randn(256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert direct("layer_norm", None, x, w, b) is extension
+    assert direct("rms_norm", "cuda", x, w, None) is extension
+    y = layer_norm(x, w, b)
+    assert "NormFunction" in y.grad_fn.name(), y.grad_fn.name()
+    _close(y, F.layer_norm(x.double(), (256,), w.double(), b.double()), torch.bfloat16, "output")
+    assert "NormFunction" in rms_norm(x, w).grad_fn.name()
+    with torch.no_grad():  # a forward-only call's default is Triton
+        assert direct("layer_norm", None, x, w, b) is None
+    assert direct("layer_norm", "triton", x, w, b) is None
+    assert direct("layer_norm", None, x, w.float(), b) is None  # cast first: the checked path
+    assert direct("rms_norm", None, x, w.float(), None) is None  # Llama's casting: Triton
+    assert direct("layer_norm", None, x.detach().cpu().requires_grad_(), None, None) is None
+
+
+@requires_cuda
 def test_rms_norm_needs_one_dtype(extension):
     x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="one\\s+dtype|needs one"):
