@@ -431,7 +431,8 @@ def run_launch(args: argparse.Namespace) -> dict:
 
     Host times come first, for every shape, before anything runs the profiler: once it has run,
     CUPTI stays attached and adds host time to every kernel launch (on the H200's host, eager
-    LayerNorm forward+backward went from 137-141 µs a call to 201-250 after one profiled run).
+    LayerNorm forward+backward took 132-141 µs a call in three of four measurements before one
+    profiled run, 201-250 after it).
     """
     from fused_layers.ops import _library
     from trainprof.bench import host_times, measure_copy_bandwidth, paired_ratio, time_fn
