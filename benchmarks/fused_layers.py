@@ -461,7 +461,7 @@ def run_launch(args: argparse.Namespace) -> dict:
         # Side by side: the contenders in rotated order, one sample each per round, so that the
         # host's drift within the run falls on all of them alike. The bar's figure starts each
         # sample on a GPU kept busy (launches meet a queue, as in a GPU-bound step); the other
-        # starts on an idle GPU, where faster kernels keep the queue short (see host_times).
+        # starts on an idle GPU.
         for key, busy_ms in (("host", HOST_BUSY_GPU_MS), ("host_idle", None)):
             hosts = host_times(
                 calls, device="cuda", rounds=HOST_ROUNDS, calls_per_sample=HOST_CALLS, busy_gpu_ms=busy_ms

@@ -253,18 +253,9 @@ def host_time(
     launch queue (about a thousand kernels), or the host would wait for the GPU inside the timing.
     The clock is always ``"host"``; read ``median_us``.
     """
-    dev = resolve_device(device)
-    for _ in range(warmup):
-        fn()
-    per_call = []
-    for _ in range(samples):
-        synchronize(dev)
-        start = time.perf_counter()
-        for _ in range(calls_per_sample):
-            fn()
-        per_call.append((time.perf_counter() - start) * 1e3 / calls_per_sample)
-    synchronize(dev)
-    return summarize(per_call, clock=CLOCK_HOST, device=str(dev), calls_per_sample=calls_per_sample)
+    return host_times(
+        {"fn": fn}, device=device, warmup=warmup, rounds=samples, calls_per_sample=calls_per_sample
+    )["fn"]
 
 
 def host_times(
