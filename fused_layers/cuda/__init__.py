@@ -173,36 +173,29 @@ def _norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, rms
     return load_extension().norm_autograd(x, weight, bias, eps, rms)
 
 
-def eager_norm_extension(
-    op: str, backend: str | None, x: Tensor, weight: Tensor | None, bias: Tensor | None
-) -> Any | None:
-    """The loaded extension when this ``fused_layers.ops`` LayerNorm/RMSNorm call (``op``) can go
-    straight to its C++ autograd node, ``norm_autograd``; else None, and the call takes the checked
-    path (``resolve_backend``, then ``layer_norm`` / ``rms_norm`` here), which gives the same result.
+def eager_norm(
+    op: str, backend: str | None, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> Tensor | None:
+    """The result of this ``fused_layers.ops`` LayerNorm/RMSNorm call (``op``) through the C++
+    autograd node, when the call can go there with no Python in between; else None, and the call
+    takes the checked path (``resolve_backend``, then ``layer_norm`` / ``rms_norm`` here), which
+    gives the same result or raises the error.
 
-    Not None for an eager call on a plain CUDA tensor of a supported dtype with parameters of its
-    dtype, when the backend is "cuda" or the default (a call autograd differentiates), once a call
-    has built the extension. The caller has checked the parameters' shapes; a parameter on another
-    device is the extension's RuntimeError. It exists for host time: on the H200's host the checked
-    path's Python added 13-14 µs to a forward whose C++ node took 46-48 µs (eager's: 53-61 µs).
+    Not None for an eager call on a plain CUDA tensor of a supported dtype, with parameters of its
+    dtype, shape and device, when the backend is "cuda" or the default (a call autograd
+    differentiates), once a call has built the extension. It exists for host time: on the H200's
+    host the checked path's Python added 13-14 µs to a forward whose C++ node took 46-48 µs
+    (eager's: 53-61 µs).
     """
     ext = _build._extension
-    if ext is None or not x.is_cuda or x.dtype not in _DTYPES:
+    if ext is None or type(x) is not Tensor or torch.compiler.is_compiling():
         return None
-    if (weight is not None and weight.dtype != x.dtype) or (bias is not None and bias.dtype != x.dtype):
-        return None
+    rms = op == "rms_norm"
     if backend is None:
-        if DEFAULT_BACKEND[op][0] != "cuda" or not torch.is_grad_enabled():
+        if DEFAULT_BACKEND[op][0] != "cuda":
             return None
-        if not (
-            x.requires_grad
-            or (weight is not None and weight.requires_grad)
-            or (bias is not None and bias.requires_grad)
-        ):
-            return None
-    elif backend != "cuda":
-        return None
-    return None if traced(x) else ext
+        return ext.norm_eager(x, weight, bias, eps, rms, True)
+    return ext.norm_eager(x, weight, bias, eps, rms, False) if backend == "cuda" else None
 
 
 def layer_norm(

@@ -872,6 +872,8 @@ HOST = r"""
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
 #include <algorithm>
 #include <array>
@@ -879,6 +881,7 @@ HOST = r"""
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace fused_layers {
@@ -971,7 +974,7 @@ torch::Tensor gelu_impl(const torch::Tensor* dy, const torch::Tensor& x, bool ta
     TORCH_CHECK(dy->sizes() == x.sizes(), "fused_layers.cuda: grad_output and x differ in shape");
   }
   const c10::cuda::OptionalCUDAGuard guard(x.device());
-  auto out = torch::empty_like(x, at::MemoryFormat::Contiguous);
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
   if (x.numel() == 0) return out;
   dispatch_dtype(x, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1097,7 +1100,7 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
   auto launch_persistent = [&](auto kernel, const RowPlan& p, size_t bytes) {
     n_partials =
         persistent_blocks(kernel, p.threads_per_row * p.rows_per_block, bytes, row_groups(M, p), device);
-    if (n_sums > 0) partials = torch::empty({n_partials, n_sums, N}, f32);
+    if (n_sums > 0) partials = at::empty({n_partials, n_sums, N}, f32);
     kernel<<<n_partials, dim3(p.threads_per_row, p.rows_per_block), bytes, stream>>>(
         data<T>(dy), data<T>(x), w, mean_ptr, rstd_ptr, data<T>(dx),
         n_sums > 0 ? data<float>(partials) : nullptr, sum_dw, sum_db, M, N, 1.0f / N);
@@ -1125,7 +1128,7 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
       const int64_t col_tiles = (N / VEC + col_threads - 1) / col_threads;
       const int64_t wanted = std::max<int64_t>(1, 4 * info.sms / col_tiles);
       n_partials = (int)std::max<int64_t>(1, std::min<int64_t>({wanted, (M + 7) / 8, 1024}));
-      partials = torch::empty({n_partials, n_sums, N}, f32);
+      partials = at::empty({n_partials, n_sums, N}, f32);
       const dim3 grid2((unsigned)col_tiles, n_partials);
       norm_backward_dwdb_kernel<T, VEC, RMS><<<grid2, col_threads, 0, stream>>>(
           data<T>(dy), data<T>(x), mean_ptr, rstd_ptr, data<float>(partials), sum_dw, sum_db, M, N);
@@ -1175,8 +1178,8 @@ std::vector<torch::Tensor> norm_forward_impl(const torch::Tensor& x,
   check_affine(bias, x, N, "bias");
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   auto f32 = x.options().dtype(at::kFloat);
-  auto y = torch::empty(x.sizes(), x.options());
-  auto stats = rms ? torch::empty({M}, f32) : torch::empty({2, M}, f32);
+  auto y = at::empty(x.sizes(), x.options());
+  auto stats = rms ? at::empty({M}, f32) : at::empty({2, M}, f32);
   if (M == 0) return {y, stats};
   float* mean = rms ? nullptr : data<float>(stats);
   float* rstd = data<float>(stats) + (rms ? 0 : M);
@@ -1215,9 +1218,9 @@ std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, 
   TORCH_CHECK(!(need_dweight && !weight.has_value()), "fused_layers.cuda: no weight to differentiate");
   TORCH_CHECK(!(rms && need_dbias), "fused_layers.cuda: rms_norm has no bias");
   const c10::cuda::OptionalCUDAGuard guard(x.device());
-  auto dx = torch::empty(x.sizes(), x.options());
-  torch::Tensor dweight = need_dweight ? torch::empty({N}, x.options()) : torch::Tensor();
-  torch::Tensor dbias = need_dbias ? torch::empty({N}, x.options()) : torch::Tensor();
+  auto dx = at::empty(x.sizes(), x.options());
+  torch::Tensor dweight = need_dweight ? at::empty({N}, x.options()) : torch::Tensor();
+  torch::Tensor dbias = need_dbias ? at::empty({N}, x.options()) : torch::Tensor();
   if (M == 0) {
     if (need_dweight) dweight.zero_();
     if (need_dbias) dbias.zero_();
@@ -1243,41 +1246,98 @@ std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, 
   return {dx, dweight, dbias};
 }
 
-// The eager path's autograd node, in C++: a Python autograd.Function costs more host time per
-// forward+backward (78 µs on the H200's host for one doing nothing) than eager F.layer_norm in all.
-class NormFunction : public torch::autograd::Function<NormFunction> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const std::optional<torch::Tensor>& weight,
-                               const std::optional<torch::Tensor>& bias, double eps, bool rms) {
-    const torch::Tensor input = x.contiguous();
-    std::vector<torch::Tensor> out = norm_forward_impl(input, weight, bias, eps, rms);
-    ctx->save_for_backward({input, weight.has_value() ? *weight : torch::Tensor(), out[1]});
-    ctx->saved_data["flags"] = (int64_t)rms | (int64_t)bias.has_value() << 1;  // one entry: host time
-    return out[0];
+// An autograd node is held by std::shared_ptr up to torch 2.12 and by c10::intrusive_ptr from 2.13.
+template <typename N>
+auto make_node() {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, N>) return c10::make_intrusive<N>();
+  else return std::make_shared<N>();
+}
+
+// The eager call's backward node, built the way torch's generated nodes are (saved variables, next
+// edges to x, weight and bias, the output's history): no torch::autograd::Function, whose
+// bookkeeping (input and output records, a context, a locked apply) is host time on every call.
+// Not supported, as for a node without compiled_args: compiled autograd (traced calls take the
+// custom ops instead), and double backward (the gradients carry no history).
+struct NormBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable x_;  // contiguous
+  torch::autograd::SavedVariable weight_;  // default-constructed when there is no weight
+  torch::autograd::SavedVariable stats_;  // see norm_forward_impl
+  bool rms_ = false;
+  bool has_bias_ = false;
+
+  std::string name() const override {
+    return rms_ ? "fused_layers::RMSNormBackward" : "fused_layers::LayerNormBackward";
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
-    const torch::Tensor& weight = saved[1];
-    const torch::Tensor& stats = saved[2];
-    const int64_t flags = ctx->saved_data["flags"].toInt();
-    const bool rms = flags & 1;
-    // needs_input_grad counts tensor inputs only: x, then weight and bias where given.
-    const bool need_dweight = weight.defined() && ctx->needs_input_grad(1);
-    const bool need_dbias = (flags & 2) && ctx->needs_input_grad(weight.defined() ? 2 : 1);
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    weight_.reset_data();
+    stats_.reset_data();
+  }
+
+  // Next edges 0, 1, 2: x, weight, bias (an edge that is not valid where there is no parameter or it
+  // needs no gradient); returns their gradients in that order.
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const torch::Tensor x = x_.unpack();
+    const torch::Tensor weight = weight_.unpack();
+    const torch::Tensor stats = stats_.unpack();
     std::optional<torch::Tensor> weight_opt;
     if (weight.defined()) weight_opt = weight;
+    const bool need_dweight = weight.defined() && task_should_compute_output(1);
+    const bool need_dbias = has_bias_ && task_should_compute_output(2);
     const int64_t rows = x.numel() / x.size(-1);  // the forward checked the width > 0
-    const float* mean = rms ? nullptr : data<float>(stats);
-    const float* rstd = data<float>(stats) + (rms ? 0 : rows);
+    const float* mean = rms_ ? nullptr : data<float>(stats);
+    const float* rstd = data<float>(stats) + (rms_ ? 0 : rows);
     std::vector<torch::Tensor> g =
-        norm_backward_impl(grads[0].contiguous(), x, weight_opt, mean, rstd, need_dweight, need_dbias, rms);
-    return {g[0], g[1], g[2], torch::Tensor(), torch::Tensor()};
+        norm_backward_impl(grads[0].contiguous(), x, weight_opt, mean, rstd, need_dweight, need_dbias, rms_);
+    return {g[0], g[1], g[2]};
   }
 };
+
+// y, recording a NormBackward node when autograd tracks the call. Checks as norm_forward_impl.
+torch::Tensor norm_with_node(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
+                             const std::optional<torch::Tensor>& bias, double eps, bool rms) {
+  namespace ag = torch::autograd;
+  torch::Tensor input;
+  std::vector<torch::Tensor> out;
+  {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // a contiguous copy records no history
+    input = x.contiguous();
+    out = norm_forward_impl(input, weight, bias, eps, rms);
+  }
+  if (ag::compute_requires_grad(x, weight, bias)) {
+    auto node = make_node<NormBackward>();
+    node->set_next_edges(ag::collect_next_edges(x, weight, bias));
+    node->x_ = ag::SavedVariable(input, false);
+    if (weight.has_value()) node->weight_ = ag::SavedVariable(*weight, false);
+    node->stats_ = ag::SavedVariable(out[1], false);
+    node->rms_ = rms;
+    node->has_bias_ = bias.has_value();
+    ag::set_history(out[0], node);
+  }
+  return out[0];
+}
+
+// Whether a tensor can go to the kernels as it is: strided, on a CUDA device, a plain tensor (not a
+// Python subclass or fake tensor, not wrapped by vmap, functionalization or a grad transform).
+bool plain_cuda(const torch::Tensor& t) {
+  using c10::DispatchKey;
+  static const c10::DispatchKeySet wrapped({DispatchKey::Python, DispatchKey::PythonTLSSnapshot,
+                                            DispatchKey::Functionalize, DispatchKey::FuncTorchBatched,
+                                            DispatchKey::BatchedNestedTensor,
+                                            DispatchKey::FuncTorchGradWrapper});
+  return t.is_cuda() && t.layout() == at::kStrided && !t.key_set().has_any(wrapped);
+}
+
+// A parameter that needs no cast and can fail no check: absent, or (N,) of x's dtype on x's device.
+bool direct_param(const std::optional<torch::Tensor>& p, const torch::Tensor& x, int64_t N) {
+  if (!p.has_value()) return true;
+  return plain_cuda(*p) && p->scalar_type() == x.scalar_type() && p->device() == x.device() &&
+         p->dim() == 1 && p->size(0) == N;
+}
 
 }  // namespace fused_layers
 
@@ -1318,7 +1378,26 @@ std::vector<torch::Tensor> norm_backward(torch::Tensor grad_output, torch::Tenso
 
 torch::Tensor norm_autograd(torch::Tensor x, std::optional<torch::Tensor> weight,
                             std::optional<torch::Tensor> bias, double eps, bool rms) {
-  return NormFunction::apply(x, weight, bias, eps, rms);
+  return norm_with_node(x, weight, bias, eps, rms);
+}
+
+// fused_layers.ops' fast path (see fused_layers.cuda.eager_norm): norm_autograd's result where the
+// call needs no Python (no cast, no error to raise, no tracing), else None. only_differentiated:
+// None also where autograd does not track the call (the default backend sends those to Triton).
+std::optional<torch::Tensor> norm_eager(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
+                                        const std::optional<torch::Tensor>& bias, double eps, bool rms,
+                                        bool only_differentiated) {
+  const at::ScalarType dtype = x.scalar_type();
+  const bool supported = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+  if (!supported || !plain_cuda(x) || x.dim() < 1 || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    return std::nullopt;
+  }
+  const int64_t N = x.size(-1);
+  if (N < 1 || !direct_param(weight, x, N) || !direct_param(bias, x, N) || (rms && bias.has_value())) {
+    return std::nullopt;
+  }
+  if (only_differentiated && !torch::autograd::compute_requires_grad(x, weight, bias)) return std::nullopt;
+  return norm_with_node(x, weight, bias, eps, rms);
 }
 """
 
@@ -1336,9 +1415,12 @@ std::vector<torch::Tensor> norm_backward(torch::Tensor grad_output, torch::Tenso
                                          bool need_dweight, bool need_dbias, bool rms);
 torch::Tensor norm_autograd(torch::Tensor x, std::optional<torch::Tensor> weight,
                             std::optional<torch::Tensor> bias, double eps, bool rms);
+std::optional<torch::Tensor> norm_eager(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
+                                        const std::optional<torch::Tensor>& bias, double eps, bool rms,
+                                        bool only_differentiated);
 """
 
-FUNCTIONS = ("gelu_forward", "gelu_backward", "norm_forward", "norm_backward", "norm_autograd")
+FUNCTIONS = ("gelu_forward", "gelu_backward", "norm_forward", "norm_backward", "norm_autograd", "norm_eager")
 
 # The same defines torch.utils.cpp_extension passes to nvcc, so the standalone check sees the
 # kernels exactly as load_inline compiles them.

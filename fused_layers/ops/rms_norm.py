@@ -304,12 +304,12 @@ def rms_norm(
     "triton", "torch" or "cuda" (the CUDA C++ kernel where weight and x share a dtype; Llama's
     mixed-dtype casting, e.g. fp32 weight and bf16 x, runs on Triton).
     """
+    direct = fused_cuda.eager_norm("rms_norm", backend, x, weight, None, eps)
+    if direct is not None:  # the common eager CUDA call, with the least host time
+        return direct
     width = x.shape[-1]
     if weight is not None and weight.shape != (width,):
         raise ValueError(f"rms_norm: weight must have shape ({width},), got {tuple(weight.shape)}")
-    ext = fused_cuda.eager_norm_extension("rms_norm", backend, x, weight, None)
-    if ext is not None:  # the common eager CUDA call, with the least host time
-        return ext.norm_autograd(x, weight, None, float(eps), True)
     choice = resolve_backend("rms_norm", backend, x, weight)
     if choice == "torch":
         return _rms_norm_torch(x, weight, eps)

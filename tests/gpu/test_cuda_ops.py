@@ -14,6 +14,7 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fused_layers.cuda as fused_cuda
 from fused_layers.cuda import _source
@@ -160,9 +161,49 @@ def test_eager_norms_run_a_cpp_autograd_node(extension):
     (whose host cost alone is what kept LayerNorm above eager's host time)."""
     x = torch.randn(8, 256, device="cuda", requires_grad=True)
     w = torch.ones(256, device="cuda", requires_grad=True)
-    for y in (fused_cuda.layer_norm(x, w), fused_cuda.rms_norm(x, w)):
-        assert "NormFunction" in y.grad_fn.name(), y.grad_fn.name()
+    for y, name in ((fused_cuda.layer_norm(x, w), "LayerNorm"), (fused_cuda.rms_norm(x, w), "RMSNorm")):
+        assert y.grad_fn.name() == f"fused_layers::{name}Backward", y.grad_fn.name()
         assert not isinstance(y.grad_fn, torch.autograd.function.BackwardCFunction)
+
+
+@requires_cuda
+def test_the_cpp_node_meets_autograds_contracts(extension):
+    """The hand-built node behaves as torch's generated ones: gradients only where asked for
+    (torch.autograd.grad of one input), an error for a second backward without retain_graph and for
+    an input changed in place, saved-tensor hooks see its saved tensors, and no node without grad."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.rand(512, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
+    b = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    (dw_only,) = torch.autograd.grad(fused_cuda.layer_norm(x, w, b), w, dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    (expected,) = torch.autograd.grad(F.layer_norm(x64, (512,), w64, b64), w64, dy.double())
+    assert (dw_only.double() - expected).abs().max() <= 2e-2 * expected.abs().mean()
+    assert x.grad is None and w.grad is None and b.grad is None
+    (dx_once,) = torch.autograd.grad(fused_cuda.layer_norm(x, w, b), x, dy)
+    y = fused_cuda.layer_norm(x, w, b)
+    y.backward(dy, retain_graph=True)
+    y.backward(dy)
+    assert torch.equal(x.grad, 2 * dx_once)  # bf16 doubling is exact
+    y = fused_cuda.rms_norm(x, w)
+    y.backward(dy)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward(dy)
+    leaf = torch.randn(8, 512, device="cuda", requires_grad=True)
+    inner = leaf * 2
+    y = fused_cuda.layer_norm(inner, None, None)
+    with torch.no_grad():
+        inner.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+        fused_cuda.rms_norm(leaf, None).sum().backward()
+    assert (8, 512) in packed and (8,) in packed, packed  # x and the fp32 rstd
+    with torch.no_grad():
+        assert fused_cuda.layer_norm(x, w, b).grad_fn is None
+    assert fused_cuda.layer_norm(x.detach(), w.detach(), None).grad_fn is None
 
 
 @requires_cuda
@@ -194,22 +235,33 @@ def test_ops_norms_go_straight_to_the_cpp_node_only_where_the_checked_path_picks
     from fused_layers.ops.layer_norm import layer_norm
     from fused_layers.ops.rms_norm import rms_norm
 
-    direct = fused_cuda.eager_norm_extension
+    direct = fused_cuda.eager_norm
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.rand(256, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
     b = torch.randn(256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    assert direct("layer_norm", None, x, w, b) is extension
-    assert direct("rms_norm", "cuda", x, w, None) is extension
-    y = layer_norm(x, w, b)
-    assert "NormFunction" in y.grad_fn.name(), y.grad_fn.name()
+    y = direct("layer_norm", None, x, w, b, 1e-5)
+    assert y.grad_fn.name() == "fused_layers::LayerNormBackward", y.grad_fn.name()
     _close(y, F.layer_norm(x.double(), (256,), w.double(), b.double()), torch.bfloat16, "output")
-    assert "NormFunction" in rms_norm(x, w).grad_fn.name()
+    assert direct("rms_norm", "cuda", x, w, None, 1e-6).grad_fn.name() == "fused_layers::RMSNormBackward"
+    assert layer_norm(x, w, b).grad_fn.name() == "fused_layers::LayerNormBackward"
+    assert rms_norm(x, w).grad_fn.name() == "fused_layers::RMSNormBackward"
     with torch.no_grad():  # a forward-only call's default is Triton
-        assert direct("layer_norm", None, x, w, b) is None
-    assert direct("layer_norm", "triton", x, w, b) is None
-    assert direct("layer_norm", None, x, w.float(), b) is None  # cast first: the checked path
-    assert direct("rms_norm", None, x, w.float(), None) is None  # Llama's casting: Triton
-    assert direct("layer_norm", None, x.detach().cpu().requires_grad_(), None, None) is None
+        assert direct("layer_norm", None, x, w, b, 1e-5) is None
+        assert direct("layer_norm", "cuda", x, w, b, 1e-5) is not None
+    assert direct("layer_norm", None, x.detach(), w.detach(), None, 1e-5) is None  # nothing to differentiate
+    assert direct("layer_norm", "triton", x, w, b, 1e-5) is None
+    assert direct("layer_norm", None, x, w.float(), b, 1e-5) is None  # cast first: the checked path
+    assert direct("rms_norm", None, x, w.float(), None, 1e-6) is None  # Llama's casting: Triton
+    assert direct("layer_norm", None, x, w[:128], b, 1e-5) is None  # the checked path's ValueError
+    with pytest.raises(ValueError, match="weight must have shape"):
+        layer_norm(x, w[:128], b)
+    assert direct("layer_norm", None, x, w, b.cpu(), 1e-5) is None
+    assert direct("rms_norm", None, x, w, b, 1e-6) is None  # RMSNorm takes no bias
+    assert direct("layer_norm", None, x.detach().cpu().requires_grad_(), None, None, 1e-5) is None
+    assert direct("layer_norm", None, x.detach()[:, :0].requires_grad_(), None, None, 1e-5) is None
+    assert direct("layer_norm", None, torch.nn.Parameter(x.detach()), None, None, 1e-5) is None  # a subclass
+    with TorchDispatchMode():
+        assert direct("layer_norm", None, x, w, b, 1e-5) is None
 
 
 @requires_cuda
