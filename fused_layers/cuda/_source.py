@@ -440,6 +440,38 @@ __device__ __forceinline__ float& smem_at(float* base, int n_packs, int p, int j
   else return base[j * n_packs + p];
 }
 
+// VEC floats to or from memory at a pack's columns (16-byte aligned when VEC % 4 == 0): float4
+// accesses, so that a warp's stores of consecutive packs coalesce.
+template <int VEC>
+__device__ __forceinline__ void store_floats(float* dst, const float (&v)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < VEC / 4; ++c) {
+      reinterpret_cast<float4*>(dst)[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dst[j] = v[j];
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void add_floats(float (&v)[VEC], const float* src) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < VEC / 4; ++c) {
+      const float4 a = reinterpret_cast<const float4*>(src)[c];
+      v[4 * c] += a.x;
+      v[4 * c + 1] += a.y;
+      v[4 * c + 2] += a.z;
+      v[4 * c + 3] += a.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] += src[j];
+  }
+}
+
 // Copies one pack from global to shared memory asynchronously (cp.async, sm_80+: no registers
 // held while it is in flight); packs of other sizes, or older GPUs, copy synchronously.
 template <typename P>
@@ -608,17 +640,7 @@ __global__ void __launch_bounds__(512, 1) norm_backward_kernel(
           total[j] += smem_at<VEC>(first_slot + (size_t)y * N, n_packs, p, j);
         }
       }
-      float* out = partials + ((size_t)blockIdx.x * n_sums + s) * N + (size_t)p * VEC;
-      if constexpr (VEC % 4 == 0) {
-#pragma unroll
-        for (int c = 0; c < VEC / 4; ++c) {
-          reinterpret_cast<float4*>(out)[c] =
-              make_float4(total[4 * c], total[4 * c + 1], total[4 * c + 2], total[4 * c + 3]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = total[j];
-      }
+      store_floats(partials + ((size_t)blockIdx.x * n_sums + s) * N + (size_t)p * VEC, total);
     }
   }
 }
@@ -630,16 +652,19 @@ __device__ __forceinline__ void copy_async_wait_newest() {
 #endif
 }
 
-// Pipelined path (rows of up to 2 packs a thread, at most 512 threads), persistent grid. The
-// dweight / dbias sums stay in fp32 registers (2 packs a thread leave room for them), the weight's
-// packs are loaded once, and x and dy rows go through a two-slot shared-memory ring: at the top of
-// each row the next row's copy (cp.async) goes into the slot read during the previous row, so a
-// load is always in flight, also through the row's reduction and its dx pass. The dx pass reads x
-// and dy from the slot again (the reduction's barrier comes between), which keeps fewer registers
-// live than holding both packs. H200, bf16, 2026-11-24: 203 / 210 / 221 µs at 131072x1024,
-// 32768x4096 and 16384x8192 against 247 / 228 / 231 for norm_backward_kernel (shared-memory sums);
-// a third slot was 3-6 µs slower. At the end the block folds its row slots' sums through shared
-// memory and writes one row of fp32 partials per sum, [gridDim.x, n_sums, N], as the held path does.
+// Pipelined path (rows of up to 4 packs a thread, at most 512 threads), persistent grid. The
+// dweight / dbias sums stay in fp32 registers (at 4 packs, 128 registers a thread, no spill but in
+// fp16), the weight's packs are loaded once, and x and dy rows go through a two-slot shared-memory
+// ring: at the top of each row the next row's copy (cp.async) goes into the slot read during the
+// previous row, so a load is always in flight, also through the row's reduction and its dx pass.
+// The dx pass reads x and dy from the slot again (the reduction's barrier comes between), which
+// keeps fewer registers live than holding both packs. At the end the block adds its row slots' sums
+// through shared memory and writes one row of fp32 partials per sum, [gridDim.x, n_sums, N], as
+// the held path does. LayerNorm, H200, bf16, 2026-11-24: 198 / 204 / 210 / 205 µs at 131072x1024,
+// 32768x4096, 16384x8192 and 8192x16384 (at 16384 wide, norm_backward_kernel took 248). Slower:
+// a third ring slot (3-27 µs); loading the weight's packs at each use instead of holding them (54 µs
+// at 16384 wide); writing the partials one float at a time instead of float4s (8 µs at 8192 wide,
+// 17 at 16384).
 template <typename T, int VEC, int PACKS, bool RMS>
 __global__ void __launch_bounds__(512, 1) norm_backward_pipelined_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
@@ -648,8 +673,7 @@ __global__ void __launch_bounds__(512, 1) norm_backward_pipelined_kernel(
     bool sum_dw, bool sum_db, int64_t M, int N,
     float inv_n) {  // 1 / N, as for norm_forward_kernel
   using P = Pack<T, VEC>;
-  constexpr int kSlots = 2;
-  // [kSlots][blockDim.y][2][n_packs] packs: x then dy of each row slot's staged row
+  // [2 ring slots][blockDim.y][2][n_packs] packs: x then dy of each row slot's staged row
   extern __shared__ float4 smem4[];
   const int n_packs = N / VEC;
   P* ring = reinterpret_cast<P*>(smem4);
@@ -729,39 +753,35 @@ __global__ void __launch_bounds__(512, 1) norm_backward_pipelined_kernel(
     rs = next_rs;
   }
   copy_async_wait_newest<0>();
-  const int n_sums = (int)sum_dw + (int)sum_db;
-  if (n_sums == 0) return;
-  // Fold the row slots' sums, one sum at a time, through the ring's shared memory ([blockDim.y][N]
-  // floats fit in it: 2 * kSlots * sizeof(T) >= sizeof(float) bytes per element and slot).
+  // Row slot 0 adds the other row slots' sums, which come through the ring's shared memory
+  // ([blockDim.y - 1][N] floats fit in it: 2 * 2 * sizeof(T) >= sizeof(float) bytes per element and
+  // slot), and writes the block's partial row of each sum, a pack's VEC columns at a time.
   float* fold = reinterpret_cast<float*>(smem4);
-  for (int s = 0; s < n_sums; ++s) {
-    const bool dweight_now = s == 0 && sum_dw;
-    __syncthreads();  // the ring, or the previous sum's fold, is no longer read
+  const int n_sums = (int)sum_dw + (int)sum_db;
+  auto write_partial = [&](float (&acc)[PACKS][VEC], int s) {
+    if (blockDim.y > 1) {
+      __syncthreads();  // the ring, or the previous sum's fold, is no longer read
 #pragma unroll
-    for (int k = 0; k < PACKS; ++k) {
-      const int p = threadIdx.x + k * blockDim.x;
-      if (p < n_packs) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          fold[(size_t)threadIdx.y * N + (size_t)p * VEC + j] = dweight_now ? dw[k][j] : db[k][j];
+      for (int k = 0; k < PACKS; ++k) {
+        const int p = threadIdx.x + k * blockDim.x;
+        if (threadIdx.y > 0 && p < n_packs) {
+          store_floats(fold + (threadIdx.y - 1) * (size_t)N + p * VEC, acc[k]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-    if (threadIdx.y != 0) continue;
+    if (threadIdx.y != 0) return;
+    float* out = partials + ((size_t)blockIdx.x * n_sums + s) * N;
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
       const int p = threadIdx.x + k * blockDim.x;
       if (p >= n_packs) continue;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const size_t col = (size_t)p * VEC + j;
-        float total = fold[col];
-        for (int y = 1; y < (int)blockDim.y; ++y) total += fold[(size_t)y * N + col];
-        partials[((size_t)blockIdx.x * n_sums + s) * N + col] = total;
-      }
+      for (int y = 1; y < (int)blockDim.y; ++y) add_floats(acc[k], fold + (y - 1) * (size_t)N + p * VEC);
+      store_floats(out + (size_t)p * VEC, acc[k]);
     }
-  }
+  };
+  if (sum_dw) write_partial(dw, 0);
+  if (sum_db) write_partial(db, (int)sum_dw);
 }
 
 // Looped path for rows too wide to hold: one row per block; the second read of dy and x comes
@@ -1081,12 +1101,14 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
   const DeviceInfo& info = device_info(device);
   const size_t static_smem = 1024;  // row_allreduce's partials, with room to spare
   const size_t smem_limit = (size_t)info.max_smem_optin - static_smem;
-  // Pipelined: 2 packs a thread, 512 threads at most; the ring's two slots of x and dy per row.
-  const RowPlan piped = plan_rows(N / VEC, 512, 256, 2);
+  // Pipelined: 2 packs a thread (4 for rows that 512 threads cannot cover with 2, except in fp16,
+  // where 4 packs spill), 512 threads at most; the ring's two slots of x and dy per row.
+  RowPlan piped = plan_rows(N / VEC, 512, 256, 2);
+  if (piped.packs == 0 && !std::is_same_v<T, __half>) piped = plan_rows(N / VEC, 512, 256, 4);
   const size_t piped_smem = (size_t)2 * piped.rows_per_block * 2 * N * sizeof(T);
   const bool pipelined = piped.packs > 0 && piped_smem <= smem_limit;
-  // Held: 4 packs a thread, 512 threads at most (128 registers each); the sums, then the next rows
-  // of x and dy staged.
+  // Held (fp16 rows of over 1024 packs, or where the ring does not fit): 4 packs a thread, 512
+  // threads at most (128 registers each); the sums, then the next rows of x and dy staged.
   const RowPlan plan = plan_rows(N / VEC, 512, 256);
   const size_t smem = (size_t)plan.rows_per_block * N * (n_sums * sizeof(float) + 2 * sizeof(T));
   const bool held = plan.packs > 0 && smem <= smem_limit;
@@ -1109,7 +1131,12 @@ void launch_norm_backward(const torch::Tensor& dy, const torch::Tensor& x,
   if (pipelined) {
     switch (piped.packs) {
       case 1: launch_persistent(norm_backward_pipelined_kernel<T, VEC, 1, RMS>, piped, piped_smem); break;
-      default: launch_persistent(norm_backward_pipelined_kernel<T, VEC, 2, RMS>, piped, piped_smem); break;
+      case 2: launch_persistent(norm_backward_pipelined_kernel<T, VEC, 2, RMS>, piped, piped_smem); break;
+      default:
+        if constexpr (!std::is_same_v<T, __half>) {
+          launch_persistent(norm_backward_pipelined_kernel<T, VEC, 4, RMS>, piped, piped_smem);
+        }
+        break;
     }
   } else if (held) {
     switch (plan.packs) {
@@ -1451,7 +1478,7 @@ def standalone_translation_unit() -> str:
                     kernels.append(f"norm_forward_kernel<{t}, {v}, {packs}, {rms}>")
                     kernels.append(f"norm_backward_kernel<{t}, {v}, {packs}, {rms}>")
                 kernels.append(f"norm_forward_looped_kernel<{t}, {v}, {rms}>")
-                for packs in (1, 2):
+                for packs in (1, 2) if t == "__half" else (1, 2, 4):
                     kernels.append(f"norm_backward_pipelined_kernel<{t}, {v}, {packs}, {rms}>")
                 kernels.append(f"norm_backward_dx_looped_kernel<{t}, {v}, {rms}>")
                 kernels.append(f"norm_backward_dwdb_kernel<{t}, {v}, {rms}>")
