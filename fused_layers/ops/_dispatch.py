@@ -14,12 +14,13 @@ from fused_layers.ops import _library
 #: Backend each op uses when called with ``backend=None``: (for a call that autograd will
 #: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured on an
 #: H200 (``benchmarks/fused_layers.py --launch``, bf16, widths 1024 / 4096 / 8192 / 16384,
-#: forward+backward; BENCHMARKS.md §6). RMSNorm, 2026-11-24: CUDA C++ kernels 347-363 µs against
-#: Triton's 326-424 (87-91% of copy against 75-97%), host 155-255 µs against Triton's 309-602,
-#: through a C++ autograd node; so CUDA where it builds and weight and input share a dtype. LayerNorm,
-#: with the pipelined CUDA backward (2026-11-24, --launch): CUDA kernels 335 / 341 / 357 / 389 µs
-#: per forward+backward at widths 1024 / 4096 / 8192 / 16384 against Triton's 329 / 330 / 348 / 566,
-#: host 165-259 µs against Triton's 362-673 (its autograd node is C++): CUDA for differentiated calls.
+#: forward+backward; BENCHMARKS.md §6). RMSNorm, 2026-11-24 (ninth session, runs 7 and 8): CUDA
+#: C++ kernels 330-340 µs against Triton's 325-424 (93-95% of copy against 74-97%), host 184-258 µs
+#: against Triton's 459-708, through a C++ autograd node; so CUDA where it builds and weight and
+#: input share a dtype. LayerNorm, the same runs: CUDA kernels 333-335 / 340-361 / 350-353 /
+#: 355-357 µs per forward+backward at widths 1024 / 4096 / 8192 / 16384 against Triton's 328-329 /
+#: 330-331 / 349-350 / 567, host 209-257 µs against Triton's 496-633 (its autograd node is C++):
+#: CUDA for differentiated calls.
 #: LayerNorm forward alone: Triton 132-149 µs, CUDA 134-145, level; Triton kept there. GELU:
 #: Triton ahead in both passes (3.75-4.15 against 3.41-3.65). The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
