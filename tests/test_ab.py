@@ -259,6 +259,35 @@ def test_prediction_ranges_rope_forward_and_backward(monkeypatch):
         ), event
 
 
+def test_functions_are_routed_through_a_decorated_forward():
+    """A forward wrapped by a decorator (functools.wraps, as transformers 5.24's deprecate_kwarg
+    wraps LlamaAttention.forward) is read through ``__wrapped__``: the wrapper's own code calls none
+    of the modeling module's functions by name."""
+    import functools
+    import types
+
+    from trainprof.ab import _route_functions
+
+    modeling = types.ModuleType("fake_modeling")
+    exec(
+        "import functools, torch\n"
+        "def rope(x):\n    return x + 1\n"
+        "def keyword_renamed(fn):\n"
+        "    @functools.wraps(fn)\n"
+        "    def wrapper(*args, **kwargs):\n        return fn(*args, **kwargs)\n"
+        "    return wrapper\n"
+        "class Attention(torch.nn.Module):\n"
+        "    @keyword_renamed\n"
+        "    def forward(self, x):\n        return rope(x)\n",
+        modeling.__dict__,
+    )
+    assert "rope" not in modeling.Attention.forward.__code__.co_names  # the wrapper's code
+    routed, other = modeling.Attention(), modeling.Attention()
+    assert _route_functions(routed, modeling, {"rope": functools.partial(torch.mul, 10)}) == 1
+    x = torch.ones(2)
+    assert torch.equal(routed(x), x * 10) and torch.equal(other(x), x + 1)
+
+
 def test_liger_functions_are_routed_to_the_model_only():
     """apply_liger's last step: a function Liger rebound in the modeling module (and that apply_liger
     put back) runs for this model's attention modules only."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import itertools
 import logging
 import math
@@ -202,12 +203,17 @@ def apply_liger(model: torch.nn.Module) -> str:
 
 def _route_functions(model: torch.nn.Module, modeling, functions: dict) -> int:
     """Route each rebound global of ``modeling`` to its replacement in the modules of ``model``
-    whose class's forward (defined in ``modeling``) calls it by name; returns how many modules."""
+    whose class's forward (defined in ``modeling``) calls it by name; returns how many modules.
+
+    A forward under decorators (transformers 5.24 wraps ``LlamaAttention.forward`` in
+    ``deprecate_kwarg``) is read through its ``__wrapped__`` chain: the wrapper's own code names none
+    of the body's globals.
+    """
     from fused_layers import routing
 
     routed = set()
     for module in model.modules():
-        forward = type(module).forward
+        forward = inspect.unwrap(type(module).forward)
         if getattr(forward, "__module__", None) != modeling.__name__:
             continue
         for name, replacement in functions.items():
