@@ -1228,12 +1228,12 @@ std::vector<torch::Tensor> norm_forward_impl(const torch::Tensor& x,
   return {y, stats};
 }
 
-// grad_output and x contiguous, of one shape; mean (nullptr for RMSNorm) and rstd hold x's rows'
-// fp32 statistics. Returns {dx, dweight, dbias}, the gradients in x's dtype, an undefined tensor for
-// one not asked for.
+// grad_output and x contiguous, of one shape; stats holds x's rows' fp32 statistics as
+// norm_forward_impl returns them. Returns {dx, dweight, dbias}, the gradients in x's dtype, an
+// undefined tensor for one not asked for.
 std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, const torch::Tensor& x,
-                                              const std::optional<torch::Tensor>& weight, const float* mean,
-                                              const float* rstd, bool need_dweight, bool need_dbias,
+                                              const std::optional<torch::Tensor>& weight,
+                                              const torch::Tensor& stats, bool need_dweight, bool need_dbias,
                                               bool rms) {
   check_input(x, x, "x");
   check_input(grad_output, x, "grad_output");
@@ -1241,6 +1241,8 @@ std::vector<torch::Tensor> norm_backward_impl(const torch::Tensor& grad_output, 
               "fused_layers.cuda: norm backward expects grad_output and x of one shape");
   const int64_t N = x.size(-1);
   const int64_t M = N > 0 ? x.numel() / N : 0;
+  const float* mean = rms ? nullptr : data<float>(stats);
+  const float* rstd = data<float>(stats) + (rms ? 0 : M);
   check_affine(weight, x, N, "weight");
   TORCH_CHECK(!(need_dweight && !weight.has_value()), "fused_layers.cuda: no weight to differentiate");
   TORCH_CHECK(!(rms && need_dbias), "fused_layers.cuda: rms_norm has no bias");
@@ -1315,18 +1317,16 @@ struct NormBackward : public torch::autograd::Node {
     if (weight.defined()) weight_opt = weight;
     const bool need_dweight = weight.defined() && task_should_compute_output(1);
     const bool need_dbias = has_bias_ && task_should_compute_output(2);
-    const int64_t rows = x.numel() / x.size(-1);  // the forward checked the width > 0
-    const float* mean = rms_ ? nullptr : data<float>(stats);
-    const float* rstd = data<float>(stats) + (rms_ ? 0 : rows);
     std::vector<torch::Tensor> g =
-        norm_backward_impl(grads[0].contiguous(), x, weight_opt, mean, rstd, need_dweight, need_dbias, rms_);
+        norm_backward_impl(grads[0].contiguous(), x, weight_opt, stats, need_dweight, need_dbias, rms_);
     return {g[0], g[1], g[2]};
   }
 };
 
-// y, recording a NormBackward node when autograd tracks the call. Checks as norm_forward_impl.
+// y, recording a NormBackward node when `track` (autograd tracks the call: compute_requires_grad of
+// x, weight and bias). Checks as norm_forward_impl.
 torch::Tensor norm_with_node(const torch::Tensor& x, const std::optional<torch::Tensor>& weight,
-                             const std::optional<torch::Tensor>& bias, double eps, bool rms) {
+                             const std::optional<torch::Tensor>& bias, double eps, bool rms, bool track) {
   namespace ag = torch::autograd;
   torch::Tensor input;
   std::vector<torch::Tensor> out;
@@ -1335,7 +1335,7 @@ torch::Tensor norm_with_node(const torch::Tensor& x, const std::optional<torch::
     input = x.contiguous();
     out = norm_forward_impl(input, weight, bias, eps, rms);
   }
-  if (ag::compute_requires_grad(x, weight, bias)) {
+  if (track) {
     auto node = make_node<NormBackward>();
     node->set_next_edges(ag::collect_next_edges(x, weight, bias));
     node->x_ = ag::SavedVariable(input, false);
@@ -1393,10 +1393,8 @@ std::vector<torch::Tensor> norm_backward(torch::Tensor grad_output, torch::Tenso
                   stats.numel() == (rms ? 1 : 2) * rows,
               "fused_layers.cuda: stats must be a contiguous float32 tensor of ", (rms ? 1 : 2) * rows,
               " elements on x's device, as norm_forward returns it");
-  const float* mean = rms ? nullptr : data<float>(stats);
-  const float* rstd = data<float>(stats) + (rms ? 0 : rows);
-  std::vector<torch::Tensor> g = norm_backward_impl(grad_output.contiguous(), x.contiguous(), weight, mean,
-                                                    rstd, need_dweight, need_dbias, rms);
+  std::vector<torch::Tensor> g = norm_backward_impl(grad_output.contiguous(), x.contiguous(), weight, stats,
+                                                    need_dweight, need_dbias, rms);
   for (torch::Tensor& t : g) {
     if (!t.defined()) t = torch::empty({0}, x.options());
   }
@@ -1405,7 +1403,7 @@ std::vector<torch::Tensor> norm_backward(torch::Tensor grad_output, torch::Tenso
 
 torch::Tensor norm_autograd(torch::Tensor x, std::optional<torch::Tensor> weight,
                             std::optional<torch::Tensor> bias, double eps, bool rms) {
-  return norm_with_node(x, weight, bias, eps, rms);
+  return norm_with_node(x, weight, bias, eps, rms, torch::autograd::compute_requires_grad(x, weight, bias));
 }
 
 // fused_layers.ops' fast path (see fused_layers.cuda.eager_norm): norm_autograd's result where the
@@ -1423,8 +1421,9 @@ std::optional<torch::Tensor> norm_eager(const torch::Tensor& x, const std::optio
   if (N < 1 || !direct_param(weight, x, N) || !direct_param(bias, x, N) || (rms && bias.has_value())) {
     return std::nullopt;
   }
-  if (only_differentiated && !torch::autograd::compute_requires_grad(x, weight, bias)) return std::nullopt;
-  return norm_with_node(x, weight, bias, eps, rms);
+  const bool track = torch::autograd::compute_requires_grad(x, weight, bias);
+  if (only_differentiated && !track) return std::nullopt;
+  return norm_with_node(x, weight, bias, eps, rms, track);
 }
 """
 
