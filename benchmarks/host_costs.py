@@ -12,8 +12,8 @@ not see: its launcher is profiled by a direct call instead.
 ``--phases`` splits one LayerNorm forward+backward at full-size shapes into its host phases
 (clearing the grads, the forward call, the backward call) for eager torch, the CUDA extension's
 autograd node called directly, and ``fused_layers.ops.layer_norm`` (``backend="cuda"`` and the
-default), side by side: rounds in rotated order, each sample starting on a GPU kept busy by a spin
-kernel, as ``trainprof.bench.host_times`` does; medians of the rounds.
+default), side by side with ``trainprof.bench.host_times``: rounds in rotated order, each sample
+starting on a GPU kept busy by a spin kernel; medians of the rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -65,9 +66,13 @@ def host_us(call, calls: int = 300, repeats: int = 7) -> float:
 
 
 def phases(rows: int, width: int, rounds: int = 60, calls: int = 5, busy_ms: float = 10.0) -> dict:
-    """Median host µs per call of each phase (``clear``, ``fwd``, ``bwd``, and the sample's ``total``)."""
+    """Median host µs per call of each phase (``clear``, ``fwd``, ``bwd``, and the sample's ``total``).
+
+    The samples are ``trainprof.bench.host_times``' (rounds in rotated order, each on a busy GPU);
+    each call also records its phases, and a sample's phase figure is the mean over its calls.
+    """
     from fused_layers import cuda as fused_cuda
-    from trainprof.bench import keep_gpu_busy
+    from trainprof.bench import host_times
 
     ext = fused_cuda.load_extension()
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
@@ -79,39 +84,36 @@ def phases(rows: int, width: int, rounds: int = 60, calls: int = 5, busy_ms: flo
         "ops cuda": lambda: ln.layer_norm(x, w, b, 1e-5, backend="cuda"),
         "ops default": lambda: ln.layer_norm(x, w, b, 1e-5),
     }
-    samples = {name: {"clear": [], "fwd": [], "bwd": [], "total": []} for name in forwards}
-    for forward in forwards.values():  # warm-up: builds, caches
-        for _ in range(3):
+    names = ("clear", "fwd", "bwd")
+    per_call = {name: {phase: [] for phase in names} for name in forwards}  # µs, warm-up calls first
+
+    def timed(name: str, forward) -> Callable[[], None]:
+        def call() -> None:
+            t0 = time.perf_counter()
             x.grad = w.grad = b.grad = None
-            forward().backward(dy)
-    names = list(forwards)
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            forward = forwards[name]
-            torch.cuda.synchronize()
-            keep_gpu_busy(busy_ms, "cuda")
-            spent = {"clear": 0.0, "fwd": 0.0, "bwd": 0.0}
-            start = time.perf_counter()
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                x.grad = w.grad = b.grad = None
-                t1 = time.perf_counter()
-                y = forward()
-                t2 = time.perf_counter()
-                y.backward(dy)
-                t3 = time.perf_counter()
-                spent["clear"] += t1 - t0
-                spent["fwd"] += t2 - t1
-                spent["bwd"] += t3 - t2
-                del y
-            spent["total"] = time.perf_counter() - start
-            for phase, seconds in spent.items():
-                samples[name][phase].append(seconds / calls * 1e6)
-    torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            y = forward()
+            t2 = time.perf_counter()
+            y.backward(dy)
+            t3 = time.perf_counter()
+            for phase, seconds in zip(names, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                per_call[name][phase].append(seconds * 1e6)
+
+        return call
+
+    warmup = 3
+    totals = host_times(
+        {name: timed(name, forward) for name, forward in forwards.items()},
+        device="cuda", warmup=warmup, rounds=rounds, calls_per_sample=calls, busy_gpu_ms=busy_ms,
+    )  # fmt: skip
+
+    def sample_means(values: list[float]) -> list[float]:  # one figure per sample, in round order
+        return [statistics.fmean(values[i : i + calls]) for i in range(warmup, len(values), calls)]
+
     return {
-        name: {phase: round(statistics.median(values), 1) for phase, values in by_phase.items()}
-        for name, by_phase in samples.items()
+        name: {phase: round(statistics.median(sample_means(values)), 1) for phase, values in by_phase.items()}
+        | {"total": round(totals[name].median_us, 1)}
+        for name, by_phase in per_call.items()
     }
 
 
