@@ -8,12 +8,14 @@ by one gelu op, which the diff must show.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import trainprof
-from trainprof.ab import REPLACED_RANGE, ABResult, Variant, ab_model, median_ci
+from trainprof.ab import REPLACED_RANGE, ABResult, Variant, median_ci, run_model
 from trainprof.cli import main
 
 
@@ -29,7 +31,7 @@ def tiny_run(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 shared cores: spinning worker threads made steps 100x slower
     try:
-        result = ab_model(
+        result = run_model(
             "gpt2-tiny", ["bare", "fused"], steps=3, warmup=1, block=1, device="cpu", log_dir=log_dir
         )
     finally:
@@ -94,7 +96,7 @@ def _logistic_factory(rate_of):
 
 def _logistic_ab(rate_of) -> ABResult:
     """bare and fused of `_logistic_factory(rate_of)`, 60 steps on the CPU, no profile."""
-    return trainprof.ab(
+    return trainprof.ab.run(
         _logistic_factory(rate_of), variants=("bare", "fused"), steps=60, warmup=1, block=5, device="cpu",
         profile=False,
     )  # fmt: skip
@@ -163,11 +165,37 @@ def test_user_step_function_api():
 
         return step
 
-    result = trainprof.ab(
+    result = trainprof.ab.run(
         factory, variants=("bare",), steps=4, warmup=1, block=1, device="cpu", profile=False
     )
     assert result.variants[0].parity_ok and len(result.variants[0].losses) == 4
     assert result.variants[0].losses[-1] < result.variants[0].losses[0]
+
+
+def test_variants_run_interleaved_in_rotated_order():
+    order = []
+
+    def factory(variant: Variant):
+        def step(i: int) -> torch.Tensor:
+            order.append(variant.name)
+            return torch.tensor(1.0)
+
+        return step
+
+    variants = ("bare", "fused", "compile")
+    trainprof.ab.run(factory, variants, steps=4, warmup=1, block=1, device="cpu", profile=False)
+    warmup = list(variants)
+    rounds = ["bare", "fused", "compile", "fused", "compile", "bare", "compile", "bare", "fused"]
+    assert order == warmup + rounds
+
+
+def test_importing_the_package_imports_no_torch():
+    code = (
+        "import sys, trainprof; names = trainprof.ab.__all__; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'run' in names and 'run_model' in names"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_variant_parsing_and_median_ci():
@@ -228,13 +256,13 @@ def test_prediction_ranges_rope_forward_and_backward(monkeypatch):
     from transformers.models.llama import modeling_llama
 
     from fused_layers.ops import _library
-    from trainprof.ab import _annotate_swappable
+    from trainprof.ab.prediction import annotate_swappable
 
     monkeypatch.setattr(_library, "INTERPRETING", False)  # swap's check runs the torch versions
     model = _tiny_llama()
     hf_rope = modeling_llama.apply_rotary_pos_emb
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
-    with _annotate_swappable(model) as seen, profile() as prof:
+    with annotate_swappable(model) as seen, profile() as prof:
         model(input_ids=ids, labels=ids).loss.backward()
     assert modeling_llama.apply_rotary_pos_emb is hf_rope
     assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
@@ -266,7 +294,7 @@ def test_functions_are_routed_through_a_decorated_forward():
     import functools
     import types
 
-    from trainprof.ab import _route_functions
+    from trainprof.ab.variants import _route_functions
 
     modeling = types.ModuleType("fake_modeling")
     exec(
@@ -293,7 +321,7 @@ def test_liger_functions_are_routed_to_the_model_only():
     put back) runs for this model's attention modules only."""
     from transformers.models.llama import modeling_llama
 
-    from trainprof.ab import _route_functions
+    from trainprof.ab.variants import _route_functions
 
     model, other = _tiny_llama(), _tiny_llama()
     hf_rope = modeling_llama.apply_rotary_pos_emb

@@ -17,8 +17,8 @@ from trainprof.session import Session, session  # rebinds `trainprof.session` to
 
 __version__ = "0.1.0"
 
-_LAZY = {"analyze": "trainprof.analysis", "Analysis": "trainprof.analysis",
-         "ab": "trainprof.ab"}  # trainprof.ab(factory, variants=...): the module is callable
+_LAZY = {"analyze": "trainprof.analysis", "Analysis": "trainprof.analysis"}
+_SUBPACKAGES = ("ab",)  # `trainprof.ab.run(factory, ...)` after a plain `import trainprof`
 
 __all__ = ["Analysis", "Session", "SessionConfig", "__version__", "analyze", "session"]
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"trainprof.{name}")  # the import binds it here as well
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'trainprof' has no attribute {name!r}")

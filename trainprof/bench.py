@@ -30,8 +30,9 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import torch
 
@@ -41,6 +42,8 @@ CLOCK_HOST = "host"
 # Bigger than any current GPU's L2 (H100 50 MB, H200 60 MB, B200 126 MB): overwriting it evicts
 # the previous call's data.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -289,8 +292,7 @@ def host_times(
             fns[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in rotated(names, round_index):
             fn = fns[name]
             synchronize(dev)
             if busy_gpu_ms:
@@ -304,6 +306,13 @@ def host_times(
         name: summarize(per_call, clock=CLOCK_HOST, device=str(dev), calls_per_sample=calls_per_sample)
         for name, per_call in samples.items()
     }
+
+
+def rotated(items: Sequence[_T], round_index: int) -> list[_T]:
+    """``items`` in the order of round ``round_index``: rotated by one place each round (A B C,
+    B C A, C A B, ...), so that none always runs first and drift falls on all of them alike."""
+    shift = round_index % len(items)
+    return [*items[shift:], *items[:shift]]
 
 
 def keep_gpu_busy(ms: float, device: str | torch.device | None = None) -> None:

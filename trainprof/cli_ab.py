@@ -84,11 +84,11 @@ def run_ab(args: argparse.Namespace) -> int:
 
 
 def _run_ab(args: argparse.Namespace, variants: list[str]) -> int:
-    from trainprof.ab import ModelNotFound, ab_model
+    from trainprof.ab import ModelNotFound, run_model
     from trainprof.report import ab as render
 
     try:
-        result = ab_model(
+        result = run_model(
             args.model,
             variants,
             steps=args.steps,

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from trainprof.ab import ab  # noqa: E402
+from trainprof.ab import run  # noqa: E402
 
 SIZE, CHAIN = 4096, 12
 
@@ -48,7 +48,7 @@ def _kernels_of_one_step() -> int:
 
 
 def test_profiled_step_counts_its_own_kernels_only(tmp_path):
-    result = ab(_factory, ["bare", "fused"], steps=6, warmup=2, block=2, device="cuda", log_dir=tmp_path)
+    result = run(_factory, ["bare", "fused"], steps=6, warmup=2, block=2, device="cuda", log_dir=tmp_path)
     summary = result.diffs["fused"]["a"]["summary"]
     expected = _kernels_of_one_step()
     assert expected >= CHAIN
