@@ -7,9 +7,9 @@ ms and achieved bytes/s over the fewest bytes each op must move, as a fraction o
 device-to-device copy measured in the same run. Writes ``OUT.json`` and ``OUT.md`` and prints a
 compact table last.
 
-    python benchmarks/fused_layers.py --out log/fused_layers_bench          # full run
-    python benchmarks/fused_layers.py --quick --out /tmp/bench               # smoke run
-    python benchmarks/fused_layers.py --launch --out log/norm_launch         # host vs kernel time
+    python -m benchmarks.kernels --out log/fused_layers_bench     # full run
+    python -m benchmarks.kernels --quick --out /tmp/bench          # smoke run
+    python -m benchmarks.kernels --launch --out log/norm_launch    # host vs kernel time
 
 ``--launch`` answers a narrower question for LayerNorm and RMSNorm forward+backward at the norm
 shapes: per call, the back-to-back time, the host's time without a sync (``trainprof.bench.host_times``:
@@ -33,7 +33,6 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,13 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# This script shares its name with the package it measures. Run as a file, its own folder is
-# sys.path[0] and would shadow that package; the repository root belongs there instead.
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-    sys.path.append(str(Path(__file__).resolve().parent))  # for the shared timer, benchmarks/timing.py
-
-from timing import steady_ms  # noqa: E402
+from benchmarks.timing import steady_ms
 
 NORM_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 ELEMENTWISE_SHAPES = NORM_SHAPES + [(16384, 16384), (8192, 11008)]
@@ -578,7 +571,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/fused_layers.py needs a CUDA device (it times with CUDA events)")
+        raise SystemExit("python -m benchmarks.kernels needs a CUDA device (it times with CUDA events)")
     torch.manual_seed(0)
     if args.launch:
         result = run_launch(args)
