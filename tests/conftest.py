@@ -21,6 +21,15 @@ if not torch.cuda.is_available():
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`) each worker is a process with torch's default of one intra-op
+    thread per core; the workers' threads would then spin against each other (OpenMP threads wait
+    spinning). Each worker gets its share of the cores instead."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """``tests/fixtures`` (README.md there): ``traces/`` (H200 runs with planted problems),

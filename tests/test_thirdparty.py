@@ -13,6 +13,10 @@ import pytest
 
 from trainprof.analysis import Analysis, analyze
 
+# One pytest-xdist worker runs this file (`make test` distributes by --dist loadgroup), so that each
+# trace is analysed once.
+pytestmark = pytest.mark.xdist_group("thirdparty")
+
 # Every trace folder of tests/fixtures, as "<kind>/<folder>" (test_the_list_is_every_folder keeps it so).
 ALL_FOLDERS = (
     "thirdparty/hta_cp_simple_add",
