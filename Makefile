@@ -25,8 +25,10 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch-spec
 demo: $(VENV)/.installed
 	$(VENV)/bin/trainprof demo
 
+# One pytest worker per core (pytest-xdist); each worker's torch gets its share of the cores
+# (tests/conftest.py); tests marked xdist_group share a worker, and so their module's fixtures.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto --dist loadgroup tests
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check trainprof fused_layers benchmarks examples tests

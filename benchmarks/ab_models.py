@@ -2,8 +2,8 @@
 ~1B Llama? Runs `trainprof ab` once per model, each in its own process, and keeps its JSON, its
 Markdown section and each variant's profiled step.
 
-    python benchmarks/ab_models.py --out log/ab_models                  # both models, 50 steps
-    python benchmarks/ab_models.py --out /tmp/ab --models gpt2-tiny --steps 6 --device cpu   # smoke run
+    python -m benchmarks.ab_models --out log/ab_models    # both models, 50 steps
+    python -m benchmarks.ab_models --out /tmp/ab --models gpt2-tiny --steps 6 --device cpu   # smoke run
 
 Per model (issue #8's bars):
 - gpt2-124m: fp32 parameters under bf16 autocast, batch 8 x 1024;

@@ -6,12 +6,12 @@ contenders per fixture: trainprof in-process (`analyze(path)`), trainprof as a w
 (`trainprof analyze PATH --json`, interpreter start and imports included), and HTA
 (`TraceAnalysis(trace_dir=...)` plus its temporal, idle-time and kernel breakdowns).
 
-    python benchmarks/analyze_speed.py --hta-python /tmp/hta/bin/python --out speed.json
+    python -m benchmarks.analyze_speed --hta-python /tmp/hta/bin/python --out speed.json
 
 Scaling (time and peak RSS against trace size; synthetic traces made by repeating a real fixture's
 steps into a scratch folder, deleted after each measurement, never committed):
 
-    python benchmarks/analyze_speed.py --scale ../shared/fixtures/traces/gpt2_pathologies/*.gz /tmp/s 1 4 16 \
+    python -m benchmarks.analyze_speed --scale tests/fixtures/traces/gpt2_pathologies/*.gz /tmp/s 1 4 16 \
         --out scale.json
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -28,9 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_FIXTURES = Path(
-    os.environ.get("TRAINPROF_FIXTURES") or REPO.parent / "shared" / "fixtures" / "traces"
-)
+DEFAULT_FIXTURES = REPO / "tests" / "fixtures" / "traces"
 
 TRAINPROF_CHILD = """
 import sys, time
@@ -63,11 +60,11 @@ print(time.perf_counter() - t0)
 """
 
 
-def run_child(argv: list[str], env: dict | None = None) -> dict:
+def run_child(argv: list[str]) -> dict:
     """Run one measurement in a fresh process; wall time, in-child time and peak RSS (MiB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     wall = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if done.returncode != 0:
@@ -80,6 +77,13 @@ def run_child(argv: list[str], env: dict | None = None) -> dict:
         "load_analyze_s": round(float(inner), 3) if inner else None,
         "peak_rss_mib": round(peak_kib / 1024, 1) if peak_kib > before else None,
     }
+
+
+def measure_argv(argv: list[str]) -> list[str]:
+    """The command that measures `argv` in a fresh wrapper process: this module again, `--measure`.
+    Run with `-m` from the repository root, so the wrapper and its `-c` / `-m` child import this
+    checkout's trainprof."""
+    return [sys.executable, "-m", "benchmarks.analyze_speed", "--measure", json.dumps(argv)]
 
 
 def best_of(runs: list[dict]) -> dict:
@@ -118,7 +122,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows = []
     for folder in sorted(p for p in args.fixtures.iterdir() if p.is_dir()):
         size_mb = sum(f.stat().st_size for f in folder.glob("*.pt.trace.json*")) / 1e6
@@ -143,10 +146,9 @@ def main() -> None:
                     runs.append(
                         json.loads(
                             subprocess.run(
-                                [sys.executable, __file__, "--measure", json.dumps(argv)],
+                                measure_argv(argv),
                                 capture_output=True,
                                 text=True,
-                                env=env,
                                 cwd=REPO,
                             ).stdout
                             or '{"error": "no output"}'
@@ -232,7 +234,6 @@ def scale(source: Path, copies: list[int], scratch: Path, out: Path | None = Non
     """Analysis time and peak RSS against trace size: `source` repeated 1, 4, 16, ... times
     (the rows also as JSON to `out`, when given)."""
     rows = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     print(f"{'copies':>6} {'JSON MB':>8} {'steps':>6} | {'load+analysis s':>15} {'peak MiB':>9}")
     for count in copies:
         folder = scratch / f"x{count}"
@@ -241,10 +242,9 @@ def scale(source: Path, copies: list[int], scratch: Path, out: Path | None = Non
         argv = [sys.executable, "-c", SCALE_CHILD, str(folder)]
         measured = json.loads(
             subprocess.run(
-                [sys.executable, __file__, "--measure", json.dumps(argv)],
+                measure_argv(argv),
                 capture_output=True,
                 text=True,
-                env=env,
                 cwd=REPO,
             ).stdout
             or '{"error": "no output"}'

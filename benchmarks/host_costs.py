@@ -6,8 +6,8 @@ building blocks (a do-nothing autograd.Function, torch.empty), then shows a cPro
 forward's Python. The backward's Python runs on autograd's device thread, which cProfile does
 not see: its launcher is profiled by a direct call instead.
 
-    python benchmarks/host_costs.py [--width 1024] [--rows 8] [--out FILE.json]
-    python benchmarks/host_costs.py --phases 32768x4096,8192x16384 [--out FILE.json]
+    python -m benchmarks.host_costs [--width 1024] [--rows 8] [--out FILE.json]
+    python -m benchmarks.host_costs --phases 32768x4096,8192x16384 [--out FILE.json]
 
 ``--phases`` splits one LayerNorm forward+backward at full-size shapes into its host phases
 (clearing the grads, the forward call, the backward call) for eager torch, the CUDA extension's
@@ -25,16 +25,12 @@ import io
 import json
 import pstats
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 ln = importlib.import_module("fused_layers.ops.layer_norm")
 rms = importlib.import_module("fused_layers.ops.rms_norm")

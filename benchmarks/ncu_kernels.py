@@ -1,7 +1,7 @@
 """Run each fused kernel a few times at one benchmark shape, for Nsight Compute to read. (GPU.)
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --launch-skip 3 --launch-count 1 -k regex:NAME python benchmarks/ncu_kernels.py CASE
+        --launch-skip 3 --launch-count 1 -k regex:NAME python -m benchmarks.ncu_kernels CASE
 
 CASE is one of: gelu_triton, gelu_cuda, ln_triton_1024, ln_cuda_1024, ln_triton_16384,
 ln_cuda_16384 (forward and backward of each run five times, bf16).
@@ -10,14 +10,10 @@ ln_cuda_16384 (forward and backward of each run five times, bf16).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-from fused_layers.ops import gelu, layer_norm  # noqa: E402
+from fused_layers.ops import gelu, layer_norm
 
 
 def main(case: str) -> None:

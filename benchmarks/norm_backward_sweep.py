@@ -8,7 +8,7 @@ reduction. Each time is a CUDA graph of
 ``--calls`` back-to-back calls replayed 5 times (median), so no host time is in it. TB/s is over
 the fewest bytes: forward reads x and writes y, backward reads x and dy and writes dx.
 
-    python benchmarks/norm_backward_sweep.py [--out FILE.json] [--quick]
+    python -m benchmarks.norm_backward_sweep [--out FILE.json] [--quick]
 """
 
 from __future__ import annotations
@@ -18,14 +18,10 @@ import importlib
 import itertools
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 # fused_layers.ops re-exports functions named like their modules: fetch the modules themselves.
 _launch = importlib.import_module("fused_layers.ops._launch")

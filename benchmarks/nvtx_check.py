@@ -3,21 +3,16 @@
 The session pushes `trainprof wait|warmup|record` ranges holding `trainprof step N`. Run it under
 Nsight Compute with an NVTX filter; kernels are profiled only if the ranges exist:
 
-    ncu --nvtx --nvtx-include "trainprof record/" --launch-count 3 python benchmarks/nvtx_check.py
+    ncu --nvtx --nvtx-include "trainprof record/" --launch-count 3 python -m benchmarks.nvtx_check
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
 
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-import trainprof  # noqa: E402
+import trainprof
 
 
 def main() -> None:

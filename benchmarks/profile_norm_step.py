@@ -4,14 +4,13 @@ Profiles a few back-to-back forward+backward calls of each contender at one shap
 torch.profiler, then reads the trace with trainprof's own analysis: GPU busy %, host time per
 call, and each kernel's mean duration, so host-bound calls are told apart from slow kernels.
 
-    python benchmarks/profile_norm_step.py [--tokens 131072] [--width 1024] [--out DIR]
+    python -m benchmarks.profile_norm_step [--tokens 131072] [--width 1024] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,11 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-import trainprof  # noqa: E402
-from fused_layers.ops import layer_norm, rms_norm  # noqa: E402
+import trainprof
+from fused_layers.ops import layer_norm, rms_norm
 
 
 def contenders() -> dict:

@@ -1,6 +1,6 @@
 """Record real torch.profiler traces of the training stacks people use, for trainprof's tests.
 
-    python benchmarks/record_stack_traces.py OUT_DIR [--device cuda]
+    python -m benchmarks.record_stack_traces OUT_DIR [--device cuda]
 
 Runs a small GPT-2 (2 layers, d=256) for 6 optimizer steps under each of: Hugging Face `Trainer`
 (bf16, gradient accumulation 2, logging_steps=1), Lightning (`self.log(..., prog_bar=True)`,

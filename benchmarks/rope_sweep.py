@@ -7,7 +7,7 @@ bandwidth over the fewest bytes (q and k read and written, cos/sin once per posi
 ``MAX_TILE`` x ``ELEMENTS_PER_THREAD`` settings of fused_layers/ops/rope.py, beside the GPU time
 of Liger-Kernel's kernel and of the eager formula's kernels. Needs a CUDA device.
 
-    python benchmarks/rope_sweep.py --out log/rope_sweep.json
+    python -m benchmarks.rope_sweep --out log/rope_sweep.json
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-# (batch, seq, q heads, kv heads, head_dim), as in benchmarks/fused_layers.py
+# (batch, seq, q heads, kv heads, head_dim), as in benchmarks/kernels.py
 SHAPES = [(4, 2048, 32, 8, 64), (2, 4096, 32, 8, 128), (8, 1024, 16, 4, 64)]
 SETTINGS = [(tile, per_thread) for tile in (128, 256, 512, 1024, 2048, 8192) for per_thread in (4, 8, 16)]
 CALLS = 20

@@ -3,9 +3,9 @@
 #   bash benchmarks/run_on_gpu.sh OUT_DIR [checks] [overhead] [fused_layers] [sweep]
 # checks:       tests/gpu, the planted-sync example (each sync's exact line), the demo on the GPU;
 # overhead:     the session-overhead benchmark;
-# fused_layers: benchmarks/fused_layers.py (FUSED_OPS=layer_norm,rms_norm limits the ops);
-# sweep:        benchmarks/norm_backward_sweep.py (launch settings of the norm backward kernels);
-# launch:       benchmarks/fused_layers.py --launch (norm fwd+bwd: host vs GPU kernel time per call).
+# fused_layers: python -m benchmarks.kernels (FUSED_OPS=layer_norm,rms_norm limits the ops);
+# sweep:        python -m benchmarks.norm_backward_sweep (launch settings of the norm backward kernels);
+# launch:       python -m benchmarks.kernels --launch (norm fwd+bwd: host vs GPU kernel time per call).
 # Uses the python3 on PATH and whatever torch/triton/transformers it has; wheels in .whl/ (e.g.
 # msgspec, liger-kernel) are installed into a scratch folder first when present.
 set -uo pipefail
@@ -29,18 +29,18 @@ for part in $parts; do
       python3 -m trainprof demo --log-dir /tmp/trainprof-log 2>&1 | tail -n 40 | tee "$out/demo.log"
       ;;
     overhead)
-      python3 benchmarks/session_overhead.py --out "$out" 2>&1 | tail -n 30 | tee "$out/session_overhead.log"
+      python3 -m benchmarks.session_overhead --out "$out" 2>&1 | tail -n 30 | tee "$out/session_overhead.log"
       ;;
     fused_layers)
-      python3 benchmarks/fused_layers.py --out "$out/fused_layers" ${FUSED_OPS:+--ops "$FUSED_OPS"} \
+      python3 -m benchmarks.kernels --out "$out/fused_layers" ${FUSED_OPS:+--ops "$FUSED_OPS"} \
         2>&1 | tail -n 70 | tee "$out/fused_layers.log"
       ;;
     launch)
-      python3 benchmarks/fused_layers.py --launch --out "$out/norm_launch" 2>&1 | tail -n 20 \
+      python3 -m benchmarks.kernels --launch --out "$out/norm_launch" 2>&1 | tail -n 20 \
         | tee "$out/norm_launch.log"
       ;;
     sweep)
-      python3 benchmarks/norm_backward_sweep.py --out "$out/norm_backward_sweep.json" 2>&1 | tail -n 20 \
+      python3 -m benchmarks.norm_backward_sweep --out "$out/norm_backward_sweep.json" 2>&1 | tail -n 20 \
         | tee "$out/norm_backward_sweep.log"
       ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;

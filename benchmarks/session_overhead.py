@@ -14,7 +14,7 @@ bare loop run again at the end (drift between the first and the last mode).
 Bars: (b)/(a) within 1 %, (d)/(c) within 3 %. The step that closes a window (trace export, and
 for trainprof the analysis) is reported apart, as is the session's exit (final analysis, reports).
 
-    python benchmarks/session_overhead.py [--quick] [--out DIR]
+    python -m benchmarks.session_overhead [--quick] [--out DIR]
 """
 
 from __future__ import annotations

@@ -2,19 +2,41 @@
 
 Without CUDA, Triton kernels run under Triton's CPU interpreter, which must be switched on
 before any kernel is defined, i.e. before the first ``fused_layers`` import (importing torch
-to ask about CUDA is fine). Also provides ``op_case``: run one fused op and its float64
-reference on the same inputs and compare the output and every gradient.
+to ask about CUDA is fine). Also provides ``fixtures_dir``, the one way a test reaches the
+checked-in traces, and ``op_case``: run one fused op and its float64 reference on the same
+inputs and compare the output and every gradient.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`) each worker is a process with torch's default of one intra-op
+    thread per core; the workers' threads would then spin against each other (OpenMP threads wait
+    spinning). Each worker gets its share of the cores instead."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """``tests/fixtures`` (README.md there): ``traces/`` (H200 runs with planted problems),
+    ``thirdparty/`` (other projects' public traces, source and licence in its README) and
+    ``stacks/`` (Hugging Face Trainer, Lightning and accelerate runs)."""
+    return FIXTURES_DIR
+
 
 # (atol, rtol) for outputs and gradients against a float64 reference computed from the same
 # (already rounded) inputs: about a few units of the dtype's last place at the values' scale.

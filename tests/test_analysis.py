@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,26 +12,19 @@ import pytest
 from trainprof.analysis import Analysis, Finding, analyze
 from trainprof.trace import load_traces
 
-FIXTURES = Path(
-    os.environ.get("TRAINPROF_FIXTURES")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "traces"
-)
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not found at {FIXTURES}")
-
 STEP_KEYS = {"step", "duration_ms", "gpu_busy_pct", "kernel_count", "sync_count"}
 FINDING_KEYS = {"kind", "title", "severity", "op", "where", "count", "per_step", "cost_ms", "fix"}
 
 
 @pytest.fixture(scope="module")
-def pathologies() -> Analysis:
-    return analyze(FIXTURES / "gpt2_pathologies")
+def pathologies(fixtures_dir) -> Analysis:
+    return analyze(fixtures_dir / "traces/gpt2_pathologies")
 
 
 def _syncs(result: Analysis) -> list[Finding]:
     return [f for f in result.findings if f.kind == "sync_point"]
 
 
-@needs_fixtures
 def test_pathologies_steps(pathologies):
     steps = pathologies.steps
     assert [s["step"] for s in steps] == [3, 4, 5]
@@ -44,7 +36,6 @@ def test_pathologies_steps(pathologies):
     assert pathologies.summary["peak_memory_bytes"] > 1.9e9
 
 
-@needs_fixtures
 def test_pathologies_pageable_copy_sync(pathologies):
     (h2d,) = [f for f in _syncs(pathologies) if "aten::copy_" in (f.op or "")]
     assert h2d.op == "aten::to -> aten::_to_copy -> aten::copy_"
@@ -55,7 +46,6 @@ def test_pathologies_pageable_copy_sync(pathologies):
     assert h2d.cost_ms == pytest.approx(0.0912, abs=1e-4)
 
 
-@needs_fixtures
 def test_pathologies_item_syncs(pathologies):
     (item,) = [f for f in _syncs(pathologies) if "aten::item" in (f.op or "")]
     assert item.where.function == "gpt2_loop"
@@ -64,7 +54,6 @@ def test_pathologies_item_syncs(pathologies):
     assert item.cost_ms == pytest.approx(0.0720, abs=1e-4)  # six cudaStreamSynchronize, 72.0 µs
 
 
-@needs_fixtures
 def test_pathologies_launch_overhead(pathologies):
     (launch,) = [f for f in pathologies.findings if f.kind == "launch_overhead"]
     assert launch.where.function == "gpt2_loop"
@@ -75,16 +64,14 @@ def test_pathologies_launch_overhead(pathologies):
     assert launch.details["tiny_kernel_pct"] > 50
 
 
-@needs_fixtures
-def test_clean_has_no_user_sync():
-    result = analyze(FIXTURES / "gpt2_clean")
+def test_clean_has_no_user_sync(fixtures_dir):
+    result = analyze(fixtures_dir / "traces/gpt2_clean")
     assert _syncs(result) == []  # profiler's exit synchronize and pinned non_blocking copies excluded
     assert [s["sync_count"] for s in result.steps] == [0, 0, 0]
 
 
-@needs_fixtures
-def test_ddp_straggler():
-    result = analyze(FIXTURES / "ddp_straggler")
+def test_ddp_straggler(fixtures_dir):
+    result = analyze(fixtures_dir / "traces/ddp_straggler")
     (straggler,) = [f for f in result.findings if f.kind == "straggler"]
     assert straggler.rank == 1
     assert result.summary["straggler_rank"] == 1
@@ -114,9 +101,8 @@ def _sites(skip: tuple[int, int] | None = None) -> list[dict]:
     return sites
 
 
-@needs_fixtures
-def test_sync_site_join_fills_lines():
-    (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
+def test_sync_site_join_fills_lines(fixtures_dir):
+    (trace,) = load_traces(fixtures_dir / "traces/gpt2_pathologies")
     result = analyze([trace], sync_sites=_sites())
     by_line = {f.where.line: f for f in _syncs(result)}
     assert set(by_line) == {38, 45, 49}
@@ -128,9 +114,8 @@ def test_sync_site_join_fills_lines():
     )
 
 
-@needs_fixtures
-def test_sync_site_join_never_shifts_a_missing_site():
-    (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
+def test_sync_site_join_never_shifts_a_missing_site(fixtures_dir):
+    (trace,) = load_traces(fixtures_dir / "traces/gpt2_pathologies")
     result = analyze([trace], sync_sites=_sites(skip=(4, 45)))
     for finding in _syncs(result):
         steps = [o["step"] for o in finding.details["occurrences"]]
@@ -139,7 +124,6 @@ def test_sync_site_join_never_shifts_a_missing_site():
     assert sum(f.count for f in _syncs(result) if f.where.line is None) == 3
 
 
-@needs_fixtures
 def test_to_dict_is_json_with_required_fields(pathologies):
     document = json.loads(json.dumps(pathologies.to_dict(), allow_nan=False))
     assert set(document) == {"trace", "steps", "findings"}
@@ -163,10 +147,10 @@ def test_trainprof_demo_loop_counts_as_user_code():
     assert is_user_file("make_traces.py")
 
 
-@needs_fixtures
-def test_progress_is_reported_per_file_and_per_trace():
+def test_progress_is_reported_per_file_and_per_trace(fixtures_dir):
     calls = []
-    analyze(FIXTURES / "ddp_straggler", on_progress=lambda what, done, total: calls.append((done, total)))
+    on_progress = lambda what, done, total: calls.append((done, total))
+    analyze(fixtures_dir / "traces/ddp_straggler", on_progress=on_progress)
     assert calls == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
 
 

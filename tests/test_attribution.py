@@ -1,7 +1,7 @@
 """Kernel attribution (forward op, nn.Module, phase) and the per-module cost table, on real traces and on
 a minimal synthetic one.
 
-Figures measured on the shared fixtures (2026-11-22), before this attribution: the launch finding left
+Figures measured on the H200 fixtures (2026-11-22), before this attribution: the launch finding left
 539 of 887 tiny kernels of gpt2_clean (61%) and 432 of 1403 of gpt2_pathologies (31%) with no owner
 (`function: null`), all of them launched on autograd's backward thread. After: every tiny kernel of
 both traces has an owner (a module, or the user function around its forward op).
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +23,6 @@ from trainprof.analysis.modules import module_costs_finding, owner_costs
 from trainprof.analysis.timeline import build_timeline
 from trainprof.trace import load_traces
 
-SHARED = Path(os.environ.get("TRAINPROF_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
-TRACES = SHARED / "fixtures" / "traces"
-THIRDPARTY = SHARED / "fixtures" / "thirdparty"
-needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"fixtures not found at {TRACES}")
 GPT2 = "GPT2LMHeadModel/GPT2Model/GPT2Block"
 
 
@@ -51,18 +46,17 @@ def _flows(trace) -> dict[tuple, tuple]:
     }
 
 
-@needs_fixtures
 @pytest.mark.parametrize(
     "path, flows",
     [
-        (TRACES / "gpt2_clean", 951),
-        (TRACES / "ddp_straggler" / "rank1.1795302433821068640.pt.trace.json.gz", 951),
-        (THIRDPARTY / "tl_mi300_resnet_act_ckpt", 213),  # ROCm, activation checkpointing
+        ("traces/gpt2_clean", 951),
+        ("traces/ddp_straggler/rank1.1795302433821068640.pt.trace.json.gz", 951),
+        ("thirdparty/tl_mi300_resnet_act_ckpt", 213),  # ROCm, activation checkpointing
     ],
 )
-def test_sequence_links_agree_with_kinetos_flows(path, flows):
+def test_sequence_links_agree_with_kinetos_flows(fixtures_dir, path, flows):
     """Linking by (Fwd thread id, Sequence number) finds exactly the forward op Kineto's flow points to."""
-    (trace,) = load_traces(path)
+    (trace,) = load_traces(fixtures_dir / path)
     expected = _flows(trace)
     assert len(expected) == flows
     cpu_ops = trace.events["cpu_op"]
@@ -77,9 +71,8 @@ def test_sequence_links_agree_with_kinetos_flows(path, flows):
     assert all(mine.get(key) == value for key, value in expected.items())
 
 
-@needs_fixtures
-def test_gpt2_backward_kernels_owned_by_their_forward_module():
-    trace, timeline, owners = _owners(TRACES / "gpt2_clean")
+def test_gpt2_backward_kernels_owned_by_their_forward_module(fixtures_dir):
+    trace, timeline, owners = _owners(fixtures_dir / "traces/gpt2_clean")
     backward = owners.phase == BACKWARD
     assert backward.sum() > 1000  # 1062 of 1773 kernels run in the backward pass
     # Every backward kernel of GPT-2 comes from a node with a forward op (no AccumulateGrad kernels here).
@@ -106,19 +99,17 @@ def test_gpt2_backward_kernels_owned_by_their_forward_module():
     assert not any(name.startswith("autograd::engine") for name in owners.ops)
 
 
-@needs_fixtures
 @pytest.mark.parametrize("name", ["gpt2_clean", "gpt2_pathologies"])
-def test_gpt2_tiny_kernels_have_owners(name):
-    _, timeline, owners = _owners(TRACES / name)
+def test_gpt2_tiny_kernels_have_owners(fixtures_dir, name):
+    _, timeline, owners = _owners(fixtures_dir / "traces" / name)
     costs = owner_costs(timeline, owners, tiny_kernels(timeline))
     assert costs.tiny_kernels > 800
     # Measured: 887/887 and 1403/1403 owned (before: 39% and 69%). The bar leaves room for nothing.
     assert costs.unowned_tiny_kernels / costs.tiny_kernels < 0.01
 
 
-@needs_fixtures
-def test_launch_finding_names_module_and_one_op():
-    result = analyze(TRACES / "gpt2_clean")
+def test_launch_finding_names_module_and_one_op(fixtures_dir):
+    result = analyze(fixtures_dir / "traces/gpt2_clean")
     (launch,) = [f for f in result.findings if f.kind == "launch_overhead"]
     # The attention projections (Conv1D under GPT2Attention) launch the most tiny kernels: the weight
     # casts autocast makes at every call, forward and backward.
@@ -140,17 +131,15 @@ def test_launch_finding_names_module_and_one_op():
     assert modules.details["owned_tiny_kernel_pct"] == 100.0
 
 
-@needs_fixtures
-def test_launch_finding_names_the_users_loop_on_pathologies():
-    result = analyze(TRACES / "gpt2_pathologies")
+def test_launch_finding_names_the_users_loop_on_pathologies(fixtures_dir):
+    result = analyze(fixtures_dir / "traces/gpt2_pathologies")
     (launch,) = [f for f in result.findings if f.kind == "launch_overhead"]
     assert launch.where.function == "gpt2_loop"  # the planted per-parameter norm loop, outside modules
     assert launch.op in {"aten::pow", "aten::add_"}  # 228 tiny kernels each
 
 
-@needs_fixtures
-def test_trace_without_stacks_has_no_module_table():
-    result = analyze(TRACES / "ddp_straggler")
+def test_trace_without_stacks_has_no_module_table(fixtures_dir):
+    result = analyze(fixtures_dir / "traces/ddp_straggler")
     assert not [f for f in result.findings if f.kind == "module_costs"]
 
 
@@ -284,13 +273,12 @@ def test_synthetic_unlinked_without_sequence_numbers(tmp_path):
     assert owners.module_of(backward) is None
 
 
-@needs_fixtures
-def test_reports_render_the_module_table():
+def test_reports_render_the_module_table(fixtures_dir):
     """The console and report.md show the module table as a table of its own, not as a findings row."""
     from trainprof.report.console import render_text
     from trainprof.report.markdown import render_markdown
 
-    result = analyze(TRACES / "gpt2_clean").to_dict()
+    result = analyze(fixtures_dir / "traces/gpt2_clean").to_dict()
     markdown = render_markdown(result)
     table = markdown.split("## GPU time by module (forward + backward)", 1)[1]
     assert "| NewGELUActivation | fwd+bwd | 6 |" in table
@@ -300,11 +288,10 @@ def test_reports_render_the_module_table():
     assert "GPT2Attention/Conv1D (fwd+bwd)" in text
 
 
-@needs_fixtures
-def test_trace_without_stacks_still_names_the_op():
+def test_trace_without_stacks_still_names_the_op(fixtures_dir):
     """torch-tb-profiler's ResNet-50 sample (PyTorch 1.9 schema, no Python stacks): no kernel has a
     module or user function, but every tiny kernel has its op; SGD's per-parameter `add_` leads."""
-    trace = load_traces(THIRDPARTY / "kineto_resnet50_num_workers_4")[0]
+    trace = load_traces(fixtures_dir / "thirdparty/kineto_resnet50_num_workers_4")[0]
     timeline = build_timeline(trace)
     owners = attribute_kernels(timeline)
     assert not owners.modules

@@ -8,20 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "traces"
-PATHOLOGIES = TRACES / "gpt2_pathologies"
-
 
 def trainprof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainprof", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=120)
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared fixtures not present")
-def test_analyze_json_prints_one_object():
-    (trace_file,) = PATHOLOGIES.glob("*.pt.trace.json.gz")
+def test_analyze_json_prints_one_object(fixtures_dir):
+    (trace_file,) = (fixtures_dir / "traces/gpt2_pathologies").glob("*.pt.trace.json.gz")
     result = trainprof("analyze", str(trace_file), "--json", "--debug")
     assert result.returncode == 0, result.stderr
     analysis = json.loads(result.stdout)  # exactly one JSON object, nothing else on stdout
@@ -32,9 +26,8 @@ def test_analyze_json_prints_one_object():
                for s in analysis["steps"])
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared fixtures not present")
-def test_analyze_folder_prints_the_report():
-    result = trainprof("analyze", str(PATHOLOGIES), "--debug")
+def test_analyze_folder_prints_the_report(fixtures_dir):
+    result = trainprof("analyze", str(fixtures_dir / "traces/gpt2_pathologies"), "--debug")
     assert result.returncode == 0, result.stderr
     assert "trainprof" in result.stdout and "Top findings" in result.stdout
     assert result.stderr == ""  # no progress bar when stderr is not a terminal

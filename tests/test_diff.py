@@ -12,13 +12,10 @@ import pytest
 from trainprof.analysis.diff import ADDED, REMOVED, SAME, diff_traces, range_cost
 from trainprof.cli import main
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "traces"
-PATHOLOGIES, CLEAN = FIXTURES / "gpt2_pathologies", FIXTURES / "gpt2_clean"
-
 
 @pytest.fixture(scope="module")
-def fixture_diff():
-    return diff_traces(PATHOLOGIES, CLEAN)
+def fixture_diff(fixtures_dir):
+    return diff_traces(fixtures_dir / "traces/gpt2_pathologies", fixtures_dir / "traces/gpt2_clean")
 
 
 def test_fixture_diff_per_step_headline(fixture_diff):
@@ -62,8 +59,9 @@ def test_fixture_diff_findings(fixture_diff):
     assert top.per_step_a == 820.0 and top.per_step_b == 591.0
 
 
-def test_same_trace_diffs_to_nothing():
-    result = diff_traces(CLEAN, CLEAN)
+def test_same_trace_diffs_to_nothing(fixtures_dir):
+    clean = fixtures_dir / "traces/gpt2_clean"
+    result = diff_traces(clean, clean)
     assert all(row.status == SAME for row in result.ops + result.kernels)
     assert all(change.status == "changed" for change in result.findings)
 

@@ -1,7 +1,7 @@
 """A seeded fuzzer for `trainprof analyze`: mutants of real traces must end in exit 0 (one JSON object)
 or exit 2 with one line on stderr, in bounded time and memory.
 
-Mutants are made from the shared fixtures (../shared/fixtures: the H200 traces and the third-party
+Mutants are made from the checked-in fixtures (tests/fixtures: the H200 traces and the third-party
 ones, cut to their first ~1500 events so each mutant analyses in tens of ms): fields dropped,
 retyped or enlarged, events dropped or duplicated, names made hostile, metadata retyped, values
 nested deeply, and the bytes truncated, corrupted, given invalid UTF-8 or gzipped and cut.
@@ -38,7 +38,6 @@ try:
 except ImportError:  # Windows
     resource = None
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 N_MUTANTS = int(os.environ.get("TRAINPROF_FUZZ_N", "300"))
 FIRST_SEED = int(os.environ.get("TRAINPROF_FUZZ_SEED", "0"))
 N_SUBPROCESS = 4
@@ -70,14 +69,12 @@ CATEGORIES = (
 
 
 @cache
-def base_documents() -> tuple[dict, ...]:
-    """The fixture traces, each cut to its first `EVENTS_PER_BASE` complete events from the first step
-    (plus metadata and instant events in that span)."""
+def base_documents(fixtures: Path) -> tuple[dict, ...]:
+    """The traces of `BASES` under `fixtures`, each cut to its first `EVENTS_PER_BASE` complete events
+    from the first step (plus metadata and instant events in that span)."""
     documents = []
     for name in BASES:
-        folder = FIXTURES / name
-        if not folder.is_dir():
-            continue
+        folder = fixtures / name
         file = sorted(p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz")))[0]
         raw = file.read_bytes()
         document = msgspec.json.decode(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
@@ -253,10 +250,11 @@ MUTATIONS = (
 )
 
 
-def make_mutant(seed: int, folder: Path) -> tuple[Path, str]:
-    """Write mutant `seed` into `folder`; returns its path (file or folder) and a description."""
+def make_mutant(seed: int, folder: Path, fixtures: Path) -> tuple[Path, str]:
+    """Write mutant `seed` of the traces under `fixtures` into `folder`; returns its path (file or
+    folder) and a description."""
     rng = random.Random(seed)
-    bases = base_documents()
+    bases = base_documents(fixtures)
     base = rng.choice(bases)
     doc = {**base, "traceEvents": list(base["traceEvents"])}
     del doc["_name"]
@@ -317,23 +315,18 @@ def check_outcome(code: int, out: str, err: str, caught: list[str], seconds: flo
     return "rejected"
 
 
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not found at {FIXTURES}")
-
-
-@needs_fixtures
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + N_MUTANTS))
-def test_mutant(seed, tmp_path):
-    path, description = make_mutant(seed, tmp_path)
+def test_mutant(seed, tmp_path, fixtures_dir):
+    path, description = make_mutant(seed, tmp_path, fixtures_dir)
     try:
         check_outcome(*run_in_process(path))
     except BaseException as error:
         raise AssertionError(f"{description}: {type(error).__name__}: {error}") from error
 
 
-@needs_fixtures
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + N_SUBPROCESS))
-def test_mutant_in_a_subprocess_with_bounded_memory(seed, tmp_path):
-    path, description = make_mutant(seed * 7919 + 1, tmp_path)  # other seeds than the in-process ones
+def test_mutant_in_a_subprocess_with_bounded_memory(seed, tmp_path, fixtures_dir):
+    path, description = make_mutant(seed * 7919 + 1, tmp_path, fixtures_dir)  # other seeds than in-process
     run = ("import runpy, sys; sys.argv = ['trainprof'] + sys.argv[1:]; "
            "runpy.run_module('trainprof', run_name='__main__')")
     if sys.platform != "win32":  # Windows has no RLIMIT_AS: the time bound still holds there
@@ -353,11 +346,13 @@ def main(count: int, first_seed: int = 0) -> int:
     """Run `count` mutants in process; print the outcome counts and every failure."""
     import tempfile
 
+    from conftest import FIXTURES_DIR  # run as a script, this file's folder is sys.path[0]
+
     outcomes: Counter = Counter()
     slowest = 0.0
     for seed in range(first_seed, first_seed + count):
         with tempfile.TemporaryDirectory() as folder:
-            path, description = make_mutant(seed, Path(folder))
+            path, description = make_mutant(seed, Path(folder), FIXTURES_DIR)
             try:
                 result = run_in_process(path)
                 slowest = max(slowest, result[-1])

@@ -608,7 +608,7 @@ def test_blocking_copies():
     assert not is_blocking_copy("cudaMemcpyAsync") and not is_blocking_copy("cudaLaunchKernel")
 
 
-def test_name_rules_at_once_agree_with_one_search_per_name():
+def test_name_rules_at_once_agree_with_one_search_per_name(fixtures_dir):
     """`idle._name_rules` scans all names joined by newlines; it must give what one `search` per name
     and rule (first match wins), `WARMUP_OPS.match` and the step pattern's `match` give."""
     import re
@@ -616,7 +616,6 @@ def test_name_rules_at_once_agree_with_one_search_per_name():
     from trainprof.analysis import idle
     from trainprof.trace import load_traces
 
-    fixtures = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "traces"
     names = [
         "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
         "x enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
@@ -651,7 +650,7 @@ def test_name_rules_at_once_agree_with_one_search_per_name():
         "mytrainprof/x.py(1): f",
         "torch/autograd/profiler_util.py(1): f",
     ]
-    for folder in sorted(fixtures.iterdir()) if fixtures.is_dir() else []:
+    for folder in sorted((fixtures_dir / "traces").iterdir()):
         for trace in load_traces(folder):
             names += trace.names
 

@@ -9,7 +9,6 @@ calls and their GPU copies joined by correlation id, inside one `ProfilerStep#` 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,11 +20,6 @@ from trainprof.catalog import match_sync_site, sync_sites, version_in
 from trainprof.trace import load_traces
 from trainprof.user_code import CodeLayout, current_layout, is_user_file, library_of
 
-HERE = Path(__file__).resolve().parent
-STACKS = HERE / "fixtures" / "stacks"
-FIXTURES = Path(
-    os.environ.get("TRAINPROF_FIXTURES") or HERE.parents[0].parent / "shared" / "fixtures" / "traces"
-)
 ITEM_OPS = ["aten::item", "aten::_local_scalar_dense"]
 D2H = [("cudaMemcpyAsync", "Memcpy DtoH (Device -> Pinned)"), ("cudaStreamSynchronize", None)]
 USER = "train.py(10): train"
@@ -422,12 +416,8 @@ def test_version_specs():
 
 # -- real H200 traces --------------------------------------------------------------------------
 
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not found at {FIXTURES}")
-
-
-@needs_fixtures
-def test_pathologies_pageable_copy_and_two_items():
-    findings = _syncs(analyze(FIXTURES / "gpt2_pathologies"))
+def test_pathologies_pageable_copy_and_two_items(fixtures_dir):
+    findings = _syncs(analyze(fixtures_dir / "traces/gpt2_pathologies"))
     causes = {f.details["cause"]: f for f in findings}
     assert set(causes) == {"pageable_copy", "item"}
     assert (causes["pageable_copy"].count, causes["item"].count) == (3, 6)  # 1 and 2 per step, 3 steps
@@ -435,9 +425,8 @@ def test_pathologies_pageable_copy_and_two_items():
     assert causes["pageable_copy"].fix == CAUSES["pageable_copy"].fix
 
 
-@needs_fixtures
-def test_clean_loop_has_no_user_sync():
-    assert _syncs(analyze(FIXTURES / "gpt2_clean")) == []
+def test_clean_loop_has_no_user_sync(fixtures_dir):
+    assert _syncs(analyze(fixtures_dir / "traces/gpt2_clean")) == []
 
 
 # The H200 runs of tests/fixtures/stacks (README there): per step, by catalog site.
@@ -454,8 +443,8 @@ STACK_TRUTH = {
 
 
 @pytest.mark.parametrize("stack", sorted(STACK_TRUTH))
-def test_real_framework_runs_every_sync_traced_to_its_catalog_site(stack):
-    findings = _syncs(analyze(STACKS / stack))
+def test_real_framework_runs_every_sync_traced_to_its_catalog_site(fixtures_dir, stack):
+    findings = _syncs(analyze(fixtures_dir / "stacks" / stack))
     assert {f.details["catalog_site"]: f.per_step for f in findings} == STACK_TRUTH[stack]
     user_function = {"hf_trainer": "run_hf", "lightning": "run_lightning", "accelerate": "run_accelerate"}[
         stack
@@ -469,10 +458,10 @@ def test_real_framework_runs_every_sync_traced_to_its_catalog_site(stack):
 
 
 @pytest.mark.parametrize("stack", sorted(STACK_TRUTH))
-def test_capture_rule_agrees_with_the_sync_debug_stacks(stack):
+def test_capture_rule_agrees_with_the_sync_debug_stacks(fixtures_dir, stack):
     """torch's own sync-debug stacks of the same runs (absolute paths, as the live capture sees them):
     the innermost user frame is the recording script, never a lightning_utilities or torch frame."""
-    truth = json.loads((STACKS / stack / "truth.json").read_text())
+    truth = json.loads((fixtures_dir / "stacks" / stack / "truth.json").read_text())
     capture = SyncCapture()
     for site in truth["sync_debug_sites"]:
         stack_frames = [(f["file"], f["line"], f["function"]) for f in site["stack"]]

@@ -1,4 +1,4 @@
-"""The analysis on other projects' public traces (`../shared/fixtures/thirdparty/`, see its README)
+"""The analysis on other projects' public traces (`tests/fixtures/thirdparty/`, see its README)
 and on the H200 fixtures: every trace loads, and the findings agree with what an independent
 reading of each trace found (idle causes, graph replays, HIP calls, old schema, busy %)."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,28 +13,45 @@ import pytest
 
 from trainprof.analysis import Analysis, analyze
 
-SHARED = Path(
-    os.environ.get("TRAINPROF_SHARED_FIXTURES")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+# One pytest-xdist worker runs this file (`make test` distributes by --dist loadgroup), so that each
+# trace is analysed once.
+pytestmark = pytest.mark.xdist_group("thirdparty")
+
+# Every trace folder of tests/fixtures, as "<kind>/<folder>" (test_the_list_is_every_folder keeps it so).
+ALL_FOLDERS = (
+    "thirdparty/hta_cp_simple_add",
+    "thirdparty/hta_trace_diff_control",
+    "thirdparty/kineto_resnet50_num_workers_4",
+    "thirdparty/param_resnet_kineto",
+    "thirdparty/tl_b200_eager",
+    "thirdparty/tl_h100_bert_small",
+    "thirdparty/tl_mi300_resnet_act_ckpt",
+    "thirdparty/tl_xdit_flux_aiter_sage",
+    "traces/ddp_straggler",
+    "traces/gpt2_clean",
+    "traces/gpt2_pathologies",
 )
-THIRDPARTY = SHARED / "thirdparty"
-TRACES = SHARED / "traces"
-pytestmark = pytest.mark.skipif(not THIRDPARTY.is_dir(), reason=f"fixtures not found at {THIRDPARTY}")
-
-ALL_FOLDERS = sorted(
-    [p for p in THIRDPARTY.iterdir() if p.is_dir()] + [p for p in TRACES.iterdir() if p.is_dir()]
-    if THIRDPARTY.is_dir() and TRACES.is_dir()
-    else []
-)
-_CACHE: dict[str, Analysis] = {}
 
 
-def result_of(name: str) -> Analysis:
-    """The analysis of one fixture folder (once per test session: the larger traces take seconds)."""
-    if name not in _CACHE:
-        folder = THIRDPARTY / name if (THIRDPARTY / name).is_dir() else TRACES / name
-        _CACHE[name] = analyze(folder)
-    return _CACHE[name]
+@pytest.fixture(scope="module")
+def result_of(fixtures_dir):
+    """The analysis of one fixture folder ("tl_b200_eager" or "thirdparty/tl_b200_eager"), once per
+    module: the larger traces take seconds."""
+    cache: dict[str, Analysis] = {}
+
+    def result(name: str) -> Analysis:
+        (folder,) = [p for p in ALL_FOLDERS if name in (p, p.split("/")[1])]
+        if folder not in cache:
+            cache[folder] = analyze(fixtures_dir / folder)
+        return cache[folder]
+
+    return result
+
+
+def test_the_list_is_every_folder(fixtures_dir):
+    on_disk = [f"{kind}/{p.name}" for kind in ("thirdparty", "traces")
+               for p in sorted((fixtures_dir / kind).iterdir()) if p.is_dir()]
+    assert list(ALL_FOLDERS) == on_disk
 
 
 def _traces(result: Analysis) -> list[dict]:
@@ -93,9 +109,9 @@ def _busy_and_step_us(path: Path) -> tuple[float, float]:
     return busy_us, sum(b - a for a, b in steps)
 
 
-@pytest.mark.parametrize("folder", ALL_FOLDERS, ids=lambda p: p.name)
-def test_every_trace_loads_and_busy_pct_is_time_weighted(folder):
-    result = result_of(folder.name)
+@pytest.mark.parametrize("folder", ALL_FOLDERS, ids=lambda p: p.split("/")[1])
+def test_every_trace_loads_and_busy_pct_is_time_weighted(result_of, folder):
+    result = result_of(folder)
     assert result.steps and all(s["duration_ms"] > 0 for s in result.steps)
     busy_us = step_us = 0.0
     for file in result.trace["files"]:
@@ -110,7 +126,7 @@ def test_every_trace_loads_and_busy_pct_is_time_weighted(folder):
 # ---- the README's observations, trace by trace -------------------------------------------------
 
 
-def test_hta_cp_simple_add_context_creation_and_cudnn_warmup_are_one_off_not_launch():
+def test_hta_cp_simple_add_context_creation_and_cudnn_warmup_are_one_off_not_launch(result_of):
     result = result_of("hta_cp_simple_add")
     (trace,) = _traces(result)
     verdict = trace["verdict"]
@@ -131,7 +147,7 @@ def test_hta_cp_simple_add_context_creation_and_cudnn_warmup_are_one_off_not_lau
     assert blocking and blocking[0]["idle_ms"] > 250
 
 
-def test_kineto_old_schema_is_read_with_both_windows():
+def test_kineto_old_schema_is_read_with_both_windows(result_of):
     result = result_of("kineto_resnet50_num_workers_4")
     assert len(result.trace["files"]) == 2
     assert len(_traces(result)) == 2
@@ -150,11 +166,12 @@ def _raw_events(folder: Path) -> list[dict]:
     return document["traceEvents"] if isinstance(document, dict) else document
 
 
-def test_mi300_hip_launches_counted_and_comm_heavy():
+def test_mi300_hip_launches_counted_and_comm_heavy(fixtures_dir, result_of):
     result = result_of("tl_mi300_resnet_act_ckpt")
     assert len(result.steps) == 3
     # hipLaunchKernel / hipExtModuleLaunchKernel / hipModuleLaunchKernel, counted here from the JSON.
-    events = [e for e in _raw_events(THIRDPARTY / "tl_mi300_resnet_act_ckpt") if e.get("ph") == "X"]
+    raw = _raw_events(fixtures_dir / "thirdparty/tl_mi300_resnet_act_ckpt")
+    events = [e for e in raw if e.get("ph") == "X"]
     steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in steps)
     launches = [e["ts"] for e in events if e.get("cat") == "cuda_runtime" and "LaunchKernel" in e["name"]]
@@ -168,11 +185,12 @@ def test_mi300_hip_launches_counted_and_comm_heavy():
     assert result.steps[0]["comm_ms"] > 0  # RCCL
 
 
-def test_mi300_kernels_queued_before_the_trace_are_no_steps_own():
+def test_mi300_kernels_queued_before_the_trace_are_no_steps_own(fixtures_dir, result_of):
     # The GPU starts this trace ~30 ms behind the host: kernels launched before recording began
     # (no launch in the trace, correlation ids below every call's) run in the first two steps.
     result = result_of("tl_mi300_resnet_act_ckpt")
-    events = [e for e in _raw_events(THIRDPARTY / "tl_mi300_resnet_act_ckpt") if e.get("ph") == "X"]
+    raw = _raw_events(fixtures_dir / "thirdparty/tl_mi300_resnet_act_ckpt")
+    events = [e for e in raw if e.get("ph") == "X"]
     calls = [e for e in events if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})]
     call_ids = {e["args"]["correlation"] for e in calls}
     kernels = [e for e in events if e.get("cat") == "kernel"]
@@ -191,7 +209,7 @@ def test_mi300_kernels_queued_before_the_trace_are_no_steps_own():
     assert result.summary["gpu_busy_pct"] >= 93  # the queued kernels still count as busy time
 
 
-def test_xdit_graph_replays_are_counted_and_never_tiny():
+def test_xdit_graph_replays_are_counted_and_never_tiny(result_of):
     result = result_of("tl_xdit_flux_aiter_sage")
     (trace,) = _traces(result)
     (step,) = result.steps
@@ -206,7 +224,7 @@ def test_xdit_graph_replays_are_counted_and_never_tiny():
     assert step["sync_count"] >= 1
 
 
-def test_xdit_largest_gaps_are_host_python_in_diffusers():
+def test_xdit_largest_gaps_are_host_python_in_diffusers(result_of):
     result = result_of("tl_xdit_flux_aiter_sage")
     (trace,) = _traces(result)
     idle = trace["verdict"]["idle_ms_per_step"]
@@ -217,7 +235,7 @@ def test_xdit_largest_gaps_are_host_python_in_diffusers():
     assert "hooks.py reset_stateful_hooks" in seen
 
 
-def test_param_resnet_dataloader_waits_are_input_and_cudnn_warmup_is_one_off():
+def test_param_resnet_dataloader_waits_are_input_and_cudnn_warmup_is_one_off(result_of):
     result = result_of("param_resnet_kineto")
     (trace,) = _traces(result)
     verdict = trace["verdict"]
@@ -231,7 +249,7 @@ def test_param_resnet_dataloader_waits_are_input_and_cudnn_warmup_is_one_off():
     assert any(f.details["event"] == "aten::cudnn_convolution" for f in _kinds(result, "one_off"))
 
 
-def test_b200_vllm_eager_is_launch_and_host_bound():
+def test_b200_vllm_eager_is_launch_and_host_bound(result_of):
     result = result_of("tl_b200_eager")
     (trace,) = _traces(result)
     verdict = trace["verdict"]
@@ -241,7 +259,7 @@ def test_b200_vllm_eager_is_launch_and_host_bound():
     assert verdict["gpu_busy_pct"] < 20
 
 
-def test_hta_diff_control_comm_heavy_busy():
+def test_hta_diff_control_comm_heavy_busy(result_of):
     result = result_of("hta_trace_diff_control")
     assert len(result.steps) == 6
     assert result.summary["gpu_busy_pct"] == pytest.approx(83.6, abs=0.5)
@@ -251,7 +269,7 @@ def test_hta_diff_control_comm_heavy_busy():
     assert top.details["kernels"][0]["name"].lower().startswith("nccl")
 
 
-def test_h100_bert_is_host_python_between_launches():
+def test_h100_bert_is_host_python_between_launches(result_of):
     result = result_of("tl_h100_bert_small")
     (trace,) = _traces(result)
     verdict = trace["verdict"]
@@ -268,7 +286,7 @@ def test_h100_bert_is_host_python_between_launches():
 # ---- the H200 fixtures keep their findings ----------------------------------------------------
 
 
-def test_h200_pathologies_stay_launch_bound():
+def test_h200_pathologies_stay_launch_bound(result_of):
     result = result_of("gpt2_pathologies")
     assert result.summary["verdict"] == "launch-bound"
     (launch,) = _kinds(result, "launch_overhead")
@@ -276,13 +294,13 @@ def test_h200_pathologies_stay_launch_bound():
     assert {s["sync_count"] for s in result.steps} == {3}
 
 
-def test_h200_clean_is_launch_bound_without_syncs():
+def test_h200_clean_is_launch_bound_without_syncs(result_of):
     result = result_of("gpt2_clean")
     assert result.summary["verdict"] == "launch-bound"
     assert not _kinds(result, "sync_point")
 
 
-def test_h200_ddp_straggler_rank_one_host_bound():
+def test_h200_ddp_straggler_rank_one_host_bound(result_of):
     result = result_of("ddp_straggler")
     assert result.summary["straggler_rank"] == 1
     by_rank = {t["rank"]: t["verdict"] for t in _traces(result)}
@@ -292,9 +310,9 @@ def test_h200_ddp_straggler_rank_one_host_bound():
     assert by_rank[0]["idle_ms_per_step"]["sync"] > 5
 
 
-def test_every_one_off_is_left_out_of_the_verdict():
+def test_every_one_off_is_left_out_of_the_verdict(result_of):
     for folder in ALL_FOLDERS:
-        for trace in _traces(result_of(folder.name)):
+        for trace in _traces(result_of(folder)):
             verdict = trace["verdict"]
             if verdict["verdict"] in ("cpu-only",):
                 continue
@@ -303,14 +321,14 @@ def test_every_one_off_is_left_out_of_the_verdict():
             assert steady + verdict["idle_one_off_ms_per_step"] == pytest.approx(total, rel=1e-3, abs=0.01)
 
 
-def test_no_kernel_is_both_replay_and_tiny():
+def test_no_kernel_is_both_replay_and_tiny(result_of):
     for folder in ALL_FOLDERS:
-        for step in result_of(folder.name).steps:
+        for step in result_of(folder).steps:
             eager = step["kernel_count"] - step.get("graph_replay_kernel_count", 0)
             assert step["tiny_kernel_count"] <= eager
 
 
-def test_summary_busy_is_not_a_mean_of_step_percentages():
+def test_summary_busy_is_not_a_mean_of_step_percentages(result_of):
     result = result_of("kineto_resnet50_num_workers_4")
     weighted = 100 * sum(s["gpu_busy_ms"] for s in result.steps) / sum(s["duration_ms"] for s in result.steps)
     assert result.summary["gpu_busy_pct"] == pytest.approx(weighted, abs=0.01)

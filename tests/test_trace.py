@@ -11,16 +11,9 @@ import pytest
 
 from trainprof.trace import TraceLoadError, load_traces, sync_sites_path, worker_name
 
-FIXTURES = Path(
-    os.environ.get("TRAINPROF_FIXTURES")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "traces"
-)
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not found at {FIXTURES}")
 
-
-@needs_fixtures
-def test_loads_single_trace_with_counts():
-    (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
+def test_loads_single_trace_with_counts(fixtures_dir):
+    (trace,) = load_traces(fixtures_dir / "traces/gpt2_pathologies")
     assert trace.worker == "gpt2_pathologies"
     assert trace.rank is None
     counts = {category: len(table) for category, table in trace.events.items()}
@@ -35,17 +28,15 @@ def test_loads_single_trace_with_counts():
     assert trace.sync_sites is None
 
 
-@needs_fixtures
-def test_folder_of_ranks_sorted_by_rank():
-    traces = load_traces(FIXTURES / "ddp_straggler")
+def test_folder_of_ranks_sorted_by_rank(fixtures_dir):
+    traces = load_traces(fixtures_dir / "traces/ddp_straggler")
     assert [t.rank for t in traces] == [0, 1]
     assert [t.worker for t in traces] == ["rank0", "rank1"]
     assert traces[0].distributed_info["world_size"] == 2
 
 
-@needs_fixtures
-def test_frames_nest_item_inside_user_loop():
-    (trace,) = load_traces(FIXTURES / "gpt2_pathologies")
+def test_frames_nest_item_inside_user_loop(fixtures_dir):
+    (trace,) = load_traces(fixtures_dir / "traces/gpt2_pathologies")
     runtime = trace.events["cuda_runtime"]
     sync = [i for i in range(len(runtime)) if trace.names[runtime.name[i]] == "cudaStreamSynchronize"][1]
     frames = trace.frames(int(runtime.thread[sync]))
@@ -55,9 +46,8 @@ def test_frames_nest_item_inside_user_loop():
     assert names[-2:] == ["aten::item", "aten::_local_scalar_dense"]
 
 
-@needs_fixtures
-def test_bare_event_list_and_plain_json(tmp_path):
-    src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
+def test_bare_event_list_and_plain_json(fixtures_dir, tmp_path):
+    src = next((fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz"))
     plain = tmp_path / "w.1.pt.trace.json"
     plain.write_bytes(gzip.decompress(src.read_bytes()))
     assert len(load_traces(plain)[0].events["kernel"]) == 1773
@@ -66,18 +56,16 @@ def test_bare_event_list_and_plain_json(tmp_path):
     assert len(load_traces(bare)[0].events["kernel"]) == 1
 
 
-@needs_fixtures
-def test_gzip_of_several_members_loads_whole(tmp_path):
-    text = gzip.decompress(next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz")).read_bytes())
+def test_gzip_of_several_members_loads_whole(fixtures_dir, tmp_path):
+    text = gzip.decompress(next((fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz")).read_bytes())
     middle = len(text) // 2
     split = tmp_path / "w.2.pt.trace.json.gz"
     split.write_bytes(gzip.compress(text[:middle]) + gzip.compress(text[middle:]))
     assert len(load_traces(split)[0].events["kernel"]) == 1773
 
 
-@needs_fixtures
-def test_sync_sites_file_matched_by_worker(tmp_path):
-    src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
+def test_sync_sites_file_matched_by_worker(fixtures_dir, tmp_path):
+    src = next((fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz"))
     dst = tmp_path / "trainer-rank-3.1795302433816535958.pt.trace.json.gz"
     shutil.copy(src, dst)
     assert worker_name(dst) == "trainer-rank-3"
@@ -121,12 +109,8 @@ def test_bad_input_names_the_file(tmp_path, case):
     assert "\n" not in message
 
 
-THIRDPARTY = FIXTURES.parent / "thirdparty"
-
-
-@needs_fixtures
-def test_pytorch_1_8_schema_loads_with_steps_and_two_windows():
-    traces = load_traces(THIRDPARTY / "kineto_resnet50_num_workers_4")
+def test_pytorch_1_8_schema_loads_with_steps_and_two_windows(fixtures_dir):
+    traces = load_traces(fixtures_dir / "thirdparty/kineto_resnet50_num_workers_4")
     assert [(t.worker, t.rank, t.window, t.process) for t in traces] == [
         ("worker0", None, 0, "worker0"), ("worker0", None, 1, "worker0")]
     for trace in traces:
@@ -140,26 +124,23 @@ def test_pytorch_1_8_schema_loads_with_steps_and_two_windows():
         assert all(name.startswith("ProfilerStep#") for name in steps)
 
 
-@needs_fixtures
-def test_cuda_sync_records_are_kept_apart_from_gpu_work():
-    (trace,) = load_traces(THIRDPARTY / "hta_cp_simple_add")
+def test_cuda_sync_records_are_kept_apart_from_gpu_work(fixtures_dir):
+    (trace,) = load_traces(fixtures_dir / "thirdparty/hta_cp_simple_add")
     assert len(trace.events["cuda_sync"]) == 41
     assert {trace.names[i] for i in trace.events["cuda_sync"].name} <= {"Stream Sync", "Event Sync",
                                                                        "Context Sync", "Stream Wait Event"}
 
 
-@needs_fixtures
-def test_every_third_party_trace_loads():
-    for folder in sorted(p for p in THIRDPARTY.iterdir() if p.is_dir()):
+def test_every_third_party_trace_loads(fixtures_dir):
+    for folder in sorted(p for p in (fixtures_dir / "thirdparty").iterdir() if p.is_dir()):
         for trace in load_traces(folder):
             assert len(trace.events["kernel"]) > 0, folder.name
 
 
-@needs_fixtures
-def test_repeat_2_windows_are_one_process_not_two_ranks(tmp_path):
+def test_repeat_2_windows_are_one_process_not_two_ranks(fixtures_dir, tmp_path):
     from trainprof.analysis import analyze
 
-    src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
+    src = next((fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz"))
     for stamp in ("1795302414630700547", "1795302499999999999"):
         shutil.copy(src, tmp_path / f"Qwen1.5.{stamp}.pt.trace.json.gz")
     traces = load_traces(tmp_path)
@@ -179,11 +160,10 @@ def test_worker_name_keeps_its_own_dots(name, worker):
     assert worker_name(Path(name)) == worker
 
 
-@needs_fixtures
-def test_folder_of_runs_loads_the_newest(tmp_path, capsys):
+def test_folder_of_runs_loads_the_newest(fixtures_dir, tmp_path, capsys):
     from trainprof.cli import main
 
-    src = next((FIXTURES / "gpt2_clean").glob("*.pt.trace.json.gz"))
+    src = next((fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz"))
     for age, run in enumerate(("run_b", "run_a")):  # run_a is newer although it sorts first
         (tmp_path / run).mkdir()
         copy = tmp_path / run / f"w.17953024146307{age}0547.pt.trace.json.gz"
