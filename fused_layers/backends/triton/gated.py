@@ -1,7 +1,7 @@
-"""Gated activations of two same-shape inputs: GEGLU ``gelu(a) * b`` and SwiGLU ``silu(a) * b``.
+"""Gated activations of two same-shape inputs in Triton: GEGLU ``gelu(a) * b`` and SwiGLU ``silu(a) * b``.
 
-One flat Triton kernel each way for both (an ACTIVATION constexpr picks the gate), one
-autograd.Function. The gate's GELU maths is shared with ``gelu.py``.
+One flat kernel each way for both (the ACTIVATION constexpr, one of the named modes below, picks
+the gate), one autograd.Function. The gate's GELU maths is shared with ``gelu.py``.
 """
 
 from __future__ import annotations
@@ -9,36 +9,37 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fused_layers.ops._dispatch import resolve_backend
-from fused_layers.ops._launch import flat_config
-from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
-from fused_layers.ops._triton import tl, triton
-from fused_layers.ops.gelu import _APPROXIMATIONS, _gelu_value, _gelu_value_and_grad
+from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.triton.gelu import gelu_value, gelu_value_and_grad
+from fused_layers.backends.triton.heuristics import flat_config
+from fused_layers.backends.triton.language import tl, triton
+from fused_layers.backends.triton.launch import define, launch
 
-# ACTIVATION constexpr values
-_GELU_TANH, _GELU_ERF, _SILU = 0, 1, 2
+# The gate, as the kernels' ACTIVATION constexpr (the custom ops pass its .value, an int).
+GELU_TANH = tl.constexpr(0)
+GELU_ERF = tl.constexpr(1)
+SILU = tl.constexpr(2)
 
 
 @triton.jit
 def _gate_value(a, ACTIVATION: tl.constexpr):
     """act(a) of an fp32 block."""
-    if ACTIVATION == 2:
+    if ACTIVATION == SILU:
         return a * tl.sigmoid(a)
     else:
-        return _gelu_value(a, ACTIVATION == 0)
+        return gelu_value(a, ACTIVATION == GELU_TANH)
 
 
 @triton.jit
 def _gate_value_and_grad(a, ACTIVATION: tl.constexpr):
     """(act(a), act'(a)) of an fp32 block."""
-    if ACTIVATION == 2:
+    if ACTIVATION == SILU:
         s = tl.sigmoid(a)
         return a * s, s * (1.0 + a * (1.0 - s))
     else:
-        return _gelu_value_and_grad(a, ACTIVATION == 0)
+        return gelu_value_and_grad(a, ACTIVATION == GELU_TANH)
 
 
 @triton.jit
@@ -77,14 +78,6 @@ def _gated_bwd_kernel(
     act, dact = _gate_value_and_grad(a, ACTIVATION)
     tl.store(da_ptr + offsets, (dc * b * dact).to(da_ptr.dtype.element_ty), mask=mask)
     tl.store(db_ptr + offsets, (dc * act).to(db_ptr.dtype.element_ty), mask=mask)
-
-
-def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        raise ValueError(
-            f"{op}: a and b must share shape, dtype and device; got {tuple(a.shape)} {a.dtype} {a.device} "
-            f"and {tuple(b.shape)} {b.dtype} {b.device}"
-        )
 
 
 def _gated_fwd(a: Tensor, b: Tensor, activation: int) -> Tensor:
@@ -153,27 +146,11 @@ def _gated(a: Tensor, b: Tensor, activation: int) -> Tensor:
     return GatedFunction.apply(a, b, activation)
 
 
-def geglu(a: Tensor, b: Tensor, approximate: str = "tanh", backend: str | None = None) -> Tensor:
-    """GEGLU: ``gelu(a, approximate) * b`` for same-shape, same-dtype ``a`` and ``b``.
-
-    ``backend`` is None (``DEFAULT_BACKEND["geglu"]``), "triton" or "torch"; "cuda" raises
-    ValueError. Computes in fp32 and returns the inputs' dtype.
-    """
-    if approximate not in _APPROXIMATIONS:
-        raise ValueError(f"geglu: approximate must be one of {_APPROXIMATIONS}, got {approximate!r}")
-    _check_pair("geglu", a, b)
-    if resolve_backend("geglu", backend, a, b) == "torch":
-        return F.gelu(a, approximate=approximate) * b
-    return _gated(a, b, _GELU_TANH if approximate == "tanh" else _GELU_ERF)
+def geglu(a: Tensor, b: Tensor, approximate: str) -> Tensor:
+    """``gelu(a, approximate) * b``; the arguments are checked by ``fused_layers.ops.geglu``."""
+    return _gated(a, b, (GELU_TANH if approximate == "tanh" else GELU_ERF).value)
 
 
-def swiglu(a: Tensor, b: Tensor, backend: str | None = None) -> Tensor:
-    """SwiGLU: ``silu(a) * b`` for same-shape, same-dtype ``a`` and ``b``.
-
-    ``backend`` is None (``DEFAULT_BACKEND["swiglu"]``), "triton" or "torch"; "cuda" raises
-    ValueError. Computes in fp32 and returns the inputs' dtype.
-    """
-    _check_pair("swiglu", a, b)
-    if resolve_backend("swiglu", backend, a, b) == "torch":
-        return F.silu(a) * b
-    return _gated(a, b, _SILU)
+def swiglu(a: Tensor, b: Tensor) -> Tensor:
+    """``silu(a) * b``; the arguments are checked by ``fused_layers.ops.swiglu``."""
+    return _gated(a, b, SILU.value)

@@ -1,24 +1,23 @@
-"""GELU, tanh or erf form: one flat Triton kernel forward, one backward, one autograd.Function."""
+"""GELU, tanh or erf form, in Triton: one flat kernel forward, one backward, one autograd.Function.
+
+``gelu_value`` and ``gelu_value_and_grad`` are also GEGLU's gate (``gated.py``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-import fused_layers.cuda as fused_cuda
-from fused_layers.ops._dispatch import resolve_backend
-from fused_layers.ops._launch import flat_config
-from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
-from fused_layers.ops._triton import tl, triton
-
-_APPROXIMATIONS = ("tanh", "none")
+from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.triton.heuristics import flat_config
+from fused_layers.backends.triton.language import tl, triton
+from fused_layers.backends.triton.launch import define, launch
 
 
 @triton.jit
-def _gelu_value(x, APPROX_TANH: tl.constexpr):
+def gelu_value(x, APPROX_TANH: tl.constexpr):
     """GELU of an fp32 block."""
     if APPROX_TANH:
         inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
@@ -30,7 +29,7 @@ def _gelu_value(x, APPROX_TANH: tl.constexpr):
 
 
 @triton.jit
-def _gelu_value_and_grad(x, APPROX_TANH: tl.constexpr):
+def gelu_value_and_grad(x, APPROX_TANH: tl.constexpr):
     """(GELU(x), dGELU/dx) of an fp32 block."""
     if APPROX_TANH:
         inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
@@ -56,7 +55,7 @@ def _gelu_fwd_kernel(
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n_elements
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offsets, _gelu_value(x, APPROX_TANH).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offsets, gelu_value(x, APPROX_TANH).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -72,7 +71,7 @@ def _gelu_bwd_kernel(
     mask = offsets < n_elements
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    _, dgelu = _gelu_value_and_grad(x, APPROX_TANH)
+    _, dgelu = gelu_value_and_grad(x, APPROX_TANH)
     tl.store(dx_ptr + offsets, (dy * dgelu).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -135,20 +134,9 @@ def _define() -> None:
     define("gelu", _gelu_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
-def gelu(x: Tensor, approximate: str = "tanh", backend: str | None = None) -> Tensor:
-    """GELU of ``x``, like ``F.gelu(x, approximate=approximate)``.
-
-    ``approximate`` is "tanh" (GPT-2's NewGELU) or "none" (the erf form). ``backend`` is
-    None (``DEFAULT_BACKEND["gelu"]``), "triton", "torch" or "cuda". Computes in fp32 and
-    returns the input's dtype and shape (contiguous).
-    """
-    if approximate not in _APPROXIMATIONS:
-        raise ValueError(f"gelu: approximate must be one of {_APPROXIMATIONS}, got {approximate!r}")
-    choice = resolve_backend("gelu", backend, x)
-    if choice == "torch":
-        return F.gelu(x, approximate=approximate)
-    if choice == "cuda":
-        return fused_cuda.gelu(x, approximate)
+def gelu(x: Tensor, approximate: str) -> Tensor:
+    """GELU of ``x`` (``approximate`` "tanh" or "none", checked by ``fused_layers.ops.gelu``):
+    the custom op when traced, else the autograd.Function."""
     if traced(x) and register_custom_ops():
         return torch.ops.fused_layers.gelu(x, approximate)
     return GELUFunction.apply(x, approximate)

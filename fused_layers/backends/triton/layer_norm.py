@@ -1,4 +1,4 @@
-"""LayerNorm over the last dim: Triton forward and backward kernels, launchers, one autograd.Function.
+"""LayerNorm over the last dim in Triton: forward and backward kernels, launchers, one autograd.Function.
 
 Rows up to ``MAX_FUSED_WIDTH`` wide are held in registers in one block (narrow rows packed
 several to a program); wider rows take a looped path that walks the row in chunks. The
@@ -11,15 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-import fused_layers.cuda as fused_cuda
-from fused_layers.ops import _launch
-from fused_layers.ops._dispatch import resolve_backend
-from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
-from fused_layers.ops._partials import sum_partials
-from fused_layers.ops._triton import tl, triton
+from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.triton import heuristics
+from fused_layers.backends.triton.language import tl, triton
+from fused_layers.backends.triton.launch import define, launch
+from fused_layers.backends.triton.partials import sum_partials
 
 
 @triton.jit
@@ -232,13 +230,13 @@ def _layer_norm_fwd(
     The body of the custom op ``fused_layers::layer_norm`` and of the eager Function alike.
     """
     width = x.shape[-1]
-    x2d = _launch.as_rows(x)
+    x2d = heuristics.as_rows(x)
     n_rows = x2d.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((2, n_rows), dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, stats
-    plan = _launch.norm_plan("layer_norm", n_rows, width, x.device)
+    plan = heuristics.norm_plan("layer_norm", n_rows, width, x.device)
     # a dummy pointer for an absent weight/bias; the kernel never reads it (constexpr flag)
     args = (x2d, y, x2d if weight is None else weight, x2d if bias is None else bias, stats,
             x2d.stride(0), n_rows, width, eps)  # fmt: skip
@@ -264,14 +262,14 @@ def _layer_norm_bwd(
     the custom op ``fused_layers::layer_norm_backward``.
     """
     width = x.shape[-1]
-    x2d, dy2d = _launch.as_rows(x), _launch.as_rows(dy)
+    x2d, dy2d = heuristics.as_rows(x), heuristics.as_rows(dy)
     n_rows = x2d.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sums_dtype = weight.dtype if weight is not None else x.dtype
     want_sums = compute_dw or compute_db
     if n_rows == 0:
         return dx, torch.zeros((2 if want_sums else 0, width), dtype=sums_dtype, device=x.device)
-    plan = _launch.norm_plan("layer_norm", n_rows, width, x.device, backward=True)
+    plan = heuristics.norm_plan("layer_norm", n_rows, width, x.device, backward=True)
     # Per-program partial sums, reduced by sum_partials below: the fused kernel writes each
     # partial row once, the looped one adds into them. With only one of dweight/dbias asked for,
     # the other rows are summed too: zeros, not whatever the allocation held.
@@ -342,31 +340,9 @@ def _define() -> None:
     define("layer_norm", _layer_norm_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
-def layer_norm(
-    x: Tensor,
-    weight: Tensor | None = None,
-    bias: Tensor | None = None,
-    eps: float = 1e-5,
-    backend: str | None = None,
-) -> Tensor:
-    """LayerNorm of ``x`` over its last dim, like ``F.layer_norm(x, (N,), weight, bias, eps)``.
-
-    ``weight`` and ``bias`` are optional, of shape (N,). ``backend`` is None
-    (``DEFAULT_BACKEND["layer_norm"]``), "triton", "torch" or "cuda". Statistics are fp32;
-    the output has x's dtype and shape.
-    """
-    direct = fused_cuda.eager_norm("layer_norm", backend, x, weight, bias, eps)
-    if direct is not None:  # the common eager CUDA call, with the least host time
-        return direct
-    width = x.shape[-1]
-    for name, param in (("weight", weight), ("bias", bias)):
-        if param is not None and param.shape != (width,):
-            raise ValueError(f"layer_norm: {name} must have shape ({width},), got {tuple(param.shape)}")
-    choice = resolve_backend("layer_norm", backend, x, weight, bias)
-    if choice == "torch":
-        return F.layer_norm(x, (width,), weight, bias, eps)
-    if choice == "cuda":
-        return fused_cuda.layer_norm(x, weight, bias, eps)
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm of ``x`` over its last dim (arguments checked by ``fused_layers.ops.layer_norm``):
+    the custom op when traced, else the autograd.Function."""
     if traced(x) and register_custom_ops():
         return torch.ops.fused_layers.layer_norm(x, weight, bias, eps)[0]
     return LayerNormFunction.apply(x, weight, bias, eps)[0]

@@ -1,4 +1,4 @@
-"""RMSNorm over the last dim with Llama's casting: Triton forward and backward, one autograd.Function.
+"""RMSNorm over the last dim with Llama's casting, in Triton: forward and backward, one autograd.Function.
 
 Matches Hugging Face ``LlamaRMSNorm``: the variance and inverse RMS are fp32, the normalised
 row is rounded to the input dtype, and only then multiplied by the weight, in the dtype torch
@@ -12,12 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import fused_layers.cuda as fused_cuda
-from fused_layers.ops import _launch
-from fused_layers.ops._dispatch import resolve_backend
-from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
-from fused_layers.ops._partials import sum_partials
-from fused_layers.ops._triton import tl, triton
+from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.triton import heuristics
+from fused_layers.backends.triton.language import tl, triton
+from fused_layers.backends.triton.launch import define, launch
+from fused_layers.backends.triton.partials import sum_partials
 
 
 @triton.jit
@@ -194,14 +193,14 @@ def _rms_norm_fwd(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor,
     The body of the custom op ``fused_layers::rms_norm`` and of the eager Function alike.
     """
     width = x.shape[-1]
-    x2d = _launch.as_rows(x)
+    x2d = heuristics.as_rows(x)
     n_rows = x2d.shape[0]
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if weight is not None else x.dtype
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, rstd
-    plan = _launch.norm_plan("rms_norm", n_rows, width, x.device)
+    plan = heuristics.norm_plan("rms_norm", n_rows, width, x.device)
     args = (x2d, y, x2d if weight is None else weight, rstd, x2d.stride(0), n_rows, width, eps)
     kernel = _rms_norm_fwd_fused if plan.fused else _rms_norm_fwd_looped
     extra = {"ROWS": plan.rows} if plan.fused else {}
@@ -218,13 +217,13 @@ def _rms_norm_bwd(
     The body of the custom op ``fused_layers::rms_norm_backward``.
     """
     width = x.shape[-1]
-    x2d, dy2d = _launch.as_rows(x), _launch.as_rows(dy)
+    x2d, dy2d = heuristics.as_rows(x), heuristics.as_rows(dy)
     n_rows = x2d.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dw_dtype = weight.dtype if weight is not None else x.dtype
     if n_rows == 0:
         return dx, torch.zeros(width if compute_dw else 0, dtype=dw_dtype, device=x.device)
-    plan = _launch.norm_plan("rms_norm", n_rows, width, x.device, backward=True)
+    plan = heuristics.norm_plan("rms_norm", n_rows, width, x.device, backward=True)
     # Per-program partial sums, reduced by sum_partials below: the fused kernel writes each
     # partial row once, the looped one adds into them.
     alloc = torch.empty if plan.fused else torch.zeros
@@ -284,38 +283,10 @@ def _define() -> None:
     define("rms_norm", _rms_norm_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
-def _rms_norm_torch(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """The plain torch version, written as Hugging Face's LlamaRMSNorm.forward."""
-    input_dtype = x.dtype
-    x_f32 = x.to(torch.float32)
-    variance = x_f32.pow(2).mean(-1, keepdim=True)
-    x_normed = (x_f32 * torch.rsqrt(variance + eps)).to(input_dtype)
-    return weight * x_normed if weight is not None else x_normed
-
-
-def rms_norm(
-    x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, backend: str | None = None
-) -> Tensor:
-    """RMSNorm of ``x`` over its last dim, like Hugging Face ``LlamaRMSNorm``.
-
-    ``x_normed = (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``, then
-    ``weight * x_normed``: the result dtype is torch's promotion of weight and input.
-    ``weight`` is optional, of shape (N,). ``backend`` is None (``DEFAULT_BACKEND["rms_norm"]``),
-    "triton", "torch" or "cuda" (the CUDA C++ kernel where weight and x share a dtype; Llama's
-    mixed-dtype casting, e.g. fp32 weight and bf16 x, runs on Triton).
-    """
-    direct = fused_cuda.eager_norm("rms_norm", backend, x, weight, None, eps)
-    if direct is not None:  # the common eager CUDA call, with the least host time
-        return direct
-    width = x.shape[-1]
-    if weight is not None and weight.shape != (width,):
-        raise ValueError(f"rms_norm: weight must have shape ({width},), got {tuple(weight.shape)}")
-    choice = resolve_backend("rms_norm", backend, x, weight)
-    if choice == "torch":
-        return _rms_norm_torch(x, weight, eps)
-    if choice == "cuda":
-        if weight is None or weight.dtype == x.dtype:
-            return fused_cuda.rms_norm(x, weight, eps)
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """RMSNorm of ``x`` over its last dim (arguments checked by ``fused_layers.ops.rms_norm``): the
+    custom op when traced, else the autograd.Function. The result has torch's promotion of weight's
+    and x's dtypes."""
     if traced(x) and register_custom_ops():
         return torch.ops.fused_layers.rms_norm(x, weight, eps)[0]
     return RMSNormFunction.apply(x, weight, eps)[0]

@@ -1,4 +1,4 @@
-"""Rotary position embedding with Hugging Face's ``rotate_half``: one Triton kernel for q and k
+"""Rotary position embedding with Hugging Face's ``rotate_half`` in Triton: one kernel for q and k
 together each way, one autograd.Function.
 
 Matches ``transformers``' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (Llama, Mistral,
@@ -13,7 +13,7 @@ Each output is linear in x, so the backward is the transposed map, applied to dy
     dx1 = dy1 * c1 + dy2 * s2         dx2 = dy2 * c2 - dy1 * s1
 
 cos and sin take no gradient (Hugging Face computes them under ``no_grad``); when either requires
-one, the plain torch version runs. The backward needs cos and sin only, not q or k.
+one, the plain torch version runs (:func:`covers`). The backward needs cos and sin only, not q or k.
 
 Memory-bound: one program per block of positions (b, t..t+BLOCK_T) loads their cos and sin rows
 once and applies them to every head of q and of k, reading each element of q and k once and
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.ops._dispatch import resolve_backend
-from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
-from fused_layers.ops._triton import tl, triton
+from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.triton.language import tl, triton
+from fused_layers.backends.triton.launch import define, launch
 
 # The dtypes the kernel loads and stores (it computes in fp32); others take the torch version.
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -45,7 +45,7 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # 85 / 86; at 128 80-100.
 MAX_TILE = 256
 # About 8 elements of each half-tile per thread: one 16-byte load per half in bf16, as the flat
-# elementwise kernels use (fused_layers/ops/_launch.py); 4 and 16 were within 1-2% at 256.
+# elementwise kernels use (heuristics.py); 4 and 16 were within 1-2% at 256.
 ELEMENTS_PER_THREAD = 8
 
 
@@ -243,21 +243,7 @@ def _define() -> None:
     define("rope", _rope_fwd).register_autograd(_backward, setup_context=_setup_context)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    """Hugging Face's ``rotate_half``: [-x2, x1] over the last dim's halves."""
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rope_torch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
-    """The plain torch version, written as Hugging Face's ``apply_rotary_pos_emb``."""
-    cos = cos.unsqueeze(unsqueeze_dim)
-    sin = sin.unsqueeze(unsqueeze_dim)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _kernel_covers(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> bool:
+def covers(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> bool:
     """Whether the kernel computes this call: Hugging Face's shapes, an even head dim, no cos/sin grad.
 
     q (B, Hq, T, D) and k (B, Hk, T, D) (or (B, T, H, D) with unsqueeze_dim 2), cos and sin
@@ -289,23 +275,9 @@ def _kernel_covers(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim
     )
 
 
-def rope(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1, backend: str | None = None
-) -> tuple[Tensor, Tensor]:
-    """Rotary position embedding of ``q`` and ``k``, like Hugging Face's ``apply_rotary_pos_emb``.
-
-    ``q_embed = q * cos + rotate_half(q) * sin`` with cos and sin unsqueezed at ``unsqueeze_dim``;
-    the same for k. q (B, Hq, T, D), k (B, Hk, T, D) (Hq != Hk for grouped queries), cos and sin
-    (B or 1, T, D); unsqueeze_dim 2 for (B, T, H, D) inputs. Returns (q_embed, k_embed) in torch's
-    promotion of the inputs' and cos/sin dtypes, computed in fp32 and rounded once. ``backend`` is
-    None (``DEFAULT_BACKEND["rope"]``), "triton" or "torch"; "cuda" raises ValueError. The torch
-    version runs where the kernel does not apply: an odd head dim, cos or sin requiring grad,
-    other shapes or dtypes (float64).
-    """
-    if resolve_backend("rope", backend, q, k, cos, sin) == "torch" or not _kernel_covers(
-        q, k, cos, sin, unsqueeze_dim
-    ):
-        return _rope_torch(q, k, cos, sin, unsqueeze_dim)
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+    """(q_embed, k_embed) for a call the kernel :func:`covers`: the custom op when traced, else the
+    autograd.Function."""
     if traced(q) and register_custom_ops():
         q_embed, k_embed = torch.ops.fused_layers.rope(q, k, cos, sin, unsqueeze_dim)
         return q_embed, k_embed
