@@ -34,6 +34,8 @@ import torch.nn.functional as F
 
 ln = importlib.import_module("fused_layers.ops.layer_norm")
 rms = importlib.import_module("fused_layers.ops.rms_norm")
+ln_triton = importlib.import_module("fused_layers.backends.triton.layer_norm")
+rms_triton = importlib.import_module("fused_layers.backends.triton.rms_norm")
 
 
 class _Noop(torch.autograd.Function):
@@ -67,10 +69,10 @@ def phases(rows: int, width: int, rounds: int = 60, calls: int = 5, busy_ms: flo
     The samples are ``trainprof.bench.host_times``' (rounds in rotated order, each on a busy GPU);
     each call also records its phases, and a sample's phase figure is the mean over its calls.
     """
-    from fused_layers import cuda as fused_cuda
+    from fused_layers.backends.cuda.build import load_extension
     from trainprof.bench import host_times
 
-    ext = fused_cuda.load_extension()
+    ext = load_extension()
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
     x, w, b = make(rows, width), make(width), make(width)
     dy = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
@@ -146,8 +148,8 @@ def main() -> None:
         variance = x.float().pow(2).mean(-1, keepdim=True)
         return w * (x.float() * torch.rsqrt(variance + 1e-6)).to(x.dtype)
 
-    y, stats = ln._layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5)
-    _, rstd = rms._rms_norm_fwd(x.detach(), w.detach(), 1e-6)
+    y, stats = ln_triton._layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5)
+    _, rstd = rms_triton._rms_norm_fwd(x.detach(), w.detach(), 1e-6)
     cases = {
         "torch.empty": lambda: torch.empty(args.width, device="cuda"),
         "noop Function fwd+bwd": fwd_bwd(lambda: _Noop.apply(x)),
@@ -155,14 +157,20 @@ def main() -> None:
         "F.layer_norm fwd (grad on)": lambda: F.layer_norm(x, (args.width,), w, b, 1e-5),
         "layer_norm triton fwd+bwd": fwd_bwd(lambda: ln.layer_norm(x, w, b, 1e-5, backend="triton")),
         "layer_norm triton fwd (grad on)": lambda: ln.layer_norm(x, w, b, 1e-5, backend="triton"),
-        "LayerNormFunction.apply fwd+bwd": fwd_bwd(lambda: ln.LayerNormFunction.apply(x, w, b, 1e-5)[0]),
-        "_layer_norm_fwd launcher": lambda: ln._layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5),
-        "_layer_norm_bwd launcher": lambda: ln._layer_norm_bwd(dy, x.detach(), w.detach(), stats, True, True),
+        "LayerNormFunction.apply fwd+bwd": fwd_bwd(
+            lambda: ln_triton.LayerNormFunction.apply(x, w, b, 1e-5)[0]
+        ),
+        "_layer_norm_fwd launcher": lambda: ln_triton._layer_norm_fwd(
+            x.detach(), w.detach(), b.detach(), 1e-5
+        ),
+        "_layer_norm_bwd launcher": lambda: ln_triton._layer_norm_bwd(
+            dy, x.detach(), w.detach(), stats, True, True
+        ),
         "layer_norm cuda fwd+bwd": fwd_bwd(lambda: ln.layer_norm(x, w, b, 1e-5, backend="cuda")),
         "HF LlamaRMSNorm fwd+bwd": fwd_bwd(hf_rms),
         "rms_norm triton fwd+bwd": fwd_bwd(lambda: rms.rms_norm(x, w, 1e-6, backend="triton")),
-        "_rms_norm_fwd launcher": lambda: rms._rms_norm_fwd(x.detach(), w.detach(), 1e-6),
-        "_rms_norm_bwd launcher": lambda: rms._rms_norm_bwd(dy, x.detach(), w.detach(), rstd, True),
+        "_rms_norm_fwd launcher": lambda: rms_triton._rms_norm_fwd(x.detach(), w.detach(), 1e-6),
+        "_rms_norm_bwd launcher": lambda: rms_triton._rms_norm_bwd(dy, x.detach(), w.detach(), rstd, True),
     }
     results = {}
     for name, call in cases.items():

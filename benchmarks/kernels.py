@@ -185,6 +185,8 @@ def _copy_bandwidth(quick: bool) -> float:
 
 def _contenders(op: str, shape: tuple[int, ...], params: list[torch.Tensor], cuda_error: str | None):
     """Yield (name, fn-or-None, extra grad tensors, error-or-None) for one op and shape."""
+    from fused_layers import dispatch
+
     width = shape[1]
     yield "eager", _heads(op, shape, _eager(op)), [], None
     try:
@@ -200,7 +202,7 @@ def _contenders(op: str, shape: tuple[int, ...], params: list[torch.Tensor], cud
     except ImportError as exc:
         yield "liger", None, [], repr(exc)
     yield "ours", _heads(op, shape, _ours(op, "triton")), [], None
-    if op in ("gelu", "layer_norm"):
+    if dispatch.has_implementation(op, "cuda"):
         if cuda_error is None:
             yield "ours_cuda", _ours(op, "cuda"), [], None
         else:
@@ -237,8 +239,9 @@ def run(args: argparse.Namespace) -> dict:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 256)
     try:
-        import fused_layers.cuda  # noqa: F401  (compiles the C++ extension)
+        from fused_layers.backends.cuda.build import load_extension
 
+        load_extension()  # compiles the C++ extension, or says why not
         cuda_error = None
     except Exception as exc:
         cuda_error = repr(exc)
@@ -399,7 +402,7 @@ def _kernel_us(call: Callable[[], None], calls: int = 10) -> float:
 
 def _launch_calls(op: str, shape: tuple[int, int], saved_direct: bool) -> dict[str, Callable[[], None]]:
     """name -> one forward+backward of that contender on fresh bf16 inputs of ``shape``."""
-    from fused_layers.ops import _library
+    from fused_layers.backends.triton import launch
 
     inputs, _ = _inputs(op, shape, grad=True)
     dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -407,13 +410,13 @@ def _launch_calls(op: str, shape: tuple[int, int], saved_direct: bool) -> dict[s
     for name, fn, direct in _launch_contenders(op):
 
         def call(fn=fn, direct=direct) -> None:
-            _library.DIRECT_LAUNCH = saved_direct and direct
+            launch.DIRECT_LAUNCH = saved_direct and direct
             try:
                 for leaf in inputs:
                     leaf.grad = None
                 fn(*inputs).backward(dy)
             finally:
-                _library.DIRECT_LAUNCH = saved_direct
+                launch.DIRECT_LAUNCH = saved_direct
 
         calls[name] = call
     return calls
@@ -427,10 +430,10 @@ def run_launch(args: argparse.Namespace) -> dict:
     LayerNorm forward+backward took 132-141 µs a call in three of four measurements before one
     profiled run, 201-250 after it).
     """
-    from fused_layers.ops import _library
+    from fused_layers.backends.triton import launch
     from trainprof.bench import host_times, measure_copy_bandwidth, paired_ratio, time_fn
 
-    saved = _library.DIRECT_LAUNCH
+    saved = launch.DIRECT_LAUNCH
     copy_bps = measure_copy_bandwidth("cuda")
     result = {
         "device": torch.cuda.get_device_name(),

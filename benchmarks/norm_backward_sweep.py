@@ -1,10 +1,10 @@
 """Which launch plans make the Triton LayerNorm/RMSNorm kernels fastest? (GPU.)
 
-For each of the benchmark's four bf16 shapes, patches the settings of ``fused_layers.ops._launch``
-(each op's ``NormSettings``: tile, values per thread, resident warps, pipelining stages; the width
-above which the looped kernels take over, their chunk and warps), keeps each distinct launch plan
-once, and times the launcher alone: the forward, or the backward with its partial sums and their
-reduction. Each time is a CUDA graph of
+For each of the benchmark's four bf16 shapes, patches the settings of
+``fused_layers.backends.triton.heuristics`` (each op's ``NormSettings``: tile, values per thread,
+resident warps, pipelining stages; the width above which the looped kernels take over, their chunk
+and warps), keeps each distinct launch plan once, and times the launcher alone: the forward, or the
+backward with its partial sums and their reduction. Each time is a CUDA graph of
 ``--calls`` back-to-back calls replayed 5 times (median), so no host time is in it. TB/s is over
 the fewest bytes: forward reads x and writes y, backward reads x and dy and writes dx.
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-# fused_layers.ops re-exports functions named like their modules: fetch the modules themselves.
-_launch = importlib.import_module("fused_layers.ops._launch")
-ln = importlib.import_module("fused_layers.ops.layer_norm")
-rms = importlib.import_module("fused_layers.ops.rms_norm")
+# fused_layers' Triton backend modules themselves (the ops re-export functions named like them).
+_launch = importlib.import_module("fused_layers.backends.triton.heuristics")
+ln = importlib.import_module("fused_layers.backends.triton.layer_norm")
+rms = importlib.import_module("fused_layers.backends.triton.rms_norm")
 
 SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 # Module-level settings a sweep may patch; every other key of a setting is a NormSettings field.

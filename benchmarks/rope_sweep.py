@@ -4,7 +4,7 @@ A RoPE call moves little data (Llama-3.2-1B at B4 x T2048: 84 MB a pass, ~20 µs
 speed), so back-to-back call timings measure the host's launch path; this script reads each
 kernel's GPU time from the profiler instead, for forward and backward, as a fraction of copy
 bandwidth over the fewest bytes (q and k read and written, cos/sin once per position), for
-``MAX_TILE`` x ``ELEMENTS_PER_THREAD`` settings of fused_layers/ops/rope.py, beside the GPU time
+``MAX_TILE`` x ``ELEMENTS_PER_THREAD`` settings of fused_layers/backends/triton/rope.py, beside the GPU time
 of Liger-Kernel's kernel and of the eager formula's kernels. Needs a CUDA device.
 
     python -m benchmarks.rope_sweep --out log/rope_sweep.json
@@ -45,7 +45,8 @@ def _kernel_us(call, name_part: str) -> float:
 
 def _measure(shape: tuple[int, ...], copy_bps: float) -> dict:
     """Kernel µs and % of copy for every setting, Liger and eager, at one shape."""
-    rope_module = importlib.import_module("fused_layers.ops.rope")
+    rope_module = importlib.import_module("fused_layers.backends.triton.rope")
+    torch_rope = importlib.import_module("fused_layers.backends.torch.rope").rope
     batch, seq, q_heads, k_heads, head_dim = shape
 
     def heads(count: int) -> torch.Tensor:  # Hugging Face's layout: a projection, viewed and transposed
@@ -92,7 +93,7 @@ def _measure(shape: tuple[int, ...], copy_bps: float) -> dict:
     q_leaf, k_leaf = q.detach().requires_grad_(), k.detach().requires_grad_()
 
     def eager() -> None:
-        torch.autograd.backward(rope_module._rope_torch(q_leaf, k_leaf, cos, sin, 1), (dq, dk))
+        torch.autograd.backward(torch_rope(q_leaf, k_leaf, cos, sin, 1), (dq, dk))
 
     row["eager_fwd_bwd_us"] = round(_kernel_us(eager, ""), 2)
     return row

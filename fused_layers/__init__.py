@@ -1,7 +1,9 @@
 """Fused GELU, LayerNorm, RMSNorm, gated-MLP and RoPE layers, and ``swap`` to put them into a model.
 
-Importing this package builds nothing and needs no GPU: the CUDA C++ extension
-(``fused_layers.cuda``) compiles on its first call only.
+``ops/`` holds the public ops, ``dispatch`` the one table that picks each op's implementation,
+``backends/`` the implementations (Triton, CUDA C++, plain torch). Importing this package builds
+nothing and needs no GPU: the CUDA C++ extension (``fused_layers.backends.cuda``) compiles on its
+first call only.
 """
 
 from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm

@@ -31,9 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fused_layers import routing
+from fused_layers import dispatch, routing
 from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm
-from fused_layers.ops._dispatch import _CUDA_OPS
 from fused_layers.ops.rope import rope
 
 __all__ = ["OPS", "ROPE_FUNCTION", "TABLE", "LeftModule", "Reroute", "SwapRecord", "swap", "unswap"]
@@ -330,7 +329,7 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
     """Replace ``model``'s layers by fused ones in place and return the record of what changed.
 
     ``ops`` picks rows of ``TABLE`` by op name (``OPS``); ``backend`` is passed to every fused op
-    (None: each op's default; "cuda" applies to gelu, layer_norm and rms_norm, the others keep their
+    (None: each op's default; "cuda" applies to layer_norm and rms_norm, the others keep their
     default). A module whose factory fails unexpectedly is left with a warning, never half-replaced.
     RoPE rows leave the attention module in place and reroute its modeling module's
     ``apply_rotary_pos_emb`` for this model only (other models in the process keep Hugging Face's).
@@ -360,8 +359,9 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
             continue
         fused = fused_by_original.get(id(module))
         if fused is None:
-            # The CUDA C++ extension has gelu, layer_norm and rms_norm only; other ops keep their default.
-            rule_backend = None if backend == "cuda" and rule.op not in _CUDA_OPS else backend
+            # The CUDA C++ backend has layer_norm and rms_norm only; other ops keep their default.
+            cuda_lacks_op = backend == "cuda" and not dispatch.has_implementation(rule.op, "cuda")
+            rule_backend = None if cuda_lacks_op else backend
             try:
                 fused = rule.factory(module, rule_backend)
             except _Leave as reason:

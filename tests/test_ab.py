@@ -24,10 +24,10 @@ def tiny_run(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("ab")
     patch = pytest.MonkeyPatch()
     patch.delenv("TRITON_INTERPRET", raising=False)
-    from fused_layers.ops import _library
+    from fused_layers.backends.triton import launch
 
     # fused_layers reads TRITON_INTERPRET once, at import: another test file may have imported it first.
-    patch.setattr(_library, "INTERPRETING", False)
+    patch.setattr(launch, "INTERPRETING", False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 shared cores: spinning worker threads made steps 100x slower
     try:
@@ -255,10 +255,10 @@ def test_prediction_ranges_rope_forward_and_backward(monkeypatch):
     from torch.profiler import profile
     from transformers.models.llama import modeling_llama
 
-    from fused_layers.ops import _library
+    from fused_layers.backends.triton import launch
     from trainprof.ab.prediction import annotate_swappable
 
-    monkeypatch.setattr(_library, "INTERPRETING", False)  # swap's check runs the torch versions
+    monkeypatch.setattr(launch, "INTERPRETING", False)  # swap's check runs the torch versions
     model = _tiny_llama()
     hf_rope = modeling_llama.apply_rotary_pos_emb
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))

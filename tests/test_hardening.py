@@ -468,8 +468,8 @@ def test_fused_layers_without_triton_swap_and_train_with_torch(interpret):
         sys.modules["triton"] = None  # any import of triton fails
         import torch
         import fused_layers
-        from fused_layers.ops import _library
-        assert not _library.TRITON_AVAILABLE and not _library.INTERPRETING
+        from fused_layers.backends.triton import language, launch
+        assert not language.AVAILABLE and not launch.INTERPRETING
         torch.manual_seed(0)
         plain = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
                                     torch.nn.Linear(32, 1))

@@ -14,7 +14,7 @@ from torch import nn
 
 import fused_layers
 from fused_layers import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm, swap, unswap
-from fused_layers.ops._dispatch import resolve_backend
+from fused_layers.dispatch import choose_backend
 
 transformers = pytest.importorskip("transformers")
 from transformers import activations  # noqa: E402
@@ -125,7 +125,7 @@ def _assert_namespace_unchanged(namespace, before: dict) -> None:
 def test_triton_path_is_exercised():
     x = torch.randn(4, 8)
     expected = "triton" if (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") else "torch"
-    assert resolve_backend("layer_norm", None, x) == expected == "triton"
+    assert choose_backend("layer_norm", None, x) == expected == "triton"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -304,12 +304,11 @@ def test_package_exports():
 
 
 def test_cuda_backend_only_where_the_extension_has_the_op():
-    model = nn.ModuleDict(
-        {"ln": nn.LayerNorm(8), "rms": _StructuralRMSNorm(8), "mlp": _GatedMLP(nn.SiLU(), 8)}
-    )
+    modules = {"ln": nn.LayerNorm(8), "rms": _StructuralRMSNorm(8), "mlp": _GatedMLP(nn.SiLU(), 8)}
+    model = nn.ModuleDict({**modules, "gelu": nn.GELU()})
     swap(model, backend="cuda")  # builds nothing: the backend is only stored until a forward
     assert model["ln"].backend == "cuda" and model["rms"].backend == "cuda"
-    assert model["mlp"].backend is None
+    assert model["mlp"].backend is None and model["gelu"].backend is None
 
 
 def _compile_counting(model: nn.Module) -> tuple[nn.Module, list]:
@@ -389,7 +388,7 @@ def rope_calls(monkeypatch):
     import torch._dynamo
 
     from fused_layers import routing
-    from fused_layers.ops.rope import RopeFunction
+    from fused_layers.backends.triton.rope import RopeFunction
 
     torch._dynamo.reset()
     gc.collect()

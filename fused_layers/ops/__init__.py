@@ -1,6 +1,7 @@
-"""Fused ops: Triton kernels with torch autograd, one file per op."""
+"""The fused ops, one file per op: the public function, its argument checks, and the call through
+``fused_layers.dispatch`` to the implementation of the chosen backend (``fused_layers.backends``)."""
 
-from fused_layers.ops._dispatch import DEFAULT_BACKEND
+from fused_layers.dispatch import DEFAULT_BACKEND
 from fused_layers.ops.gated import geglu, swiglu
 from fused_layers.ops.gelu import gelu
 from fused_layers.ops.layer_norm import layer_norm

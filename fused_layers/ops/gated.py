@@ -1,82 +1,11 @@
-"""Gated activations of two same-shape inputs: GEGLU ``gelu(a) * b`` and SwiGLU ``silu(a) * b``.
-
-One flat Triton kernel each way for both (an ACTIVATION constexpr picks the gate), one
-autograd.Function. The gate's GELU maths is shared with ``gelu.py``.
-"""
+"""Gated activations of two same-shape inputs: GEGLU ``gelu(a) * b`` and SwiGLU ``silu(a) * b``."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fused_layers.ops._dispatch import resolve_backend
-from fused_layers.ops._launch import flat_config
-from fused_layers.ops._library import define, launch, register_custom_ops, registers, traced
-from fused_layers.ops._triton import tl, triton
-from fused_layers.ops.gelu import _APPROXIMATIONS, _gelu_value, _gelu_value_and_grad
-
-# ACTIVATION constexpr values
-_GELU_TANH, _GELU_ERF, _SILU = 0, 1, 2
-
-
-@triton.jit
-def _gate_value(a, ACTIVATION: tl.constexpr):
-    """act(a) of an fp32 block."""
-    if ACTIVATION == 2:
-        return a * tl.sigmoid(a)
-    else:
-        return _gelu_value(a, ACTIVATION == 0)
-
-
-@triton.jit
-def _gate_value_and_grad(a, ACTIVATION: tl.constexpr):
-    """(act(a), act'(a)) of an fp32 block."""
-    if ACTIVATION == 2:
-        s = tl.sigmoid(a)
-        return a * s, s * (1.0 + a * (1.0 - s))
-    else:
-        return _gelu_value_and_grad(a, ACTIVATION == 0)
-
-
-@triton.jit
-def _gated_fwd_kernel(
-    a_ptr,  # (n_elements,) contiguous, input dtype
-    b_ptr,  # (n_elements,) contiguous, input dtype
-    c_ptr,  # (n_elements,) contiguous, input dtype
-    n_elements,
-    BLOCK: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    c = _gate_value(a, ACTIVATION) * b
-    tl.store(c_ptr + offsets, c.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _gated_bwd_kernel(
-    a_ptr,  # (n_elements,) contiguous, input dtype
-    b_ptr,  # (n_elements,) contiguous, input dtype
-    dc_ptr,  # (n_elements,) contiguous, grad dtype
-    da_ptr,  # (n_elements,) contiguous, input dtype
-    db_ptr,  # (n_elements,) contiguous, input dtype
-    n_elements,
-    BLOCK: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    dc = tl.load(dc_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    act, dact = _gate_value_and_grad(a, ACTIVATION)
-    tl.store(da_ptr + offsets, (dc * b * dact).to(da_ptr.dtype.element_ty), mask=mask)
-    tl.store(db_ptr + offsets, (dc * act).to(db_ptr.dtype.element_ty), mask=mask)
+from fused_layers import dispatch
+from fused_layers.ops.gelu import APPROXIMATIONS
 
 
 def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
@@ -87,84 +16,16 @@ def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
         )
 
 
-def _gated_fwd(a: Tensor, b: Tensor, activation: int) -> Tensor:
-    """Launch the forward; returns act(a) * b, contiguous. The body of ``fused_layers::gated``."""
-    a, b = a.contiguous(), b.contiguous()
-    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    n_elements = a.numel()
-    if n_elements > 0:
-        grid, block, num_warps = flat_config(n_elements)
-        launch(_gated_fwd_kernel, (grid,), (a, b, c, n_elements), BLOCK=block, ACTIVATION=activation,
-               num_warps=num_warps)  # fmt: skip
-    return c
-
-
-def _gated_bwd(dc: Tensor, a: Tensor, b: Tensor, activation: int) -> tuple[Tensor, Tensor]:
-    """Launch the backward; returns da, db. The body of ``fused_layers::gated_backward``."""
-    a, b, dc = a.contiguous(), b.contiguous(), dc.contiguous()
-    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    db = torch.empty(b.shape, dtype=b.dtype, device=b.device)
-    n_elements = a.numel()
-    if n_elements > 0:
-        grid, block, num_warps = flat_config(n_elements)
-        launch(_gated_bwd_kernel, (grid,), (a, b, dc, da, db, n_elements), BLOCK=block,
-               ACTIVATION=activation, num_warps=num_warps)  # fmt: skip
-    return da, db
-
-
-def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, int], output: Tensor) -> None:
-    ctx.save_for_backward(inputs[0], inputs[1])  # a and b; the backward recomputes act(a)
-    ctx.activation = inputs[2]
-
-
-def _backward(ctx: Any, dc: Tensor) -> tuple[Tensor, Tensor, None]:
-    """da = dc * b * act'(a), db = dc * act(a); shared by the eager Function and the custom op."""
-    a, b = ctx.saved_tensors
-    if traced(dc) and register_custom_ops():
-        da, db = torch.ops.fused_layers.gated_backward(dc, a, b, ctx.activation)
-    else:
-        da, db = _gated_bwd(dc, a, b, ctx.activation)
-    return da, db, None
-
-
-class GatedFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly, with no dispatcher in between."""
-
-    @staticmethod
-    def forward(ctx: Any, a: Tensor, b: Tensor, activation: int) -> Tensor:
-        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
-        # Function's arguments with inspect.signature on every call.
-        output = _gated_fwd(a, b, activation)
-        _setup_context(ctx, (a, b, activation), output)
-        return output
-
-    backward = staticmethod(_backward)
-
-
-@registers
-def _define() -> None:
-    define("gated_backward", _gated_bwd)
-    define("gated", _gated_fwd).register_autograd(_backward, setup_context=_setup_context)
-
-
-def _gated(a: Tensor, b: Tensor, activation: int) -> Tensor:
-    if traced(a) and register_custom_ops():
-        return torch.ops.fused_layers.gated(a, b, activation)
-    return GatedFunction.apply(a, b, activation)
-
-
 def geglu(a: Tensor, b: Tensor, approximate: str = "tanh", backend: str | None = None) -> Tensor:
     """GEGLU: ``gelu(a, approximate) * b`` for same-shape, same-dtype ``a`` and ``b``.
 
     ``backend`` is None (``DEFAULT_BACKEND["geglu"]``), "triton" or "torch"; "cuda" raises
     ValueError. Computes in fp32 and returns the inputs' dtype.
     """
-    if approximate not in _APPROXIMATIONS:
-        raise ValueError(f"geglu: approximate must be one of {_APPROXIMATIONS}, got {approximate!r}")
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"geglu: approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
     _check_pair("geglu", a, b)
-    if resolve_backend("geglu", backend, a, b) == "torch":
-        return F.gelu(a, approximate=approximate) * b
-    return _gated(a, b, _GELU_TANH if approximate == "tanh" else _GELU_ERF)
+    return dispatch.call("geglu", backend, a, b, approximate)
 
 
 def swiglu(a: Tensor, b: Tensor, backend: str | None = None) -> Tensor:
@@ -174,6 +35,4 @@ def swiglu(a: Tensor, b: Tensor, backend: str | None = None) -> Tensor:
     ValueError. Computes in fp32 and returns the inputs' dtype.
     """
     _check_pair("swiglu", a, b)
-    if resolve_backend("swiglu", backend, a, b) == "torch":
-        return F.silu(a) * b
-    return _gated(a, b, _SILU)
+    return dispatch.call("swiglu", backend, a, b)

@@ -1,4 +1,4 @@
-"""fused_layers.cuda: the CUDA C++ GELU, LayerNorm and RMSNorm against float64 references.
+"""fused_layers.backends.cuda: the CUDA C++ LayerNorm and RMSNorm against float64 references.
 
 On a GPU: builds the extension (about a minute the first time, cached after) and checks every
 output and gradient, and compiles the kernels alone with nvcc for their register/spill counts.
@@ -10,15 +10,19 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import fused_layers.cuda as fused_cuda
-from fused_layers.cuda import _source
+from fused_layers import dispatch
+from fused_layers.backends.cuda import build
+from fused_layers.backends.cuda.layer_norm import layer_norm as cuda_layer_norm
+from fused_layers.backends.cuda.rms_norm import rms_norm as cuda_rms_norm
 
+CUDA_SOURCES = Path(build.__file__).parent  # the backend's .cu/.cuh/.cpp files
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # 1000: a warp a row, 8 rows a block; 2048: 64 threads a row, 4 rows a block (block-wide
@@ -44,25 +48,7 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, wha
 
 @pytest.fixture(scope="module")
 def extension():
-    return fused_cuda.load_extension()
-
-
-@requires_cuda
-@pytest.mark.parametrize("approximate", ("tanh", "none"))
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("width", WIDTHS)
-def test_gelu_matches_float64(extension, width, dtype, approximate):
-    torch.manual_seed(width)
-    x = (3 * torch.randn(_shape(width), device="cuda")).to(dtype).requires_grad_()
-    dy = torch.randn_like(x)
-    y = fused_cuda.gelu(x, approximate)
-    y.backward(dy)
-    x64 = x.detach().double().requires_grad_()
-    y64 = F.gelu(x64, approximate=approximate)
-    y64.backward(dy.double())
-    assert y.dtype == dtype and y.shape == x.shape
-    _close(y, y64, dtype, "gelu output")
-    _close(x.grad, x64.grad, dtype, "gelu grad_input")
+    return build.load_extension()
 
 
 @requires_cuda
@@ -77,7 +63,7 @@ def test_layer_norm_matches_float64(extension, width, dtype, affine):
     weight = weight if "weight" in affine else None
     bias = bias if "bias" in affine else None
     dy = torch.randn_like(x)
-    y = fused_cuda.layer_norm(x, weight, bias, eps=1e-5)
+    y = cuda_layer_norm(x, weight, bias, eps=1e-5)
     y.backward(dy)
 
     def as_float64(t):
@@ -110,7 +96,7 @@ def test_rms_norm_matches_float64(extension, width, dtype, affine):
     x = (2 * torch.randn(_shape(width), device="cuda") + 0.5).to(dtype).requires_grad_()
     weight = (torch.rand(width, device="cuda") + 0.5).to(dtype).requires_grad_() if affine != "none" else None
     dy = torch.randn_like(x)
-    y = fused_cuda.rms_norm(x, weight, eps=1e-6)
+    y = cuda_rms_norm(x, weight, eps=1e-6)
     y.backward(dy)
     x64 = x.detach().double().requires_grad_()
     w64 = None if weight is None else weight.detach().double().requires_grad_()
@@ -137,9 +123,9 @@ def test_persistent_backward_over_many_rows(extension, width, rms):
     bias = None if rms else torch.randn(width, device="cuda", dtype=torch.bfloat16).requires_grad_()
     dy = torch.randn_like(x)
     if rms:
-        fused_cuda.rms_norm(x, weight).backward(dy)
+        cuda_rms_norm(x, weight).backward(dy)
     else:
-        fused_cuda.layer_norm(x, weight, bias).backward(dy)
+        cuda_layer_norm(x, weight, bias).backward(dy)
     x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
     b64 = None if rms else bias.detach().double().requires_grad_()
     if rms:
@@ -161,7 +147,7 @@ def test_eager_norms_run_a_cpp_autograd_node(extension):
     (whose host cost alone is what kept LayerNorm above eager's host time)."""
     x = torch.randn(8, 256, device="cuda", requires_grad=True)
     w = torch.ones(256, device="cuda", requires_grad=True)
-    for y, name in ((fused_cuda.layer_norm(x, w), "LayerNorm"), (fused_cuda.rms_norm(x, w), "RMSNorm")):
+    for y, name in ((cuda_layer_norm(x, w), "LayerNorm"), (cuda_rms_norm(x, w), "RMSNorm")):
         assert y.grad_fn.name() == f"fused_layers::{name}Backward", y.grad_fn.name()
         assert not isinstance(y.grad_fn, torch.autograd.function.BackwardCFunction)
 
@@ -176,34 +162,34 @@ def test_the_cpp_node_meets_autograds_contracts(extension):
     w = (torch.rand(512, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
     b = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    (dw_only,) = torch.autograd.grad(fused_cuda.layer_norm(x, w, b), w, dy)
+    (dw_only,) = torch.autograd.grad(cuda_layer_norm(x, w, b), w, dy)
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
     (expected,) = torch.autograd.grad(F.layer_norm(x64, (512,), w64, b64), w64, dy.double())
     assert (dw_only.double() - expected).abs().max() <= 2e-2 * expected.abs().mean()
     assert x.grad is None and w.grad is None and b.grad is None
-    (dx_once,) = torch.autograd.grad(fused_cuda.layer_norm(x, w, b), x, dy)
-    y = fused_cuda.layer_norm(x, w, b)
+    (dx_once,) = torch.autograd.grad(cuda_layer_norm(x, w, b), x, dy)
+    y = cuda_layer_norm(x, w, b)
     y.backward(dy, retain_graph=True)
     y.backward(dy)
     assert torch.equal(x.grad, 2 * dx_once)  # bf16 doubling is exact
-    y = fused_cuda.rms_norm(x, w)
+    y = cuda_rms_norm(x, w)
     y.backward(dy)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         y.backward(dy)
     leaf = torch.randn(8, 512, device="cuda", requires_grad=True)
     inner = leaf * 2
-    y = fused_cuda.layer_norm(inner, None, None)
+    y = cuda_layer_norm(inner, None, None)
     with torch.no_grad():
         inner.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
-        fused_cuda.rms_norm(leaf, None).sum().backward()
+        cuda_rms_norm(leaf, None).sum().backward()
     assert (8, 512) in packed and (8,) in packed, packed  # x and the fp32 rstd
     with torch.no_grad():
-        assert fused_cuda.layer_norm(x, w, b).grad_fn is None
-    assert fused_cuda.layer_norm(x.detach(), w.detach(), None).grad_fn is None
+        assert cuda_layer_norm(x, w, b).grad_fn is None
+    assert cuda_layer_norm(x.detach(), w.detach(), None).grad_fn is None
 
 
 @requires_cuda
@@ -214,7 +200,7 @@ def test_layer_norm_casts_affine_params_in_the_graph_and_checks_them(extension):
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = (torch.rand(256, device="cuda") + 0.5).requires_grad_()
     bias = torch.randn(256, device="cuda", requires_grad=True)
-    y = fused_cuda.layer_norm(x, weight, bias)
+    y = cuda_layer_norm(x, weight, bias)
     assert y.dtype == torch.bfloat16
     w64, b64 = (param.to(torch.bfloat16).double() for param in (weight, bias))
     expected = F.layer_norm(x.double(), (256,), w64, b64)
@@ -223,11 +209,11 @@ def test_layer_norm_casts_affine_params_in_the_graph_and_checks_them(extension):
     assert weight.grad.dtype == torch.float32 and bias.grad.dtype == torch.float32
     assert weight.grad.abs().sum() > 0 and torch.all(bias.grad == 16)
     with pytest.raises(ValueError, match="weight has shape"):
-        fused_cuda.layer_norm(x, torch.ones(128, device="cuda"))
+        cuda_layer_norm(x, torch.ones(128, device="cuda"))
     with pytest.raises(ValueError, match="bias is on cpu"):
-        fused_cuda.layer_norm(x, weight, torch.zeros(256))
+        cuda_layer_norm(x, weight, torch.zeros(256))
     with pytest.raises(ValueError, match="at least one dimension"):
-        fused_cuda.layer_norm(torch.tensor(1.0, device="cuda"))
+        cuda_layer_norm(torch.tensor(1.0, device="cuda"))
 
 
 @requires_cuda
@@ -235,7 +221,7 @@ def test_ops_norms_go_straight_to_the_cpp_node_only_where_the_checked_path_picks
     from fused_layers.ops.layer_norm import layer_norm
     from fused_layers.ops.rms_norm import rms_norm
 
-    direct = fused_cuda.eager_norm
+    direct = dispatch.eager_norm
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.rand(256, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
     b = torch.randn(256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -268,7 +254,7 @@ def test_ops_norms_go_straight_to_the_cpp_node_only_where_the_checked_path_picks
 def test_rms_norm_needs_one_dtype(extension):
     x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="one\\s+dtype|needs one"):
-        fused_cuda.rms_norm(x, torch.ones(64, device="cuda"))
+        cuda_rms_norm(x, torch.ones(64, device="cuda"))
 
 
 @requires_cuda
@@ -285,9 +271,8 @@ def test_non_contiguous_and_misaligned_inputs(extension, dtype):
         x = x.detach().requires_grad_()
         dy = torch.randn(x.shape, device="cuda", dtype=dtype).t().contiguous().t()  # non-contiguous grad
         cases = (
-            (lambda t: fused_cuda.layer_norm(t, weight, bias), lambda t: F.layer_norm(t, (width,), w64, b64)),
-            (lambda t: fused_cuda.rms_norm(t, weight), lambda t: _llama_rms_norm64(t, w64, dtype)),
-            (lambda t: fused_cuda.gelu(t, "tanh"), lambda t: F.gelu(t, approximate="tanh")),
+            (lambda t: cuda_layer_norm(t, weight, bias), lambda t: F.layer_norm(t, (width,), w64, b64)),
+            (lambda t: cuda_rms_norm(t, weight), lambda t: _llama_rms_norm64(t, w64, dtype)),
         )
         for op, reference in cases:
             x.grad = None
@@ -304,29 +289,26 @@ def test_zero_rows(extension):
     x = torch.empty(0, 64, device="cuda", requires_grad=True)
     weight = torch.ones(64, device="cuda", requires_grad=True)
     bias = torch.zeros(64, device="cuda", requires_grad=True)
-    y = fused_cuda.layer_norm(x, weight, bias)
+    y = cuda_layer_norm(x, weight, bias)
     assert y.shape == (0, 64)
     y.sum().backward()
     assert x.grad.shape == (0, 64)
     assert torch.equal(weight.grad, torch.zeros(64, device="cuda"))
     assert torch.equal(bias.grad, torch.zeros(64, device="cuda"))
     weight.grad = None
-    fused_cuda.rms_norm(x, weight).sum().backward()
+    cuda_rms_norm(x, weight).sum().backward()
     assert torch.equal(weight.grad, torch.zeros(64, device="cuda"))
-    g = fused_cuda.gelu(x.detach().requires_grad_(), "none")
-    assert g.shape == (0, 64)
 
 
 @requires_cuda
 def test_ops_cuda_backend_calls_extension(extension):
-    from fused_layers.ops.gelu import gelu
     from fused_layers.ops.layer_norm import layer_norm
-
-    x = torch.randn(4, 128, device="cuda")
-    torch.testing.assert_close(gelu(x, "tanh", backend="cuda"), F.gelu(x, approximate="tanh"))
-    torch.testing.assert_close(layer_norm(x, backend="cuda"), F.layer_norm(x, (128,)), atol=1e-5, rtol=1e-4)
     from fused_layers.ops.rms_norm import rms_norm
 
+    x = torch.randn(4, 128, device="cuda")
+    leaf = x.clone().requires_grad_()
+    assert layer_norm(leaf, backend="cuda").grad_fn.name() == "fused_layers::LayerNormBackward"
+    torch.testing.assert_close(layer_norm(x, backend="cuda"), F.layer_norm(x, (128,)), atol=1e-5, rtol=1e-4)
     w = torch.rand(128, device="cuda") + 0.5
     expected = rms_norm(x, w, backend="torch")
     torch.testing.assert_close(rms_norm(x, w, backend="cuda"), expected, atol=1e-5, rtol=1e-4)
@@ -334,26 +316,34 @@ def test_ops_cuda_backend_calls_extension(extension):
 
 def test_cpu_tensor_is_a_clear_error():
     with pytest.raises(ValueError, match="CUDA tensor"):
-        fused_cuda.gelu(torch.randn(4))
+        cuda_layer_norm(torch.randn(2, 4))
     with pytest.raises(ValueError, match="CUDA tensor"):
-        fused_cuda.layer_norm(torch.randn(2, 4))
-    with pytest.raises(ValueError, match="CUDA tensor"):
-        fused_cuda.rms_norm(torch.randn(2, 4))
+        cuda_rms_norm(torch.randn(2, 4))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_build_without_gpu_is_a_clear_error():
-    with pytest.raises(fused_cuda.CudaExtensionUnavailable, match="no CUDA|no CUDA support"):
-        fused_cuda.load_extension()
+    with pytest.raises(build.CudaExtensionUnavailable, match="no CUDA|no CUDA support"):
+        build.load_extension()
+
+
+# The defines torch.utils.cpp_extension passes to nvcc (COMMON_NVCC_FLAGS), so the standalone check
+# sees the kernels as the extension's build compiles them.
+TORCH_NVCC_DEFINES = (
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+)
 
 
 @requires_cuda  # nvcc alone needs no GPU, but takes 20-50 s of a CPU machine's suite
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH")
 def test_kernels_compile_standalone_without_spills(tmp_path):
-    """Plain nvcc on the kernel string (no torch headers, no GPU): compiles for sm_90, no spills."""
-    source = tmp_path / "kernels.cu"
-    source.write_text(_source.standalone_translation_unit())
-    command = ["nvcc", "-c", "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", *_source.TORCH_NVCC_DEFINES]
+    """Plain nvcc on all_kernels.cu (no torch headers, no GPU): compiles for sm_90, every kernel
+    template of kernels.cuh is instantiated, and none spills."""
+    source = CUDA_SOURCES / "all_kernels.cu"
+    command = ["nvcc", "-c", "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", *TORCH_NVCC_DEFINES]
     result = subprocess.run(
         [*command, str(source), "-o", str(tmp_path / "kernels.o")], capture_output=True, text=True
     )
@@ -364,10 +354,18 @@ def test_kernels_compile_standalone_without_spills(tmp_path):
         r"(\d+) bytes spill loads",
         result.stderr,
     )
-    assert len(spills) == _source.standalone_translation_unit().count("(const void*)&")
+    assert len(spills) == result.stderr.count("Compiling entry function")  # every kernel parsed
+    # 3 dtypes x 2 pack widths x 2 norms x 11 kernels, the 4-pack pipelined backward for fp32 and
+    # bf16 (2 x 2 x 2), sum_partials for each dtype
+    assert len(spills) == 3 * 2 * 2 * 11 + 8 + 3, len(spills)
+    names = [name for name, _, _ in spills]
+    demangled = dict(zip(names, subprocess.run(["c++filt", *names], capture_output=True, text=True)
+                         .stdout.splitlines(), strict=True))  # fmt: skip
+    compiled = {re.search(r"fused_layers::(\w+)<", d).group(1) for d in demangled.values()}
+    kernels = (CUDA_SOURCES / "kernels.cuh").read_text()
+    assert compiled == set(re.findall(r"__global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(", kernels))
     # The 16-byte-pack bf16/fp16 kernels (training's) spill nothing; ptxas keeps a few cold values
     # of some fp32 and unaligned variants in local memory (at most a few dozen bytes).
     for name, stores, loads in spills:
-        demangled = subprocess.run(["c++filt", name], capture_output=True, text=True).stdout
-        limit = 0 if re.search(r"<(__nv_bfloat16|__half), 8\b", demangled) else 64
-        assert int(stores) <= limit and int(loads) <= limit, f"{demangled.strip()}: {stores}/{loads} bytes"
+        limit = 0 if re.search(r"<(__nv_bfloat16|__half), 8\b", demangled[name]) else 64
+        assert int(stores) <= limit and int(loads) <= limit, f"{demangled[name]}: {stores}/{loads} bytes"

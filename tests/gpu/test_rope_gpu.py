@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 transformers = pytest.importorskip("transformers")
 
 import fused_layers  # noqa: E402
+from fused_layers.backends.triton.rope import RopeFunction  # noqa: E402
 from fused_layers.ops import rope  # noqa: E402
-from fused_layers.ops.rope import RopeFunction  # noqa: E402
 
 # (atol, rtol) against float64 from the same rounded inputs: one rounding of outputs of order 1
 TOLERANCES = {torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3e-2, 2e-2)}

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from fused_layers.ops._triton import triton
+from fused_layers.backends.triton.language import triton
 
 # Elementwise ops: 1024 elements over 4 warps is 8 elements per thread, one 16-byte vector
 # load per input in bf16. Measured on an H200 (2026-11-21, swiglu/geglu bf16, 32768x4096 and

@@ -1,8 +1,10 @@
-"""Build (once, lazily) and load the CUDA C++ extension with ``torch.utils.cpp_extension.load_inline``.
+"""Build (once, lazily) and load the CUDA C++ extension with ``torch.utils.cpp_extension.load``.
 
-The build folder is ``$TORCH_EXTENSIONS_DIR/fused_layers/<hash>`` when that variable is set, else
-``~/.cache/fused_layers/cuda/<hash>``; the hash covers the sources, flags, torch and CUDA versions
-and the GPU architecture, so a changed kernel or a new machine never picks up a stale build.
+The sources are the files beside this one (:data:`SOURCES`, and the headers they include,
+:data:`HEADERS`). The build folder is ``$TORCH_EXTENSIONS_DIR/fused_layers/<hash>`` when that
+variable is set, else ``~/.cache/fused_layers/cuda/<hash>``; the hash covers the sources and
+headers, flags, torch and CUDA versions and the GPU architecture, so a changed kernel or a new
+machine never picks up a stale build.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from types import ModuleType
 
 import torch
 
-from fused_layers.cuda import _source
+__all__ = ["HEADERS", "SOURCES", "CudaExtensionUnavailable", "extension", "load_extension"]
+
+_HERE = Path(__file__).resolve().parent
+#: What the build compiles: the host code and kernels (nvcc), and the Python bindings (c++).
+SOURCES = (_HERE / "norm.cu", _HERE / "bindings.cpp")
+#: What the sources include; part of the build's hash, as they are.
+HEADERS = (_HERE / "norm.h", _HERE / "kernels.cuh")
 
 
 class CudaExtensionUnavailable(RuntimeError):
@@ -24,7 +32,9 @@ class CudaExtensionUnavailable(RuntimeError):
 
 
 _lock = threading.Lock()
-_extension: ModuleType | None = None
+#: The loaded extension, None until :func:`load_extension` has built or loaded it in this process.
+#: ``fused_layers.dispatch`` reads it on every eager norm call: an attribute, not a function call.
+extension: ModuleType | None = None
 
 
 def _nvcc_flags(major: int, minor: int) -> list[str]:
@@ -33,9 +43,9 @@ def _nvcc_flags(major: int, minor: int) -> list[str]:
     - ``-O3``; ``-lineinfo`` maps SASS to source lines in Nsight Compute at no runtime cost.
     - One ``-gencode`` for the device's own architecture (``sm_90`` on H100/H200), so the build is
       short; passing an arch flag also stops torch from adding its own list.
-    - No ``--use_fast_math``: it replaces tanhf/erff/expf with MUFU approximations (tanh.approx is
-      ~2^-11 relative error) and flushes denormals. Both kernels are bandwidth-bound, so the accurate
-      functions cost nothing measurable and fp32 results stay within a few ulp of torch.
+    - No ``--use_fast_math``: it flushes denormals to zero and makes divisions and square roots
+      approximate. The norm kernels are bandwidth-bound, so exact arithmetic costs nothing
+      measurable and fp32 results stay within a few ulp of torch.
     """
     arch = f"{major}{minor}"
     return ["-O3", "-lineinfo", f"-gencode=arch=compute_{arch},code=sm_{arch}"]
@@ -77,39 +87,31 @@ def load_extension() -> ModuleType:
     """Return the compiled extension, building it on the first call of the process (about a minute).
 
     Raises :class:`CudaExtensionUnavailable` when there is no CUDA device, no nvcc or no CUDA torch;
-    compiler errors propagate from ``load_inline`` with nvcc's output.
+    compiler errors propagate from ``load`` with nvcc's output, which names the source file and line.
     """
-    global _extension
-    if _extension is not None:
-        return _extension
+    global extension
+    if extension is not None:
+        return extension
     with _lock:
-        if _extension is not None:
-            return _extension
+        if extension is not None:
+            return extension
         _check_toolchain()
-        from torch.utils.cpp_extension import load_inline
+        from torch.utils.cpp_extension import load
 
         major, minor = torch.cuda.get_device_capability()
         cuda_flags = _nvcc_flags(major, minor)
-        key = "\n".join(
-            [
-                _source.DECLARATIONS,
-                _source.KERNELS,
-                _source.HOST,
-                *cuda_flags,
-                torch.__version__,
-                str(torch.version.cuda),
-            ]
-        )
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        _extension = load_inline(
-            name=f"fused_layers_cuda_{digest}",
-            cpp_sources=[_source.DECLARATIONS],
-            cuda_sources=[_source.KERNELS + _source.HOST],
-            functions=list(_source.FUNCTIONS),
+        digest = hashlib.sha256()
+        for path in (*SOURCES, *HEADERS):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        digest.update("\n".join([*cuda_flags, torch.__version__, str(torch.version.cuda)]).encode())
+        tag = digest.hexdigest()[:16]
+        extension = load(
+            name=f"fused_layers_cuda_{tag}",
+            sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3"],
             extra_cuda_cflags=cuda_flags,
-            build_directory=str(_build_directory(digest)),
+            build_directory=str(_build_directory(tag)),
             with_cuda=True,
             verbose=False,
         )
-        return _extension
+        return extension

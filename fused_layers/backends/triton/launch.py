@@ -1,20 +1,11 @@
-"""How the fused ops meet torch: custom ops for torch.compile, and a cheap launch for eager calls.
+"""How a Triton kernel is launched and registered: directly when eager, as a custom op when traced.
 
-Each op has two ways in, sharing one launcher and one ``setup_context``/``backward`` pair:
-
-- **eager** (plain tensors, nothing tracing): the op's ``autograd.Function`` calls the launcher,
-  and the launcher calls the compiled Triton kernel directly (:func:`launch`). Going through the
-  ``torch.library`` dispatcher instead costs about 45 µs more per forward+backward (2-core CPU
-  machine, 2026-11-22: 78 µs against 33 µs for a do-nothing op), as much as the kernels
-  themselves take at training shapes.
-- **traced** (``torch.compile``, ``make_fx``, fake tensors, ``torch.export``, any dispatch
-  mode): ``torch.ops.fused_layers.<op>``, custom ops with fake implementations and the same
-  autograd. On a GPU they are ``torch.library.triton_op`` s whose kernels are called through
-  ``wrap_triton``, so Inductor sees and calls the kernels itself; under Triton's CPU
-  interpreter, which cannot be traced, they are opaque ``custom_op`` s.
-
-Registering the ops imports torch's compiler stack (seconds), so it happens on first need only:
-:func:`register_custom_ops`, which Dynamo runs once at trace time as a constant.
+- **eager** (plain tensors, nothing tracing): the op's ``autograd.Function`` calls its launcher,
+  and the launcher calls the compiled kernel directly (:func:`launch`), skipping Triton's per-call
+  binding (see ``fused_layers.backends.custom_ops`` for why not the dispatcher either).
+- **traced**: the op's custom op (:func:`define`). On a GPU it is a ``torch.library.triton_op``
+  whose kernels are called through ``wrap_triton``, so Inductor sees and calls the kernels itself;
+  under Triton's CPU interpreter, which cannot be traced, an opaque ``custom_op``.
 """
 
 from __future__ import annotations
@@ -26,10 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.ops._triton import AVAILABLE as TRITON_AVAILABLE
-from fused_layers.ops._triton import triton
-
-NAMESPACE = "fused_layers"
+from fused_layers.backends import custom_ops
+from fused_layers.backends.triton.language import AVAILABLE as TRITON_AVAILABLE
+from fused_layers.backends.triton.language import triton
 
 #: Triton's CPU interpreter is on (the kernels were defined as interpreted functions at import).
 INTERPRETING = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET") == "1"
@@ -41,53 +31,14 @@ DIRECT_LAUNCH = os.environ.get("FUSED_LAYERS_DIRECT_LAUNCH", "1") != "0" and tup
     int(part) for part in triton.__version__.split(".")[:2]
 ) >= (3, 4)
 
-_registrations: list[Callable[[], None]] = []
-_registered = False
 
-
-def registers(define: Callable[[], None]) -> Callable[[], None]:
-    """Decorator for an op module's function that defines its custom ops (run by register_custom_ops)."""
-    _registrations.append(define)
-    return define
-
-
-def register_custom_ops() -> bool:
-    """Define every fused op as ``torch.ops.fused_layers.*``, once per process; returns True.
-
-    The fused functions call this themselves before their first traced call; call it yourself
-    only to use ``torch.ops.fused_layers`` directly.
-    """
-    global _registered
-    if not _registered:
-        for define in _registrations:
-            define()
-        _registered = True
-    return True
-
-
-# What torch.compiler.assume_constant_result sets, without importing Dynamo at our import: Dynamo
-# runs the function once while tracing, outside the graph, and uses its result as a constant.
-register_custom_ops._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
-def traced(x: Tensor) -> bool:
-    """Whether this call is being traced or intercepted, and must go through the custom op."""
-    return torch.compiler.is_compiling() or type(x) is not Tensor or torch._C._len_torch_dispatch_stack() > 0
-
-
-def define(name: str, launcher: Callable[..., Any], fake: Callable[..., Any] | None = None) -> Any:
-    """Define ``fused_layers::name`` running ``launcher`` (no mutated inputs; schema from its hints).
-
-    Without ``fake``, ``launcher`` is a Triton launcher (only torch ops and :func:`launch`), which
-    is its own fake implementation: a triton_op on a GPU, a custom_op under the interpreter.
-    With ``fake`` (the CUDA C++ ops) it is an opaque custom_op with that fake implementation.
-    """
-    qualname = f"{NAMESPACE}::{name}"
-    if fake is None and not INTERPRETING:
-        return torch.library.triton_op(qualname, launcher, mutates_args=())
-    op = torch.library.custom_op(qualname, launcher, mutates_args=())
-    op.register_fake(fake or launcher)
-    return op
+def define(name: str, launcher: Callable[..., Any]) -> Any:
+    """Define ``fused_layers::name`` running the Triton launcher ``launcher`` (only torch ops and
+    :func:`launch`, so it is its own fake implementation; no mutated inputs; schema from its hints):
+    a triton_op on a GPU, an opaque custom_op under the interpreter."""
+    if INTERPRETING:
+        return custom_ops.define(name, launcher, fake=launcher)
+    return torch.library.triton_op(f"{custom_ops.NAMESPACE}::{name}", launcher, mutates_args=())
 
 
 # kernel -> {specialisation key: (compiled launcher, function handle, packed metadata, constexprs)}

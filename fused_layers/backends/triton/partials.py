@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fused_layers.ops._library import launch
-from fused_layers.ops._triton import tl, triton
+from fused_layers.backends.triton.language import tl, triton
+from fused_layers.backends.triton.launch import launch
 
 # Columns per program: narrow, so that even a 1024-wide norm's 2048 columns give 64 programs to
 # spread the (up to a few MB of) partials over the SMs; BLOCK_P rows of them are loaded at once.

@@ -1,0 +1,134 @@
+"""fused_layers' import graph: no cycle, lazy imports (inside functions) included, and the layers
+point one way: ops -> dispatch -> backends, a backend never reaching back up, the CUDA C++ backend
+a leaf beside the shared custom-op glue.
+
+The graph is read from the source with ``ast`` (nothing is imported), so an import that only runs
+on a GPU, or inside a function, counts as much as one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _modules(package: str) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of ``package`` (a folder of ROOT)."""
+    modules = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The module of ``modules`` that importing ``name`` runs: itself, or its longest known prefix."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports anywhere in its source (lazy imports included).
+
+    ``from a import b`` is an edge to the module ``a.b`` where that is a module, else to ``a``.
+    """
+    modules = _modules(package)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(_resolve(alias.name, modules) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, one level up per extra dot
+                    anchor = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.add(full if full in modules else _resolve(base, modules))
+        graph[module] = {target for target in targets if target is not None and target != module}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as [a, b, ..., a], or None."""
+    done: set[str] = set()
+    path: list[str] = []
+    on_path: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        path.append(node)
+        on_path.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target in on_path:
+                return [*path[path.index(target) :], target]
+            if target not in done:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        path.pop()
+        on_path.discard(node)
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if start not in done:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph("fused_layers")
+
+
+def test_the_cycle_finder_finds_a_lazy_import_cycle(tmp_path, monkeypatch):
+    """The check itself: a cycle closed by an import inside a function is found."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    (package / "c.py").write_text("from . import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    pkg_graph = import_graph("pkg")
+    assert pkg_graph["pkg.c"] == {"pkg.a"}
+    assert find_cycle(pkg_graph) == ["pkg.a", "pkg.b", "pkg.a"]
+
+
+def test_fused_layers_has_no_import_cycle(graph):
+    assert "fused_layers.dispatch" in graph and "fused_layers.backends.cuda.build" in graph
+    assert find_cycle(graph) is None
+
+
+def _imports_under(graph: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    return {module: targets for module, targets in graph.items() if module.startswith(prefix)}
+
+
+def test_backends_never_reach_back_up(graph):
+    """A backend imports only from fused_layers.backends; the torch one from nothing of ours; the CUDA
+    C++ one from itself and the shared custom-op glue only (no Triton, no ops, no dispatch)."""
+    for module, targets in _imports_under(graph, "fused_layers.backends").items():
+        assert all(t.startswith("fused_layers.backends") for t in targets), (module, targets)
+    for module, targets in _imports_under(graph, "fused_layers.backends.torch").items():
+        assert targets == set(), (module, targets)
+    allowed = ("fused_layers.backends.cuda", "fused_layers.backends.custom_ops")
+    for module, targets in _imports_under(graph, "fused_layers.backends.cuda").items():
+        assert all(t.startswith(allowed) for t in targets), (module, targets)
+
+
+def test_ops_pick_their_implementation_through_dispatch_only(graph):
+    """The public ops reach a backend through the one table, never directly."""
+    for module, targets in _imports_under(graph, "fused_layers.ops").items():
+        assert not any(t.startswith("fused_layers.backends") for t in targets), (module, targets)
+        assert "fused_layers.dispatch" in targets, module
