@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprof.config import SessionConfig
+from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis import Analysis
@@ -51,8 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("trainprof")
 
-SYNCSITES_SUFFIX = ".syncsites.json"
-TRACE_SUFFIX = ".pt.trace.json.gz"
 MAX_WINDOWS = 8
 """Recorded windows kept for the analysis at exit (the most recent ones; older traces stay on disk)."""
 
