@@ -61,12 +61,12 @@ def print_outcome(stack: str, fixed: bool, sess) -> None:
     summaries = sorted(Path(sess.run_dir).glob("summary*.json"))
     print(f"\n[{stack}{' --fixed' if fixed else ''}] trainprof run folder: {sess.run_dir}")
     if not summaries:
-        print(f"[{stack}] no summary was written (verdict: {sess.summary.get('verdict')})")
+        print(f"[{stack}] no summary was written (verdict: {sess.summary.verdict})")
         return
     print(f"[{stack}] summary: {summaries[0]}")
     findings = json.loads(summaries[0].read_text()).get("findings", [])
     syncs = [f for f in findings if f.get("kind") == "sync_point"]
-    print(f"[{stack}] verdict: {sess.summary.get('verdict')}; sync findings: {len(syncs)}")
+    print(f"[{stack}] verdict: {sess.summary.verdict}; sync findings: {len(syncs)}")
     for finding in syncs:
         print(f"  - {finding.get('per_step')}/step  cause={finding.get('cause')}  op={finding.get('op')}\n"
               f"    via={_frame(finding.get('via'))}\n    where={_frame(finding.get('where'))}\n"

@@ -75,10 +75,9 @@ def check(sess: trainprof.Session, device: torch.device) -> dict:
     for plant in planted_lines():
         hits = [
             f for f in sess.findings
-            if (f.get("where") or {}).get("line") == plant["line"]
-            and str(Path((f.get("where") or {}).get("file") or "/").resolve()) == this_file
+            if f.where.line == plant["line"] and str(Path(f.where.file or "/").resolve()) == this_file
         ]
-        results.append({**plant, "found": bool(hits), "findings": [h.get("title") for h in hits]})
+        results.append({**plant, "found": bool(hits), "findings": [h.title for h in hits]})
     return {"file": this_file, "device": str(device), "run_dir": str(sess.run_dir),
             "all_found": all(r["found"] for r in results), "planted": results}
 

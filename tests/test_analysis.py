@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainprof.analysis import Analysis, Finding, analyze
+from trainprof.analysis.result import SCHEMA_VERSION
 from trainprof.trace import load_traces
 
 STEP_KEYS = {"step", "duration_ms", "gpu_busy_pct", "kernel_count", "sync_count"}
@@ -27,13 +28,13 @@ def _syncs(result: Analysis) -> list[Finding]:
 
 def test_pathologies_steps(pathologies):
     steps = pathologies.steps
-    assert [s["step"] for s in steps] == [3, 4, 5]
+    assert [s.times.number for s in steps] == [3, 4, 5]
     # ProfilerStep#3..5 durations in the trace: 50055.53, 40388.635, 38848.22 µs.
-    assert [s["duration_ms"] for s in steps] == pytest.approx([50.0555, 40.3886, 38.8482], abs=1e-3)
-    assert all(s["kernel_count"] == 820 for s in steps)  # 2460 kernels, all launched inside the steps
-    assert all(s["sync_count"] == 3 for s in steps)
-    assert all(s["gpu_busy_pct"] < 25 for s in steps)
-    assert pathologies.summary["peak_memory_bytes"] > 1.9e9
+    assert [s.times.duration_ms for s in steps] == pytest.approx([50.0555, 40.3886, 38.8482], abs=1e-3)
+    assert all(s.times.kernel_count == 820 for s in steps)  # 2460 kernels, all launched inside the steps
+    assert all(s.syncs.count == 3 for s in steps)
+    assert all(s.times.gpu_busy_pct < 25 for s in steps)
+    assert pathologies.summary.peak_memory_bytes > 1.9e9
 
 
 def test_pathologies_pageable_copy_sync(pathologies):
@@ -41,7 +42,7 @@ def test_pathologies_pageable_copy_sync(pathologies):
     assert h2d.op == "aten::to -> aten::_to_copy -> aten::copy_"
     assert h2d.where.to_dict() == {"file": "make_traces.py", "line": None, "function": "gpt2_loop"}
     assert (h2d.count, h2d.per_step) == (3, 1.0)
-    assert h2d.details["sync_kind"] == "h2d_pageable"
+    assert h2d.details.sync_kind == "h2d_pageable"
     # Three blocking cudaMemcpyAsync (31.446 + 16.857 + 15.481 µs) + their cudaStreamSynchronize (27.447 µs).
     assert h2d.cost_ms == pytest.approx(0.0912, abs=1e-4)
 
@@ -50,7 +51,7 @@ def test_pathologies_item_syncs(pathologies):
     (item,) = [f for f in _syncs(pathologies) if "aten::item" in (f.op or "")]
     assert item.where.function == "gpt2_loop"
     assert (item.count, item.per_step) == (6, 2.0)
-    assert item.details["sync_kind"] == "d2h_copy"
+    assert item.details.sync_kind == "d2h_copy"
     assert item.cost_ms == pytest.approx(0.0720, abs=1e-4)  # six cudaStreamSynchronize, 72.0 µs
 
 
@@ -58,29 +59,29 @@ def test_pathologies_launch_overhead(pathologies):
     (launch,) = [f for f in pathologies.findings if f.kind == "launch_overhead"]
     assert launch.where.function == "gpt2_loop"
     assert launch.severity == "high"
-    assert pathologies.summary["verdict"] == "launch-bound"
-    top_ops = {o["op"] for o in launch.details["regions"][0]["top_ops"]}
+    assert pathologies.summary.verdict == "launch-bound"
+    top_ops = {o.op for o in launch.details.regions[0].top_ops}
     assert {"aten::pow", "aten::add_", "aten::sum"} <= top_ops  # the per-parameter grad-norm loop
-    assert launch.details["tiny_kernel_pct"] > 50
+    assert launch.details.tiny_kernel_pct > 50
 
 
 def test_clean_has_no_user_sync(fixtures_dir):
     result = analyze(fixtures_dir / "traces/gpt2_clean")
     assert _syncs(result) == []  # profiler's exit synchronize and pinned non_blocking copies excluded
-    assert [s["sync_count"] for s in result.steps] == [0, 0, 0]
+    assert [s.syncs.count for s in result.steps] == [0, 0, 0]
 
 
 def test_ddp_straggler(fixtures_dir):
     result = analyze(fixtures_dir / "traces/ddp_straggler")
     (straggler,) = [f for f in result.findings if f.kind == "straggler"]
     assert straggler.rank == 1
-    assert result.summary["straggler_rank"] == 1
-    ranks = {r["rank"]: r for r in result.trace["ranks"]}
-    assert ranks[0]["comm_ms"] > 40  # rank 0 waits in NCCL all-reduce for rank 1's 40 ms sleep
-    assert ranks[1]["comm_ms"] < 1
-    assert {s["rank"] for s in result.steps} == {0, 1}
+    assert result.summary.straggler_rank == 1
+    ranks = {r.rank: r for r in result.ranks}
+    assert ranks[0].comm_ms > 40  # rank 0 waits in NCCL all-reduce for rank 1's 40 ms sleep
+    assert ranks[1].comm_ms < 1
+    assert {s.times.rank for s in result.steps} == {0, 1}
     host = [f for f in result.findings if f.kind == "host_bound" and f.rank == 1]
-    assert host and host[0].details["idle_host_ms_per_step"] > 35
+    assert host and host[0].details.idle_host_ms_per_step > 35
 
 
 def _sites(skip: tuple[int, int] | None = None) -> list[dict]:
@@ -106,7 +107,7 @@ def test_sync_site_join_fills_lines(fixtures_dir):
     result = analyze([trace], sync_sites=_sites())
     by_line = {f.where.line: f for f in _syncs(result)}
     assert set(by_line) == {38, 45, 49}
-    assert by_line[38].details["sync_kind"] == "h2d_pageable"
+    assert by_line[38].details.sync_kind == "h2d_pageable"
     assert "aten::item" in by_line[45].op and "aten::item" in by_line[49].op
     assert all(
         by_line[line].count == 3 and by_line[line].where.file == "/home/u/make_traces.py"
@@ -118,7 +119,7 @@ def test_sync_site_join_never_shifts_a_missing_site(fixtures_dir):
     (trace,) = load_traces(fixtures_dir / "traces/gpt2_pathologies")
     result = analyze([trace], sync_sites=_sites(skip=(4, 45)))
     for finding in _syncs(result):
-        steps = [o["step"] for o in finding.details["occurrences"]]
+        steps = [o.step for o in finding.details.occurrences]
         if finding.where.line is not None:
             assert 4 not in steps  # step 4 lost a site: none of its syncs gets a (possibly wrong) line
     assert sum(f.count for f in _syncs(result) if f.where.line is None) == 3
@@ -126,7 +127,8 @@ def test_sync_site_join_never_shifts_a_missing_site(fixtures_dir):
 
 def test_to_dict_is_json_with_required_fields(pathologies):
     document = json.loads(json.dumps(pathologies.to_dict(), allow_nan=False))
-    assert set(document) == {"trace", "steps", "findings"}
+    assert set(document) == {"schema_version", "trace", "steps", "findings"}
+    assert document["schema_version"] == SCHEMA_VERSION == 1
     assert all(STEP_KEYS <= set(step) for step in document["steps"])
     assert all(FINDING_KEYS <= set(f) for f in document["findings"])
     assert all(set(f["where"]) == {"file", "line", "function"} for f in document["findings"])
@@ -182,6 +184,6 @@ def _backlog_trace(path: Path, early_correlation: int | None) -> Path:
 )
 def test_kernels_queued_before_the_trace_are_not_the_steps(tmp_path, early_correlation, own, before):
     (step,) = analyze(_backlog_trace(tmp_path / "t.json", early_correlation)).steps
-    assert step["kernel_count"] == own
-    assert step["kernels_launched_before_trace"] == before
-    assert step["gpu_busy_ms"] == pytest.approx(0.5)  # both kernels' time: 1005-1205 and 1210-1510 µs
+    assert step.times.kernel_count == own
+    assert step.times.kernels_launched_before_trace == before
+    assert step.times.gpu_busy_ms == pytest.approx(0.5)  # both kernels' time: 1005-1205 and 1210-1510 µs

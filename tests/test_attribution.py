@@ -19,7 +19,7 @@ import pytest
 from trainprof.analysis import analyze
 from trainprof.analysis.attribution import BACKWARD, FORWARD, OPTIMIZER, _OpIndex, attribute_kernels
 from trainprof.analysis.launch import launch_stats, tiny_kernels
-from trainprof.analysis.modules import module_costs_finding, owner_costs
+from trainprof.analysis.modules import TinyOp, module_costs_finding, owner_costs
 from trainprof.analysis.timeline import build_timeline
 from trainprof.trace import load_traces
 
@@ -117,18 +117,18 @@ def test_launch_finding_names_module_and_one_op(fixtures_dir):
     assert launch.where.file == "transformers/pytorch_utils.py"
     assert launch.op == "aten::_to_copy"
     assert "GPT2Attention/Conv1D (fwd+bwd): 108 kernels/step, 71% shorter than their launch" in launch.title
-    regions = launch.details["regions"]
-    assert all(o["op"] and "," not in o["op"] and "evaluate_function" not in o["op"]
-               for region in regions for o in region["top_ops"])
+    regions = launch.details.regions
+    assert all(o.op and "," not in o.op and "evaluate_function" not in o.op
+               for region in regions for o in region.top_ops)
 
     (modules,) = [f for f in result.findings if f.kind == "module_costs"]
-    rows = {row["path"]: row for row in modules.details["modules"]}
+    rows = {row.path: row for row in modules.details.modules}
     gelu = rows[f"{GPT2}/GPT2MLP/NewGELUActivation"]
-    assert (gelu["module"], gelu["phases"], gelu["instances"]) == ("NewGELUActivation", "fwd+bwd", 6)
-    assert gelu["file"] == "transformers/activations.py"
-    gpu_ms = [row["gpu_ms_per_step"] for row in modules.details["modules"]]
+    assert (gelu.module, gelu.phases, gelu.instances) == ("NewGELUActivation", "fwd+bwd", 6)
+    assert gelu.file == "transformers/activations.py"
+    gpu_ms = [row.gpu_ms_per_step for row in modules.details.modules]
     assert gpu_ms == sorted(gpu_ms, reverse=True)
-    assert modules.details["owned_tiny_kernel_pct"] == 100.0
+    assert modules.details.owned_tiny_kernel_pct == 100.0
 
 
 def test_launch_finding_names_the_users_loop_on_pathologies(fixtures_dir):
@@ -245,14 +245,14 @@ def test_synthetic_owners(tmp_path):
     assert costs.unowned_kernels == 0
     assert costs.most_tiny() is step
     _, totals = launch_stats(timeline, costs)
-    assert totals["regions"][0]["function"] == "train_step"
-    assert totals["regions"][1]["function"] == "Linear (fwd+bwd)"
-    assert totals["regions"][1]["top_ops"] == [{"op": "aten::addmm", "tiny_kernels": 2}]
+    assert totals.regions[0].function == "train_step"
+    assert totals.regions[1].function == "Linear (fwd+bwd)"
+    assert totals.regions[1].top_ops == [TinyOp("aten::addmm", 2)]
 
     finding = module_costs_finding(costs, rank=None)
     assert finding.where.function == "Linear (fwd+bwd)"
-    assert finding.details["modules"][0]["kernels_per_step"] == 2.0
-    assert finding.details["owned_tiny_kernel_pct"] == 100.0
+    assert finding.details.modules[0].kernels_per_step == 2.0
+    assert finding.details.owned_tiny_kernel_pct == 100.0
 
 
 def test_synthetic_unlinked_without_sequence_numbers(tmp_path):
@@ -278,7 +278,7 @@ def test_reports_render_the_module_table(fixtures_dir):
     from trainprof.report.console import render_text
     from trainprof.report.markdown import render_markdown
 
-    result = analyze(fixtures_dir / "traces/gpt2_clean").to_dict()
+    result = analyze(fixtures_dir / "traces/gpt2_clean")
     markdown = render_markdown(result)
     table = markdown.split("## GPU time by module (forward + backward)", 1)[1]
     assert "| NewGELUActivation | fwd+bwd | 6 |" in table
@@ -298,6 +298,6 @@ def test_trace_without_stacks_still_names_the_op(fixtures_dir):
     assert (owners.op >= 0).all()
     assert {"forward", "backward", "optimizer"} <= {owners.phase_of(k) for k in range(len(timeline.kernels))}
     _, totals = launch_stats(timeline)
-    (region,) = totals["regions"]
-    assert region["function"] is None and region["tiny_kernels"] == totals["tiny_kernel_count"]
-    assert region["top_ops"][0]["op"] == "aten::add_"
+    (region,) = totals.regions
+    assert region.function is None and region.tiny_kernels == totals.tiny_kernel_count
+    assert region.top_ops[0].op == "aten::add_"

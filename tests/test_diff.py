@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainprof.analysis.diff import ADDED, REMOVED, SAME, diff_traces, range_cost
+from trainprof.analysis.diff import ADDED, REMOVED, SAME, TraceDiff, diff_traces, range_cost
 from trainprof.cli import main
 
 
@@ -19,8 +19,8 @@ def fixture_diff(fixtures_dir):
 
 
 def test_fixture_diff_per_step_headline(fixture_diff):
-    head = {row["metric"]: (row["a"], row["b"]) for row in fixture_diff.headline}
-    assert fixture_diff.a["steps"] == 3 and fixture_diff.b["steps"] == 3
+    head = {row.metric: (row.a, row.b) for row in fixture_diff.headline}
+    assert fixture_diff.a.steps == 3 and fixture_diff.b.steps == 3
     # The per-parameter grad-norm loop (~230 tiny kernels) is gone; fused AdamW replaces foreach.
     assert head["kernels / step"] == (820.0, 591.0)
     assert head["launches / step"] == (820.0, 591.0)
@@ -49,6 +49,12 @@ def test_fixture_diff_memcpy_change(fixture_diff):
     assert copies["Memcpy HtoD (Pinned -> Device)"].status == ADDED
     assert copies["Memcpy DtoH (Device -> Pinned)"].count_a == 2.0  # the two .item() reads
     assert copies["Memcpy DtoH (Device -> Pinned)"].status == REMOVED
+
+
+def test_diff_reads_back_from_its_json_form(fixture_diff):
+    """An A/B result carries its diffs as JSON; the report reads them back into a TraceDiff."""
+    data = json.loads(json.dumps(fixture_diff.to_dict()))
+    assert TraceDiff.from_dict(data) == fixture_diff
 
 
 def test_fixture_diff_findings(fixture_diff):

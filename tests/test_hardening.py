@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import trainprof
+from trainprof.analysis.result import Analysis, Finding, Summary, Where
 from trainprof.config import SessionConfig
 from trainprof.report.console import print_report, render_text
 from trainprof.report.json import write_json
@@ -77,7 +78,7 @@ def test_nested_sessions_step_aside_instead_of_crashing(tmp_path):
                     for _ in range(8):
                         model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
         print("WARNINGS", [str(w.message)[:60] for w in caught if "trainprof" in str(w.message)])
-        print("OUTER", outer.summary["verdict"], len(outer.trace_files))
+        print("OUTER", outer.summary.verdict, len(outer.trace_files))
     """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "OUTER cpu-only 1" in result.stdout
@@ -96,7 +97,7 @@ def test_user_profiler_inside_a_window_gets_the_events(tmp_path):
     messages = _trainprof_warnings(caught)
     assert len(messages) == 1 and "another torch profiler" in messages[0]
     assert len(own.events()) > 0  # the user's profiler recorded (it got nothing before)
-    assert sess.summary["verdict"] == "not-profiled"
+    assert sess.summary.verdict == "not-profiled"
     assert not torch.autograd._profiler_enabled()
 
 
@@ -166,8 +167,8 @@ def test_full_disk_leaves_the_old_summary_whole(tmp_path):
     """A write that fails half way (here: a file size limit, as a full disk) must not truncate."""
     path = tmp_path / "summary.json"
     path.write_text('{"old": true}\n')
-    big = {"trace": {"summary": {"verdict": "gpu-bound"}}, "steps": [{"step": i} for i in range(2000)],
-           "findings": []}
+    findings = [Finding("x", f"finding {i}", "low", None, Where(), 1, 1.0, 1.0, None) for i in range(2000)]
+    big = Analysis(summary=Summary(verdict="gpu-bound"), findings=findings)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
@@ -227,7 +228,7 @@ def test_a_loop_shorter_than_the_window_reports_only_steps_that_ran(tmp_path):
     steps = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]
     assert [s["step"] for s in steps] == [2, 3]
     mean = sum(s["duration_ms"] for s in steps) / 2
-    assert sess.summary["mean_step_ms"] == pytest.approx(mean, rel=1e-3)
+    assert sess.summary.mean_step_ms == pytest.approx(mean, rel=1e-3)
 
 
 def test_analysis_runs_at_exit_not_inside_the_loop(tmp_path, monkeypatch):
@@ -257,7 +258,7 @@ def test_repeat_zero_keeps_memory_bounded(tmp_path):
         _train(model, optimizer, 2 * windows)
     assert sess.windows_written == windows
     assert len(sess.trace_files) == session_module.MAX_WINDOWS
-    assert len({s["step"] for s in sess.analysis.steps}) == session_module.MAX_WINDOWS
+    assert len({s.times.number for s in sess.analysis.steps}) == session_module.MAX_WINDOWS
 
 
 def test_a_loop_without_steps_says_what_happened(tmp_path):
@@ -267,7 +268,7 @@ def test_a_loop_without_steps_says_what_happened(tmp_path):
             for _ in range(6):
                 model(torch.randn(16, 32)).sum().backward()  # no optimizer.step(), no sess.step()
     assert len(_trainprof_warnings(caught)) == 1
-    assert sess.summary["verdict"] == "not-profiled" and "optimizer.step()" in sess.summary["reason"]
+    assert sess.summary.verdict == "not-profiled" and "optimizer.step()" in sess.summary.reason
 
 
 def test_a_loop_ending_before_the_window_says_so(tmp_path):
@@ -275,7 +276,7 @@ def test_a_loop_ending_before_the_window_says_so(tmp_path):
     with pytest.warns(RuntimeWarning, match="ended after 2 step"):
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=2, warmup=1, active=1, **FAST) as sess:
             _train(model, optimizer, 2)
-    assert sess.summary["verdict"] == "not-profiled"
+    assert sess.summary.verdict == "not-profiled"
 
 
 def test_python_api_returns_plain_numbers(tmp_path):
@@ -285,15 +286,18 @@ def test_python_api_returns_plain_numbers(tmp_path):
     analysis = trainprof.analyze(str(sess.trace_files[0]))
 
     def numpy_values(value, path="") -> list[str]:
+        fields = getattr(type(value), "__struct_fields__", None)  # the result's records
+        if fields is not None:
+            return [p for name in fields for p in numpy_values(getattr(value, name), f"{path}.{name}")]
         if isinstance(value, dict):
             return [p for key, item in value.items() for p in numpy_values(item, f"{path}.{key}")]
         if isinstance(value, (list, tuple)):
             return [p for i, item in enumerate(value) for p in numpy_values(item, f"{path}[{i}]")]
         return [path] if type(value).__module__ == "numpy" else []
 
-    assert numpy_values(analysis.summary) == [] and numpy_values(analysis.to_dict()) == []
+    assert numpy_values(analysis) == [] and numpy_values(analysis.to_dict()) == []
     assert numpy_values(sess.summary) == [] and numpy_values(sess.findings) == []
-    assert type(analysis.summary["mean_step_ms"]) is float
+    assert type(analysis.summary.mean_step_ms) is float
 
 
 # -- NVTX ------------------------------------------------------------------------------------------
@@ -353,20 +357,19 @@ def test_session_says_where_its_files_went(tmp_path, capsys):
 
 # -- text from traces ------------------------------------------------------------------------------
 
-HOSTILE = {
-    "trace": {"files": ["/runs/a/w.1.pt.trace.json.gz"],
-              "summary": {"verdict": "sync-bound", "mean_step_ms": 41.25}},
-    "steps": [],
-    "findings": [
-        {"kind": "sync_point", "severity": "high", "rank": 0,
-         "title": "\x1b]0;owned\x07sync in \x1b[2Jgemm[/x] [link=https://evil.example]click[/link]\r",
-         "op": "<script>alert(1)</script>", "where": {"file": "/x/<img src=x onerror=alert(1)>.py",
-                                                    "line": 3, "function": "f[bold]"},
-         "count": 1, "per_step": 1.0, "cost_ms": 1.0, "fix": "[see](javascript:alert(1)) *now*"},
-        {"kind": "sync_point", "severity": "low", "rank": 1, "title": "plain", "op": None,
-         "where": {}, "count": 1, "per_step": 1.0, "cost_ms": 0.5, "fix": None},
+HOSTILE = Analysis(
+    summary=Summary(verdict="sync-bound", mean_step_ms=41.25),
+    files=["/runs/a/w.1.pt.trace.json.gz"],
+    findings=[
+        Finding(kind="sync_point", severity="high", rank=0,
+                title="\x1b]0;owned\x07sync in \x1b[2Jgemm[/x] [link=https://evil.example]click[/link]\r",
+                op="<script>alert(1)</script>",
+                where=Where("/x/<img src=x onerror=alert(1)>.py", 3, "f[bold]"),
+                count=1, per_step=1.0, cost_ms=1.0, fix="[see](javascript:alert(1)) *now*"),
+        Finding(kind="sync_point", severity="low", rank=1, title="plain", op=None, where=Where(), count=1,
+                per_step=1.0, cost_ms=0.5, fix=None),
     ],
-}
+)
 
 
 def test_console_shows_trace_names_as_text_without_escape_sequences():
@@ -389,9 +392,9 @@ def test_markdown_report_escapes_html_and_links():
 
 def test_console_wraps_at_words_on_80_columns():
     words = [f"word{i:02d}" for i in range(40)]
-    analysis = {"trace": {"summary": {"verdict": "launch-bound"}}, "steps": [], "findings": [
-        {"kind": "launch_overhead", "severity": "medium", "title": " ".join(words), "op": "aten::mm",
-         "where": {}, "count": 1, "per_step": 1.0, "cost_ms": 2.0, "fix": "fix " + " ".join(words)}]}
+    finding = Finding(kind="launch_overhead", severity="medium", title=" ".join(words), op="aten::mm",
+                      where=Where(), count=1, per_step=1.0, cost_ms=2.0, fix="fix " + " ".join(words))
+    analysis = Analysis(summary=Summary(verdict="launch-bound"), findings=[finding])
     out = io.StringIO()
     print_report(analysis, file=out, width=80)
     lines = out.getvalue().splitlines()

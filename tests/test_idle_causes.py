@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from trainprof.analysis import analyze
+from trainprof.analysis.causes import Cause
 from trainprof.analysis.runtime_calls import call_kind, is_blocking_copy
 from trainprof.analysis.thresholds import THRESHOLDS, Thresholds, parse_threshold_args
+from trainprof.analysis.verdict import Verdict
 
 MAIN, SIDE = 100, 200  # the loop's thread and autograd's backward thread
 STEP_US = 100_000.0
@@ -80,19 +82,21 @@ def _one_step(tmp_path: Path, fill) -> dict:
     return analyze(trace.write(tmp_path))
 
 
-def _idle(result) -> dict:
+def _idle(result) -> dict[str, float]:
+    """The one step's steady-state idle ms by cause key."""
     (step,) = result.steps
-    return {k[5:-3]: v for k, v in step.items() if k.startswith("idle_") and k.endswith("_ms")}
+    return {cause.key: ms for cause, ms in step.idle.costs.items()}
 
 
-def _verdict(result) -> dict:
-    return result.trace["traces"][0]["verdict"]
+def _verdict(result) -> Verdict:
+    return result.traces[0].verdict
 
 
 def test_the_frame_gap_is_what_the_tests_assume(tmp_path):
     result = _one_step(tmp_path, lambda t, s: None)
     (step,) = result.steps
-    assert step["gpu_idle_ms"] == pytest.approx(GAP_MS + 0.03, abs=1e-3)  # plus 30 µs before the first kernel
+    # plus 30 µs before the first kernel
+    assert step.times.gpu_idle_ms == pytest.approx(GAP_MS + 0.03, abs=1e-3)
 
 
 def test_launch_is_time_inside_launching_ops_and_launch_calls(tmp_path):
@@ -105,8 +109,8 @@ def test_launch_is_time_inside_launching_ops_and_launch_calls(tmp_path):
     result = _one_step(tmp_path, fill)
     idle = _idle(result)
     assert idle["launch"] == pytest.approx(GAP_MS, rel=0.01)
-    assert _verdict(result)["verdict"] == "launch-bound"
-    assert _verdict(result)["cause"] == "launch"
+    assert _verdict(result).label == "launch-bound"
+    assert _verdict(result).cause == Cause.LAUNCH
 
 
 def test_sync_counts_only_inside_the_sync_call(tmp_path):
@@ -120,7 +124,7 @@ def test_sync_counts_only_inside_the_sync_call(tmp_path):
     idle = _idle(result)
     assert idle["sync"] == pytest.approx(0.016, abs=2e-3)
     assert idle["host"] == pytest.approx(GAP_MS - 0.016, abs=0.05)
-    assert _verdict(result)["verdict"] == "host-bound"
+    assert _verdict(result).label == "host-bound"
 
 
 def test_a_long_sync_wait_is_sync_bound(tmp_path):
@@ -130,7 +134,7 @@ def test_a_long_sync_wait_is_sync_bound(tmp_path):
 
     result = _one_step(tmp_path, fill)
     assert _idle(result)["sync"] == pytest.approx(GAP_MS - 0.02, abs=0.05)
-    assert _verdict(result)["verdict"] == "sync-bound"
+    assert _verdict(result).label == "sync-bound"
 
 
 @pytest.mark.parametrize("name", ["cudaFree", "cudaMalloc", "hipFree", "cudaStreamCreateWithFlags"])
@@ -141,7 +145,7 @@ def test_blocking_runtime_calls(tmp_path, name):
 
     result = _one_step(tmp_path, fill)
     assert _idle(result)["blocking"] == pytest.approx(GAP_MS - 0.02, abs=0.05)
-    assert _verdict(result)["verdict"] == "blocking-call-bound"
+    assert _verdict(result).label == "blocking-call-bound"
     (finding,) = [f for f in result.findings if f.kind == "blocking_runtime_call"]
     assert name in finding.title
 
@@ -175,12 +179,13 @@ def test_context_creation_in_one_step_is_a_one_off_not_the_verdict(tmp_path):
         t.py("train.py(10): train", s + 10_000, 80_000)
 
     result = _two_steps(tmp_path, first, second)
-    assert sum(s["idle_one_off_ms"] for s in result.steps) == pytest.approx(GAP_MS - 0.02, abs=0.05)
-    assert sum(s["idle_blocking_ms"] for s in result.steps) < 0.1  # left out of the steady-state causes
-    assert _verdict(result)["verdict"] == "host-bound"
+    assert sum(s.idle.one_off_ms for s in result.steps) == pytest.approx(GAP_MS - 0.02, abs=0.05)
+    # left out of the steady-state causes
+    assert sum(s.idle.costs[Cause.BLOCKING] for s in result.steps) < 0.1
+    assert _verdict(result).label == "host-bound"
     (one_off,) = [f for f in result.findings if f.kind == "one_off"]
     assert "context creation" in one_off.title and "cudaDeviceGetStreamPriorityRange" in one_off.title
-    assert one_off.details["steps"] == [1]
+    assert one_off.details.steps == [1]
     assert "wait" in one_off.fix and "skip_first" in one_off.fix
 
 
@@ -191,7 +196,7 @@ def test_first_cudnn_convolution_is_warmup_and_absorbs_its_frees(tmp_path):
         t.call("cudaLaunchKernel", s + 89_980, 10, kernels=[(s + 89_992, 3)])
 
     result = _one_step(tmp_path, fill)
-    assert result.steps[0]["idle_one_off_ms"] == pytest.approx(GAP_MS - 0.02, abs=0.05)
+    assert result.steps[0].idle.one_off_ms == pytest.approx(GAP_MS - 0.02, abs=0.05)
     assert _idle(result)["blocking"] == 0.0
     (one_off,) = [f for f in result.findings if f.kind == "one_off"]
     assert "warm-up" in one_off.title and "aten::cudnn_convolution" in one_off.title
@@ -207,7 +212,7 @@ def test_a_short_steady_cudnn_call_is_not_warmup(tmp_path):
 
     result = _one_step(tmp_path, fill)
     assert _idle(result)["launch"] == pytest.approx(GAP_MS, rel=0.01)
-    assert result.steps[0]["idle_one_off_ms"] == 0.0
+    assert result.steps[0].idle.one_off_ms == 0.0
 
 
 def test_warmup_in_every_step_is_a_steady_cost(tmp_path):
@@ -219,9 +224,9 @@ def test_warmup_in_every_step_is_a_steady_cost(tmp_path):
             t.call("cudaLaunchKernel", ts + 50, 20, kernels=[(ts + 80, 1_900)])
 
     result = _two_steps(tmp_path, search, search)
-    assert all(s["idle_one_off_ms"] == 0.0 for s in result.steps)
-    assert all(s["idle_warmup_ms"] == pytest.approx(70.0 - 0.01, abs=0.05) for s in result.steps)
-    assert _verdict(result)["verdict"] == "warm-up-bound"
+    assert all(s.idle.one_off_ms == 0.0 for s in result.steps)
+    assert all(s.idle.costs[Cause.WARMUP] == pytest.approx(70.0 - 0.01, abs=0.05) for s in result.steps)
+    assert _verdict(result).label == "warm-up-bound"
     assert [f for f in result.findings if f.kind == "recurring_warmup"]
 
 
@@ -232,7 +237,7 @@ def test_a_very_long_launch_is_module_loading_not_launch_overhead(tmp_path):
 
     result = _one_step(tmp_path, fill)
     assert _idle(result)["launch"] < 0.1
-    assert result.steps[0]["idle_one_off_ms"] == pytest.approx(GAP_MS, abs=0.05)
+    assert result.steps[0].idle.one_off_ms == pytest.approx(GAP_MS, abs=0.05)
 
 
 def test_compilation_is_warmup(tmp_path):
@@ -241,7 +246,7 @@ def test_compilation_is_warmup(tmp_path):
         t.py("torch/_inductor/codecache.py(300): load", s + 20_000, 10_000)
 
     result = _one_step(tmp_path, fill)
-    assert result.steps[0]["idle_one_off_ms"] == pytest.approx(GAP_MS, abs=0.05)
+    assert result.steps[0].idle.one_off_ms == pytest.approx(GAP_MS, abs=0.05)
 
 
 def test_dataloader_wait_is_input_even_inside_its_threading_frames(tmp_path):
@@ -257,7 +262,7 @@ def test_dataloader_wait_is_input_even_inside_its_threading_frames(tmp_path):
 
     result = _one_step(tmp_path, fill)
     assert _idle(result)["input"] == pytest.approx(GAP_MS, abs=0.05)
-    assert _verdict(result)["verdict"] == "input-bound"
+    assert _verdict(result).label == "input-bound"
     (finding,) = [f for f in result.findings if f.kind == "input_bound"]
     assert "DataLoader" in finding.title
     assert "num_workers" in finding.fix
@@ -281,13 +286,13 @@ def test_other_host_python_is_named_by_its_innermost_function(tmp_path):
     result = _one_step(tmp_path, fill)
     assert _idle(result)["host"] == pytest.approx(GAP_MS, abs=0.05)
     (host,) = [f for f in result.findings if f.kind == "host_bound"]
-    functions = {(f["file"], f["function"]): f for f in host.details["functions"]}
+    functions = {(f.file, f.function): f for f in host.details.functions}
     metrics = functions[("train.py", "compute_metrics")]
-    assert metrics["code"] == "user"
-    assert metrics["idle_ms_per_step"] == pytest.approx(60.0 - 0.01, abs=0.05)
+    assert metrics.code == "user"
+    assert metrics.idle_ms_per_step == pytest.approx(60.0 - 0.01, abs=0.05)
     library = functions[("transformers/utils/generic.py", "to_py_obj")]
-    assert library["code"] == "library"
-    assert library["idle_ms_per_step"] == pytest.approx(19.97, abs=0.05)
+    assert library.code == "library"
+    assert library.idle_ms_per_step == pytest.approx(19.97, abs=0.05)
     assert host.where.function == "compute_metrics"
     assert "compute_metrics" in host.title
 
@@ -304,7 +309,7 @@ def test_host_collective_is_communication(tmp_path):
 def test_nothing_recorded_is_unknown_and_host_bound(tmp_path):
     result = _one_step(tmp_path, lambda t, s: None)
     assert _idle(result)["unknown"] == pytest.approx(GAP_MS, abs=0.05)
-    assert _verdict(result)["verdict"] == "host-bound"
+    assert _verdict(result).label == "host-bound"
     (host,) = [f for f in result.findings if f.kind == "host_bound"]
     assert "does not name" in host.title
 
@@ -369,11 +374,11 @@ def test_stack_capture_after_a_sync_is_profiler_overhead_not_the_users_host_time
     assert idle["profiler"] == pytest.approx(59.99, abs=0.01)
     assert idle["host"] == pytest.approx(GAP_MS - 59.99, abs=0.05)
     verdict = _verdict(result)
-    assert verdict["idle_profiler_ms_per_step"] == pytest.approx(59.99, abs=0.01)
-    assert verdict["verdict"] == "host-bound" and verdict["cause"] == "host"  # the user's 20 ms
-    assert "profiler" not in verdict["why"]
+    assert verdict.idle.by_cause[Cause.PROFILER] == pytest.approx(59.99, abs=0.01)
+    assert verdict.label == "host-bound" and verdict.cause == Cause.HOST  # the user's 20 ms
+    assert "profiler" not in verdict.why
     (host,) = [f for f in result.findings if f.kind == "host_bound"]
-    assert [f["function"] for f in host.details["functions"]] == ["compute_metrics", "train"]
+    assert [f.function for f in host.details.functions] == ["compute_metrics", "train"]
     (overhead,) = [f for f in result.findings if f.kind == "profiler_overhead"]
     assert overhead.severity == "low"
     assert "un-profiled" in overhead.title
@@ -401,7 +406,7 @@ def test_a_profiler_frame_calling_through_leaves_the_called_code_its_own_cause(t
     assert idle["profiler"] == pytest.approx(20.0, abs=0.01)  # the stack capture, the hook's own 10 ms
     assert idle["host"] == pytest.approx(40.0, abs=0.05)
     (host,) = [f for f in result.findings if f.kind == "host_bound"]
-    functions = {f["function"]: f["idle_ms_per_step"] for f in host.details["functions"]}
+    functions = {f.function: f.idle_ms_per_step for f in host.details.functions}
     assert functions == {
         "on_step_end": pytest.approx(30.0, abs=0.05),
         "synchronize": pytest.approx(10.0, abs=0.01),
@@ -446,12 +451,12 @@ def test_a_step_held_by_the_profiler_is_not_host_bound(tmp_path):
 
     result = _one_step(tmp_path, fill)
     verdict = _verdict(result)
-    assert verdict["verdict"] == "launch-bound"
-    assert verdict["idle_profiler_ms_per_step"] == pytest.approx(70.0, abs=0.01)
-    assert verdict["ranked"][0]["idle_ms_per_step"] == pytest.approx(10.0, abs=0.01)  # profiler's left out
+    assert verdict.label == "launch-bound"
+    assert verdict.idle.by_cause[Cause.PROFILER] == pytest.approx(70.0, abs=0.01)
+    assert verdict.idle.ranked[0].idle_ms_per_step == pytest.approx(10.0, abs=0.01)  # profiler's left out
     assert not [f for f in result.findings if f.kind == "host_bound"]
     assert [f.severity for f in result.findings if f.kind == "profiler_overhead"] == ["low"]
-    quiet = analyze(result.trace["files"][0], thresholds={"profiler_overhead_min_share": 0.9})
+    quiet = analyze(result.files[0], thresholds={"profiler_overhead_min_share": 0.9})
     assert not [f for f in quiet.findings if f.kind == "profiler_overhead"]
 
 
@@ -461,9 +466,9 @@ def test_all_idle_in_the_profiler_names_no_verdict(tmp_path):
     trace.call("cudaLaunchKernel", -100, 10, kernels=[(0, 10_000)])  # launched before the step
     trace.py("torch/profiler/profiler.py(884): step", 10_000, 90_000)
     verdict = _verdict(analyze(trace.write(tmp_path)))
-    assert verdict["verdict"] == "unknown"
-    assert verdict["idle_profiler_ms_per_step"] == pytest.approx(90.0)
-    assert verdict["why"] == "GPU idle time is all profiler overhead"
+    assert verdict.label == "unknown"
+    assert verdict.idle.by_cause[Cause.PROFILER] == pytest.approx(90.0)
+    assert verdict.why == "GPU idle time is all profiler overhead"
 
 
 def test_graph_replays_are_counted_never_tiny_and_graphs_are_not_advised_for_them(tmp_path):
@@ -477,13 +482,13 @@ def test_graph_replays_are_counted_never_tiny_and_graphs_are_not_advised_for_the
 
     result = _one_step(tmp_path, fill)
     (step,) = result.steps
-    assert step["graph_replay_kernel_count"] == 30
-    assert step["graph_launch_count"] == 1
-    assert step["graph_launch_ms"] == pytest.approx(0.05)
-    assert step["tiny_kernel_count"] == 40  # the eager ones only
+    assert step.launch.graph_replay_kernel_count == 30
+    assert step.launch.graph_launch_count == 1
+    assert step.launch.graph_launch_ms == pytest.approx(0.05)
+    assert step.launch.tiny_kernel_count == 40  # the eager ones only
     (launch,) = [f for f in result.findings if f.kind == "launch_overhead"]
     assert "already replay" in launch.fix
-    assert launch.details["graph_replay_kernels_per_step"] == 30
+    assert launch.details.graph_replay_kernels_per_step == 30
 
 
 def test_hip_launches_and_syncs_are_counted(tmp_path):
@@ -497,9 +502,9 @@ def test_hip_launches_and_syncs_are_counted(tmp_path):
     trace.call("hipDeviceSynchronize", 20_000, 100)
     result = analyze(trace.write(tmp_path))
     (step,) = result.steps
-    assert step["launch_count"] == 3
-    assert step["kernel_count"] == 3
-    assert step["sync_count"] >= 1
+    assert step.times.launch_count == 3
+    assert step.times.kernel_count == 3
+    assert step.syncs.count >= 1
 
 
 def test_busy_pct_is_time_weighted_over_steps(tmp_path):
@@ -511,8 +516,8 @@ def test_busy_pct_is_time_weighted_over_steps(tmp_path):
     trace.op("aten::mul", 1_005, 20)
     trace.call("cudaLaunchKernel", 1_010, 10, kernels=[(1_050, 900)])
     result = analyze(trace.write(tmp_path))
-    assert result.summary["gpu_busy_pct"] == pytest.approx(18.0)  # 1.8 of 10 ms; a plain mean says 50
-    assert _verdict(result)["gpu_busy_pct"] == pytest.approx(18.0)
+    assert result.summary.gpu_busy_pct == pytest.approx(18.0)  # 1.8 of 10 ms; a plain mean says 50
+    assert _verdict(result).gpu_busy_pct == pytest.approx(18.0)
 
 
 def test_cpu_only_trace_has_no_gpu_idle_split(tmp_path):
@@ -521,9 +526,9 @@ def test_cpu_only_trace_has_no_gpu_idle_split(tmp_path):
     trace.op("aten::mm", 100, 90_000)
     result = analyze(trace.write(tmp_path))
     (step,) = result.steps
-    assert _verdict(result)["verdict"] == "cpu-only"
-    assert step["gpu_idle_ms"] is None
-    assert not [k for k in step if k.startswith("idle_")]
+    assert _verdict(result).label == "cpu-only"
+    assert step.times.gpu_idle_ms is None
+    assert step.idle is None and not [k for k in step.to_dict() if k.startswith("idle_")]
     assert not [f for f in result.findings if f.kind in ("host_bound", "launch_overhead", "one_off")]
 
 
@@ -539,11 +544,11 @@ def test_dominant_cause_needs_the_margin(tmp_path):
 
     result = _one_step(tmp_path, fill)
     verdict = _verdict(result)
-    assert verdict["verdict"] == "mixed"
-    assert "host-bound" in verdict["why"] and "input-bound" in verdict["why"]
-    loose = analyze(result.trace["files"][0], thresholds={"dominant_cause_margin": 1.2})
-    assert _verdict(loose)["verdict"] == "host-bound"
-    assert loose.summary["thresholds_overridden"] == {"dominant_cause_margin": 1.2}
+    assert verdict.label == "mixed"
+    assert "host-bound" in verdict.why and "input-bound" in verdict.why
+    loose = analyze(result.files[0], thresholds={"dominant_cause_margin": 1.2})
+    assert _verdict(loose).label == "host-bound"
+    assert loose.summary.thresholds_overridden == {"dominant_cause_margin": 1.2}
 
 
 def test_thresholds_table_and_overrides():
@@ -569,8 +574,8 @@ def test_gpu_bound_threshold_is_overridable(tmp_path):
     trace.step(1, 0.0)
     fill(trace, 0.0)
     path = trace.write(tmp_path)
-    assert _verdict(analyze(path))["verdict"] == "gpu-bound"  # 95% busy
-    assert _verdict(analyze(path, thresholds={"gpu_bound_busy_pct": 99}))["verdict"] != "gpu-bound"
+    assert _verdict(analyze(path)).label == "gpu-bound"  # 95% busy
+    assert _verdict(analyze(path, thresholds={"gpu_bound_busy_pct": 99})).label != "gpu-bound"
 
 
 @pytest.mark.parametrize(
@@ -609,11 +614,12 @@ def test_blocking_copies():
 
 
 def test_name_rules_at_once_agree_with_one_search_per_name(fixtures_dir):
-    """`idle._name_rules` scans all names joined by newlines; it must give what one `search` per name
-    and rule (first match wins), `WARMUP_OPS.match` and the step pattern's `match` give."""
+    """`idle._name_rules` scans all names joined by newlines (`name_patterns`); it must give what one
+    `search` per name and rule (first match wins), `WARMUP_OPS.match` and the step pattern's `match` give."""
     import re
 
     from trainprof.analysis import idle
+    from trainprof.analysis.causes import FRAME_RULES, WARMUP_OPS
     from trainprof.trace import load_traces
 
     names = [
@@ -655,11 +661,11 @@ def test_name_rules_at_once_agree_with_one_search_per_name(fixtures_dir):
             names += trace.names
 
     def one_by_one(name: str) -> tuple[int, bool, bool]:
-        codes = [code for code, rule in zip(idle._FRAME_RULE_CODES, idle.FRAME_RULES, strict=True)
+        codes = [code for code, rule in zip(idle._FRAME_RULE_CODES, FRAME_RULES, strict=True)
                  if re.search(rule.pattern, name)]
         return (
             codes[0] if codes else -1,
-            idle.WARMUP_OPS.match(name) is not None,
+            WARMUP_OPS.match(name) is not None,
             idle._STEP_ANNOTATION.match(name) is not None,
         )
 
@@ -667,4 +673,4 @@ def test_name_rules_at_once_agree_with_one_search_per_name(fixtures_dir):
     assert [(int(r), bool(w), bool(s)) for r, w, s in zip(rule, warm_op, step_mark, strict=True)] == [
         one_by_one(name) for name in names
     ]
-    assert rule[:3].tolist() == [idle.INPUT, -1, idle.INPUT]  # the anchored rule holds at the start only
+    assert rule[:3].tolist() == [Cause.INPUT, -1, Cause.INPUT]  # the anchored rule holds at the start only

@@ -73,10 +73,10 @@ def test_optimizer_loop_is_profiled_without_step_calls(tmp_path):
     assert (run_dir / "report.md").read_text().startswith("# trainprof report")
     assert sess.findings and sess.summary
     # A CPU loop launches no GPU work: the verdict says so and the finding ranks the host ops.
-    assert sess.summary["verdict"] == "cpu-only"
-    cpu_only = [f for f in sess.findings if f["kind"] == "cpu_only"]
-    assert len(cpu_only) == 1 and cpu_only[0]["details"]["top_host_ops"]
-    assert not [f for f in sess.findings if f["kind"] in ("launch_overhead", "host_bound")]
+    assert sess.summary.verdict == "cpu-only"
+    cpu_only = [f for f in sess.findings if f.kind == "cpu_only"]
+    assert len(cpu_only) == 1 and cpu_only[0].details.top_host_ops
+    assert not [f for f in sess.findings if f.kind in ("launch_overhead", "host_bound")]
     _assert_clean_exit()
 
 
@@ -195,7 +195,7 @@ def test_failure_inside_trainprof_warns_once_and_training_goes_on(tmp_path, monk
     # An export fails inside the step that ends the first window; the analysis runs at exit only.
     assert sess.steps_ended == (3 if where == "export" else 8)
     assert not (tmp_path / "run" / "summary.json").exists()
-    assert sess.summary["verdict"] == "not-profiled" and "No space left" in sess.summary["reason"]
+    assert sess.summary.verdict == "not-profiled" and "No space left" in sess.summary.reason
     _assert_clean_exit()
 
 

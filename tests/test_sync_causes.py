@@ -186,11 +186,11 @@ CAUSE_CASES = {
 def test_cause_is_named_from_the_trace_alone(tmp_path, cause):
     python, ops, calls = CAUSE_CASES[cause]
     finding = _one_sync(tmp_path, python, ops, calls)
-    assert finding.details["cause"] == cause
+    assert finding.details.cause == cause
     assert finding.cause == CAUSES[cause].words
     assert finding.fix == CAUSES[cause].fix  # no library made the call: the cause's generic fix
     assert finding.where.to_dict() == {"file": "train.py", "line": None, "function": "train"}
-    assert finding.details["catalog_site"] is None
+    assert finding.details.catalog_site is None
 
 
 def test_print_names_torch_tensor_str_as_via(tmp_path):
@@ -210,7 +210,7 @@ def test_hip_runtime_names_are_syncs_too(tmp_path):
         ITEM_OPS,
         [("hipMemcpyWithStream", "Memcpy DtoH (Device -> Pageable)"), ("hipStreamSynchronize", None)],
     )
-    assert finding.details["cause"] == "item" and finding.count == 1
+    assert finding.details.cause == "item" and finding.count == 1
 
 
 def test_pinned_non_blocking_copy_is_not_a_sync(tmp_path):
@@ -222,7 +222,7 @@ def test_pinned_non_blocking_copy_is_not_a_sync(tmp_path):
     )
     writer.sync(*CAUSE_CASES["item"])
     result = analyze(writer.write(tmp_path))
-    assert [f.details["cause"] for f in _syncs(result)] == ["item"]
+    assert [f.details.cause for f in _syncs(result)] == ["item"]
 
 
 def test_distinct_causes_behind_one_user_line_are_distinct_findings(tmp_path):
@@ -245,7 +245,7 @@ def test_distinct_causes_behind_one_user_line_are_distinct_findings(tmp_path):
             D2H,
         )
     findings = _syncs(analyze(writer.write(tmp_path)))
-    by_cause = {f.details["cause"]: f for f in findings}
+    by_cause = {f.details.cause: f for f in findings}
     assert set(by_cause) == {"bool", "item"} and len(findings) == 2
     assert all(f.where.function == "main" and f.count == 2 for f in findings)
     assert by_cause["bool"].via.function == "_run_epoch"
@@ -347,7 +347,7 @@ CATALOG_CASES = {
 def test_known_framework_site_gets_the_catalog_fix(tmp_path, site_id):
     python, ops, calls, setting = CATALOG_CASES[site_id]
     finding = _one_sync(tmp_path, python, ops, calls)
-    assert finding.details["catalog_site"] == site_id
+    assert finding.details.catalog_site == site_id
     (site,) = [s for s in sync_sites() if s.id == site_id]
     assert finding.fix == site.fix and setting in finding.fix
     assert finding.where.function == "main"
@@ -366,7 +366,7 @@ def test_lightning_to_item_without_its_caller_gets_the_generic_fix(tmp_path):
         ITEM_OPS,
         D2H,
     )
-    assert finding.details["catalog_site"] is None
+    assert finding.details.catalog_site is None
     assert finding.fix == CAUSES["item"].fix
     assert (finding.via.function, finding.via.library) == ("to_item", "lightning")
 
@@ -380,7 +380,7 @@ def test_unknown_library_site_gets_the_generic_fix_of_its_cause(tmp_path):
         "<built-in method item of Tensor object at 0x1>",
     ]
     finding = _one_sync(tmp_path, python, ITEM_OPS, D2H, layout=layout)
-    assert finding.details["catalog_site"] is None
+    assert finding.details.catalog_site is None
     assert finding.fix == CAUSES["item"].fix
     assert finding.where.function == "main"
     assert (finding.via.file, finding.via.function, finding.via.library, finding.via.version) == (
@@ -395,7 +395,7 @@ def test_catalog_entry_outside_its_versions_is_not_applied(tmp_path):
     python, ops, calls, _ = CATALOG_CASES["transformers.masking_utils.packed_sequences"]
     old = CodeLayout(versions=(("transformers", "4.40.0"),))
     finding = _one_sync(tmp_path, python, ops, calls, layout=old)
-    assert finding.details["catalog_site"] is None and finding.fix == CAUSES["bool"].fix
+    assert finding.details.catalog_site is None and finding.fix == CAUSES["bool"].fix
     assert finding.via.version == "4.40.0"
 
 
@@ -418,7 +418,7 @@ def test_version_specs():
 
 def test_pathologies_pageable_copy_and_two_items(fixtures_dir):
     findings = _syncs(analyze(fixtures_dir / "traces/gpt2_pathologies"))
-    causes = {f.details["cause"]: f for f in findings}
+    causes = {f.details.cause: f for f in findings}
     assert set(causes) == {"pageable_copy", "item"}
     assert (causes["pageable_copy"].count, causes["item"].count) == (3, 6)  # 1 and 2 per step, 3 steps
     assert all(f.where.function == "gpt2_loop" and f.via is None for f in findings)  # the user called them
@@ -445,7 +445,7 @@ STACK_TRUTH = {
 @pytest.mark.parametrize("stack", sorted(STACK_TRUTH))
 def test_real_framework_runs_every_sync_traced_to_its_catalog_site(fixtures_dir, stack):
     findings = _syncs(analyze(fixtures_dir / "stacks" / stack))
-    assert {f.details["catalog_site"]: f.per_step for f in findings} == STACK_TRUTH[stack]
+    assert {f.details.catalog_site: f.per_step for f in findings} == STACK_TRUTH[stack]
     user_function = {"hf_trainer": "run_hf", "lightning": "run_lightning", "accelerate": "run_accelerate"}[
         stack
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainprof.trace import TraceLoadError, load_traces, sync_sites_path, worker_name
+from trainprof.trace import TraceLoadError, load_traces, sync_sites_path, worker_of
 
 
 def test_loads_single_trace_with_counts(fixtures_dir):
@@ -68,7 +68,7 @@ def test_sync_sites_file_matched_by_worker(fixtures_dir, tmp_path):
     src = next((fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz"))
     dst = tmp_path / "trainer-rank-3.1795302433816535958.pt.trace.json.gz"
     shutil.copy(src, dst)
-    assert worker_name(dst) == "trainer-rank-3"
+    assert worker_of(dst) == "trainer-rank-3"
     assert sync_sites_path(dst) == tmp_path / "trainer-rank-3.syncsites.json"
     sync_sites_path(dst).write_text(
         '{"version": 1, "worker": "trainer-rank-3", "sites": '
@@ -156,8 +156,8 @@ def test_repeat_2_windows_are_one_process_not_two_ranks(fixtures_dir, tmp_path):
     ("rank0_host_12.pt.trace.json", "rank0_host_12"),
     ("control.json.gz", "control"),
 ])
-def test_worker_name_keeps_its_own_dots(name, worker):
-    assert worker_name(Path(name)) == worker
+def test_worker_of_keeps_its_own_dots(name, worker):
+    assert worker_of(Path(name)) == worker
 
 
 def test_folder_of_runs_loads_the_newest(fixtures_dir, tmp_path, capsys):

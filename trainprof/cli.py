@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import IO
 
 EXIT_BAD_INPUT = 2
+ERROR_DETAIL_CHARS = 300
+"""Characters of an internal error's message in the one-line error (the traceback is --debug's)."""
+OLDER_RUNS_NAMED = 5
+"""Older runs of a log folder named beside the one analysed: the most recent ones."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,7 +133,7 @@ def run_analyze(
         if debug:
             raise
         return _error(
-            f"{path}: internal error ({type(exc).__name__}: {str(exc)[:300]}); "
+            f"{path}: internal error ({type(exc).__name__}: {str(exc)[:ERROR_DETAIL_CHARS]}); "
             "run again with --debug for the traceback, and please report it"
         )
 
@@ -143,22 +147,21 @@ def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, th
     if target.is_dir():
         run, runs = newest_run(target)
         if run is not None:
-            others = ", ".join(r.name for r in runs[:-1][-5:])
+            others = ", ".join(r.name for r in runs[:-1][-OLDER_RUNS_NAMED:])
             sys.stderr.write(_one_line(
                 f"trainprof: {path} holds {len(runs)} run(s); analysing the newest, {run}"
                 + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
             ) + "\n")
     with trace_size_limit(max_trace_bytes):
         analysis = _load_and_analyze(path, sys.stderr, thresholds)
-    result = analysis.to_dict()
     if as_json:
         from trainprof.report.json import dumps
 
-        sys.stdout.write(dumps(result) + "\n")
+        sys.stdout.write(dumps(analysis) + "\n")
     else:
         from trainprof.report.console import print_report
 
-        print_report(result, file=sys.stdout)
+        print_report(analysis, file=sys.stdout)
     return 0
 
 

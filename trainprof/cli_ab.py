@@ -128,15 +128,15 @@ def run_diff(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             return _error(f"{path}: no such file or directory")
     try:
-        data = diff_traces(args.a, args.b).to_dict()
+        diff = diff_traces(args.a, args.b)
     except TraceLoadError as error:
         return _error(str(error) or "not a profiler trace")
     if args.markdown:
-        Path(args.markdown).write_text(render.render_diff_markdown(data), encoding="utf-8")
+        Path(args.markdown).write_text(render.render_diff_markdown(diff), encoding="utf-8")
     if args.json:
         from trainprof.report.json import dumps
 
-        sys.stdout.write(dumps(data) + "\n")
+        sys.stdout.write(dumps(diff) + "\n")
     else:
-        render.print_diff(data, sys.stdout)
+        render.print_diff(diff, sys.stdout)
     return 0

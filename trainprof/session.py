@@ -44,15 +44,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprof.config import SessionConfig
+from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIX
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainprof.analysis import Analysis
+    from trainprof.analysis.result import Analysis, Finding, Summary
     from trainprof.capture.syncs import SyncCapture
 
 logger = logging.getLogger("trainprof")
 
-SYNCSITES_SUFFIX = ".syncsites.json"
-TRACE_SUFFIX = ".pt.trace.json.gz"
 MAX_WINDOWS = 8
 """Recorded windows kept for the analysis at exit (the most recent ones; older traces stay on disk)."""
 
@@ -123,6 +122,13 @@ _ACTIVE: Session | None = None
 _NOT_PROFILED = "not-profiled"
 
 
+def _not_profiled(reason: str) -> Summary:
+    """The summary of a session with no analysis: verdict `not-profiled`, the reason, no figures."""
+    from trainprof.analysis.result import Summary  # its first use imports msgspec, not `import trainprof`
+
+    return Summary(verdict=_NOT_PROFILED, reason=reason)
+
+
 class ProfilerBusy(RuntimeError):
     """Another profiler runs (or started) in this process: the session steps aside for it."""
 
@@ -130,8 +136,9 @@ class ProfilerBusy(RuntimeError):
 class Session:
     """A profiling session around a training loop; see `trainprof.session`.
 
-    At exit `findings`, `summary` and `analysis` hold the result. `summary["verdict"]` always
-    exists: `"not-profiled"` (with `summary["reason"]`) when nothing was recorded or analysed.
+    At exit `analysis` holds the result, and `summary` and `findings` are its `Summary` and
+    `Finding`s. `summary.verdict` always exists: `"not-profiled"` (with `summary.reason` and no
+    figures) when nothing was recorded or analysed.
     """
 
     def __init__(self, config: SessionConfig | None = None) -> None:
@@ -141,8 +148,8 @@ class Session:
         self.rank = process_rank()
         self.worker = worker_name(self.rank)
         self.analysis: Analysis | None = None
-        self.findings: list[dict[str, Any]] = []
-        self.summary: dict[str, Any] = {"verdict": _NOT_PROFILED, "reason": "the session has not ended"}
+        self.findings: list[Finding] = []
+        self.summary: Summary = _not_profiled("the session has not ended")
         self.written: dict[str, Path] = {}
         """The files written at exit: `summary`, `report` (per-rank names when the process has a rank)."""
         self.windows_written = 0
@@ -274,7 +281,7 @@ class Session:
             self._step_aside(*self._failure)
             return
         if user_error:
-            self.summary = {"verdict": _NOT_PROFILED, "reason": "the training loop raised"}
+            self.summary = _not_profiled("the training loop raised")
             return
         try:
             self._finish()
@@ -343,7 +350,7 @@ class Session:
             logger.debug("trainprof: %s failed", what, exc_info=exc)
             message = (f"trainprof: {what} failed ({type(exc).__name__}: {exc}); profiling stopped, "
                        "training goes on")
-        self.summary = {"verdict": _NOT_PROFILED, "reason": message}
+        self.summary = _not_profiled(message)
         warn(message)
 
     def _yield_to_other_profiler(self) -> None:
@@ -520,7 +527,8 @@ class Session:
             self._say_nothing_recorded()
             return
         if not self.config.analyze:
-            self.summary = {"verdict": _NOT_PROFILED, "reason": "analyze=False: traces written, not analysed"}
+            reason = "analyze=False: traces written, not analysed"
+            self.summary = _not_profiled(reason)
             self._say_where(analysed=False)
             return
         traces = self._load_finished_steps()
@@ -530,13 +538,12 @@ class Session:
         from trainprof.analysis import analyze
 
         self.analysis = analyze(traces)
-        result = _plain(self.analysis.to_dict())
-        self.findings = result["findings"]
-        self.summary = dict(result["trace"]["summary"])
+        self.findings = self.analysis.findings
+        self.summary = self.analysis.summary
         from trainprof.report import write_reports
 
         self.written = write_reports(
-            result,
+            self.analysis,
             self.run_dir,
             tensorboard_scalars=self.config.tensorboard_scalars,
             console=self.config.console,
@@ -556,7 +563,7 @@ class Session:
             reason = (f"the loop ended after {self.steps_ended} step(s), before a recorded step ended "
                       f"(recording starts after skip_first + wait + warmup = {first} steps and needs one "
                       "step to end): nothing was profiled; run more steps or lower wait/warmup")
-        self.summary = {"verdict": _NOT_PROFILED, "reason": reason}
+        self.summary = _not_profiled(reason)
         warn(f"trainprof: {reason}")
 
     def _say_where(self, analysed: bool) -> None:
@@ -634,13 +641,6 @@ def _watch_other_profilers(owner: Session) -> Any:
             cls._prepare_trace = original
 
     return undo
-
-
-def _plain(value: Any) -> Any:
-    """JSON-shaped data with plain Python numbers (no numpy scalars) for the Python API."""
-    from trainprof.report.json import dumps
-
-    return json.loads(dumps(value))
 
 
 def session(

@@ -34,3 +34,15 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     present[values] = True
     rank = np.cumsum(present) - 1
     return np.flatnonzero(present).astype(values.dtype), rank[values]
+
+
+def numpy_round(value: float, digits: int) -> float:
+    """`value` rounded as numpy rounds a float64 (scaled by 10**digits, rounded half to even, scaled
+    back), as a Python float.
+
+    The figures derived from the steps' durations and GPU times (per-step means, shares of the step)
+    are rounded this way, as in every summary.json since schema 1. Python's `round` rounds the exact
+    binary value instead, and the two differ in the last digit at times (`round(21.13075, 4)` is
+    21.1307, numpy's 21.1308).
+    """
+    return float(np.round(value, digits))

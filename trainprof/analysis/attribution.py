@@ -382,7 +382,7 @@ class UserFrames:
 
     Answers "the innermost user frame around each of these CPU spans" at once; each distinct frame
     name is parsed once, and only user frames are nested (a `with_stack` trace holds ~10^5 library
-    frames, which `trainprof.analysis.frames.UserFrameIndex` nests in full).
+    frames, which nesting all frames would walk).
     """
 
     def __init__(self, trace: Trace):

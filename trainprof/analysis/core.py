@@ -5,19 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import attribute_kernels
 from trainprof.analysis.distributed import rank_table, straggler_finding
 from trainprof.analysis.host_ops import cpu_only_finding
-from trainprof.analysis.idle import idle_breakdown, idle_findings, verdict
+from trainprof.analysis.idle import idle_breakdown
+from trainprof.analysis.idle_findings import idle_findings
 from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
 from trainprof.analysis.memory import peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
-from trainprof.analysis.result import SEVERITY_ORDER, Analysis, Finding
-from trainprof.analysis.steps import step_breakdown
-from trainprof.analysis.syncs import find_sync_points, join_sync_sites, sync_findings
+from trainprof.analysis.result import SEVERITY_ORDER, Analysis, Finding, Step, Summary, TraceInfo
+from trainprof.analysis.steps import has_gpu_work, step_breakdown
+from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import build_timeline
+from trainprof.analysis.verdict import verdict
 from trainprof.trace import Trace, load_traces
 from trainprof.trace.load import gc_paused
 
@@ -52,123 +55,113 @@ def analyze(
         if not traces or not all(isinstance(t, Trace) for t in traces):
             raise TypeError("analyze() takes a path or a non-empty list of trainprof.trace.Trace")
 
-    all_steps: list[dict] = []
+    all_steps: list[Step] = []
     findings: list[Finding] = []
-    per_trace: list[dict] = []
-    steps_by_rank: dict[int | str, list[dict]] = {}  # by process: the windows of one run are one rank
+    infos: list[TraceInfo] = []
+    steps_by_rank: dict[int | str, list[Step]] = {}  # by process: the windows of one run are one rank
     for position, trace in enumerate(traces):
         report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
         with gc_paused():
             steps, trace_findings, info = _analyze_one(trace, sync_sites, limits)
         all_steps.extend(steps)
         findings.extend(trace_findings)
-        per_trace.append(info)
+        infos.append(info)
         steps_by_rank.setdefault(trace.process, []).extend(steps)
 
     ranks = rank_table(steps_by_rank) if len(steps_by_rank) > 1 else []
-    straggler = straggler_finding(ranks) if ranks else None
+    straggler = straggler_finding(ranks, limits) if ranks else None
     if straggler is not None:
         findings.append(straggler)
     report("done", 2 * len(traces), 2 * len(traces))
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
-    summary = _summary(all_steps, per_trace, straggler)
-    summary["thresholds_overridden"] = limits.overridden()
-    trace_info = {
-        "files": [str(t.path) for t in traces],
-        "traces": per_trace,
-        "ranks": ranks,
-        "step_count": len({s["step"] for s in all_steps}),
-    }
-    return Analysis(trace=trace_info, steps=all_steps, findings=findings, summary=summary)
+    return Analysis(
+        summary=_summary(all_steps, infos, straggler, limits),
+        steps=all_steps,
+        findings=findings,
+        files=[str(t.path) for t in traces],
+        traces=infos,
+        ranks=ranks,
+    )
 
 
 def _analyze_one(
     trace: Trace, sync_sites: list[dict] | None, limits: Thresholds
-) -> tuple[list[dict], list[Finding], dict]:
+) -> tuple[list[Step], list[Finding], TraceInfo]:
     timeline = build_timeline(trace)
-    steps = step_breakdown(timeline)
-    n = len(steps)
+    times = step_breakdown(timeline)
+    n = len(times)
 
     points = find_sync_points(timeline)
     sites = sync_sites if sync_sites is not None else trace.sync_sites
     matched_sites = join_sync_sites(points, sites, trace.code_layout) if sites else 0
-    step_index = {s["step"]: i for i, s in enumerate(steps)}
-    for step in steps:
-        step["sync_count"] = 0
-        step["sync_blocked_ms"] = 0.0
-    for point in points:
-        step = steps[step_index[point.step]]
-        step["sync_count"] += 1
-        step["sync_blocked_ms"] = round(step["sync_blocked_ms"] + point.blocked_us / 1e3, 4)
+    syncs = step_syncs(points, [t.number for t in times])
 
     costs = owner_costs(timeline, attribute_kernels(timeline), tiny_kernels(timeline))
     launch_per_step, launch_totals = launch_stats(timeline, costs)
     idle = idle_breakdown(timeline, limits)
     peaks = peak_memory_per_step(timeline)
-    cpu_only = not any(s["kernel_count"] or s["gpu_busy_ms"] for s in steps)
-    for step, launch, idle_row, peak in zip(steps, launch_per_step, idle.per_step, peaks, strict=False):
-        step.update(launch)
-        if cpu_only:
-            step["gpu_idle_ms"] = None  # no GPU work at all: no GPU-idle time to split by cause
-        else:
-            step.update(idle_row)
-        step["peak_memory_bytes"] = peak
+    gpu_work = has_gpu_work(times)  # else no GPU-idle time to split by cause
+    parts = zip(times, syncs, launch_per_step, idle.per_step, peaks, strict=True)
+    steps = [
+        Step(times=t, syncs=sync, launch=launch, idle=row if gpu_work else None, peak_memory_bytes=peak)
+        for t, sync, launch, row, peak in parts
+    ]
 
-    tiny_pct = 100.0 * launch_totals["tiny_kernel_count"] / max(launch_totals["kernel_count"], 1)
+    tiny_pct = 100.0 * launch_totals.tiny_kernel_count / max(launch_totals.kernel_count, 1)
     trace_verdict = verdict(steps, tiny_pct, limits)
-    mean_step_ms = trace_verdict["step_ms"]
-    findings = sync_findings(points, n, trace.rank, mean_step_ms)
+    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
     findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits))
     for maybe in (
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits),
         top_kernels_finding(timeline, trace.rank),
         module_costs_finding(costs, trace.rank),
-        cpu_only_finding(timeline, steps, trace.rank),
+        cpu_only_finding(timeline, times, trace.rank),
     ):
         if maybe is not None:
             findings.append(maybe)
     known_peaks = [p for p in peaks if p is not None]
-    info = {
-        "file": str(trace.path),
-        "worker": trace.worker,
-        "rank": trace.rank,
-        "device": (trace.device_properties[0].get("name") if trace.device_properties else None),
-        "steps": [s["step"] for s in steps],
-        "has_step_annotations": timeline.has_step_annotations,
-        "sync_sites_file": str(trace.sync_sites_path) if trace.sync_sites_path else None,
-        "sync_sites_matched": matched_sites,
-        "verdict": trace_verdict,
-        "peak_memory_bytes": max(known_peaks) if known_peaks else None,
-        "launch": {k: v for k, v in launch_totals.items()},
-        "gpu_idle_holders": idle.holders,
-        "gpu_idle_host_functions": idle.host_functions,
-        "gpu_idle_one_off": idle.one_off,
-    }
+    info = TraceInfo(
+        file=str(trace.path),
+        worker=trace.worker,
+        rank=trace.rank,
+        device=trace.device_properties[0].get("name") if trace.device_properties else None,
+        step_numbers=[t.number for t in times],
+        has_step_annotations=timeline.has_step_annotations,
+        sync_sites_file=str(trace.sync_sites_path) if trace.sync_sites_path else None,
+        sync_sites_matched=matched_sites,
+        verdict=trace_verdict,
+        peak_memory_bytes=max(known_peaks) if known_peaks else None,
+        launch=launch_totals,
+        idle=idle,
+    )
     return steps, findings, info
 
 
-def _summary(steps: list[dict], per_trace: list[dict], straggler: Finding | None) -> dict:
+def _summary(
+    steps: list[Step], traces: list[TraceInfo], straggler: Finding | None, limits: Thresholds
+) -> Summary:
     n = max(len(steps), 1)
-    total_ms = sum(s["duration_ms"] for s in steps)
-    verdicts = [t["verdict"]["verdict"] for t in per_trace]
+    total_ms = sum(s.times.duration_ms for s in steps)
+    verdicts = [t.verdict.label for t in traces]
     if straggler is not None:
         headline = f"straggler: rank {straggler.rank}"
     else:
         headline = max(set(verdicts), key=verdicts.count) if verdicts else "unknown"
-    peaks = [t["peak_memory_bytes"] for t in per_trace if t["peak_memory_bytes"] is not None]
-    return {
-        "verdict": headline,
-        "verdict_by_trace": {
-            (f"rank {t['rank']}" if t["rank"] is not None else t["worker"]): v
-            for t, v in zip(per_trace, verdicts, strict=False)
+    peaks = [t.peak_memory_bytes for t in traces if t.peak_memory_bytes is not None]
+    return Summary(
+        verdict=headline,
+        verdict_by_trace={
+            (f"rank {t.rank}" if t.rank is not None else t.worker): label
+            for t, label in zip(traces, verdicts, strict=True)
         },
-        "mean_step_ms": round(sum(s["duration_ms"] for s in steps) / n, 4),
+        mean_step_ms=numpy_round(total_ms / n, 4),
         # Time-weighted: the union of GPU busy time over the total step time, not a mean of per-step %.
-        "gpu_busy_pct": round(100.0 * sum(s["gpu_busy_ms"] for s in steps) / total_ms, 2)
+        gpu_busy_pct=numpy_round(100.0 * sum(s.times.gpu_busy_ms for s in steps) / total_ms, 2)
         if total_ms > 0
         else 0.0,
-        "syncs_per_step": round(sum(s["sync_count"] for s in steps) / n, 3),
-        "kernels_per_step": round(sum(s["kernel_count"] for s in steps) / n, 1),
-        "peak_memory_bytes": max(peaks) if peaks else None,
-        "straggler_rank": straggler.rank if straggler is not None else None,
-    }
+        syncs_per_step=round(sum(s.syncs.count for s in steps) / n, 3),
+        kernels_per_step=round(sum(s.times.kernel_count for s in steps) / n, 1),
+        peak_memory_bytes=max(peaks) if peaks else None,
+        straggler_rank=straggler.rank if straggler is not None else None,
+        thresholds_overridden=limits.overridden(),
+    )

@@ -5,6 +5,7 @@
     result.ops        # OpRow per cpu_op name: calls, host ms, GPU ms and kernels per step, a and b
     result.kernels    # GpuRow per kernel / memcpy / memset name: count and GPU ms per step
     result.findings   # FindingChange per finding (kind, op, where): removed, added or kept
+    result.headline   # HeadlineRow per figure of the two summaries (step ms, GPU busy, ...)
     result.to_dict()  # what `trainprof diff A B --json` prints
 
 Every figure is per profiled step (a run folder with several ranks: per rank-step), so windows of
@@ -19,10 +20,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from trainprof.analysis.core import analyze
+from trainprof.analysis.kernels import kernel_ops
+from trainprof.analysis.result import Analysis, Finding, Summary
 from trainprof.analysis.timeline import Timeline, _join_correlation, build_timeline
 from trainprof.trace import Trace, load_traces
 from trainprof.trace.model import ThreadFrames
@@ -84,28 +88,65 @@ class FindingChange:
 
 
 @dataclass
+class RunSide:
+    """One run of a diff: its trace files, its profiled steps, its analysis's summary."""
+
+    files: list[str]
+    steps: int
+    summary: Summary
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"files", "steps", "summary"}``."""
+        return {"files": self.files, "steps": self.steps, "summary": self.summary.to_dict()}
+
+
+@dataclass
+class HeadlineRow:
+    """One figure of both runs, per step (``None`` where a run lacks it)."""
+
+    metric: str
+    a: float | None
+    b: float | None
+
+
+@dataclass
 class TraceDiff:
     """The diff of run A against run B; every figure per profiled step."""
 
-    a: dict
-    """``{"files", "steps", "summary"}`` of run A (``summary`` as in ``Analysis.summary``)."""
-    b: dict
-    headline: list[dict]
-    """``{"metric", "a", "b"}`` rows: step ms, GPU busy, kernel ms, kernels, launches, syncs, memory."""
+    a: RunSide
+    b: RunSide
+    headline: list[HeadlineRow]
+    """Step ms, GPU busy, kernel ms, kernels, launches, copies, ops, syncs, peak memory."""
     ops: list[OpRow] = field(default_factory=list)
     kernels: list[GpuRow] = field(default_factory=list)
     findings: list[FindingChange] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"a", "b", "headline", "ops", "kernels", "findings"}``."""
         return {
-            "a": self.a,
-            "b": self.b,
-            "headline": self.headline,
+            "a": self.a.to_dict(),
+            "b": self.b.to_dict(),
+            "headline": [asdict(row) for row in self.headline],
             "ops": [asdict(row) for row in self.ops],
             "kernels": [asdict(row) for row in self.kernels],
             "findings": [asdict(change) for change in self.findings],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TraceDiff:
+        """A diff back from its ``to_dict()`` form (e.g. the diffs an A/B result carries)."""
+
+        def side(run: dict[str, Any]) -> RunSide:
+            return RunSide(files=run["files"], steps=run["steps"], summary=Summary(**run["summary"]))
+
+        return cls(
+            a=side(data["a"]),
+            b=side(data["b"]),
+            headline=[HeadlineRow(**row) for row in data["headline"]],
+            ops=[OpRow(**row) for row in data["ops"]],
+            kernels=[GpuRow(**row) for row in data["kernels"]],
+            findings=[FindingChange(**change) for change in data["findings"]],
+        )
 
     def op(self, name: str) -> OpRow | None:
         """The row of one op name, or None."""
@@ -144,14 +185,6 @@ def _load(run: str | Path | Sequence[Trace]) -> list[Trace]:
     return traces
 
 
-def _innermost_op(trace: Trace, thread: int, start_us: float, end_us: float) -> str | None:
-    frames = trace.frames(thread)
-    i = frames.innermost(start_us, end_us)
-    while i >= 0 and frames.categories[i] != "cpu_op":
-        i = frames.parent[i]
-    return trace.names[int(frames.name_ids[i])] if i >= 0 else None
-
-
 def _add_trace(totals: _Totals, timeline: Timeline) -> None:
     trace, calls = timeline.trace, timeline.calls
     totals.steps += len(timeline.steps)
@@ -164,17 +197,12 @@ def _add_trace(totals: _Totals, timeline: Timeline) -> None:
     totals.launches += int((timeline.call_is_launch & (timeline.step_of(calls.start_us) >= 0)).sum())
 
     kernels = timeline.kernels
-    for k in np.flatnonzero(timeline.kernel_step >= 0).tolist():
+    in_steps = np.flatnonzero(timeline.kernel_step >= 0)
+    for k, op in zip(in_steps.tolist(), kernel_ops(timeline, in_steps).tolist(), strict=True):
         name = trace.names[int(kernels.name[k])]
         totals.gpu_count[("kernel", name)] += 1
         totals.gpu_us[("kernel", name)] += float(kernels.dur_us[k])
-        c = int(timeline.kernel_call[k])
-        op = (
-            _innermost_op(trace, int(calls.thread[c]), float(calls.start_us[c]), float(calls.end_us[c]))
-            if c >= 0
-            else None
-        )
-        key = op or "(no op)"
+        key = trace.names[op] if op >= 0 else "(no op)"
         totals.op_gpu_us[key] += float(kernels.dur_us[k])
         totals.op_kernels[key] += 1
     for kind, category in (("memcpy", "gpu_memcpy"), ("memset", "gpu_memset")):
@@ -238,50 +266,50 @@ def _gpu_rows(a: _Totals, b: _Totals) -> list[GpuRow]:
 _KEYED_BY_SITE = frozenset({"sync_point"})
 
 
-def _finding_key(finding: dict) -> tuple:
-    if finding["kind"] not in _KEYED_BY_SITE:
-        return finding["kind"], None, None
-    where = finding.get("where") or {}
-    return finding["kind"], finding.get("op"), where.get("function")
+def _finding_key(finding: Finding) -> tuple:
+    if finding.kind not in _KEYED_BY_SITE:
+        return finding.kind, None, None
+    return finding.kind, finding.op, finding.where.function
 
 
-def _finding_changes(a: dict, b: dict) -> list[FindingChange]:
-    steps_a = max(a["trace"]["step_count"], 1)
-    steps_b = max(b["trace"]["step_count"], 1)
-    found_a = {_finding_key(f): f for f in a["findings"]}
-    found_b = {_finding_key(f): f for f in b["findings"]}
+def _finding_changes(a: Analysis, b: Analysis) -> list[FindingChange]:
+    steps_a = max(a.step_count, 1)
+    steps_b = max(b.step_count, 1)
+    found_a = {_finding_key(f): f for f in a.findings}
+    found_b = {_finding_key(f): f for f in b.findings}
     changes = []
     for key in list(found_a) + [k for k in found_b if k not in found_a]:
         fa, fb = found_a.get(key), found_b.get(key)
+        either = fb or fa
         status = REMOVED if fb is None else ADDED if fa is None else CHANGED
         changes.append(
             FindingChange(
                 kind=key[0],
-                op=(fb or fa).get("op"),
-                function=((fb or fa).get("where") or {}).get("function"),
+                op=either.op,
+                function=either.where.function,
                 status=status,
-                title_a=fa["title"] if fa else None,
-                title_b=fb["title"] if fb else None,
-                per_step_a=fa["per_step"] if fa else None,
-                per_step_b=fb["per_step"] if fb else None,
-                cost_ms_per_step_a=round(fa["cost_ms"] / steps_a, 4) if fa else None,
-                cost_ms_per_step_b=round(fb["cost_ms"] / steps_b, 4) if fb else None,
+                title_a=fa.title if fa else None,
+                title_b=fb.title if fb else None,
+                per_step_a=fa.per_step if fa else None,
+                per_step_b=fb.per_step if fb else None,
+                cost_ms_per_step_a=round(fa.cost_ms / steps_a, 4) if fa else None,
+                cost_ms_per_step_b=round(fb.cost_ms / steps_b, 4) if fb else None,
             )
         )
     return changes
 
 
-def _headline(a: dict, b: dict, ta: _Totals, tb: _Totals) -> list[dict]:
-    sa, sb = a["trace"]["summary"], b["trace"]["summary"]
+def _headline(a: Analysis, b: Analysis, ta: _Totals, tb: _Totals) -> list[HeadlineRow]:
+    sa, sb = a.summary, b.summary
     rows = [
-        ("step ms", sa.get("mean_step_ms"), sb.get("mean_step_ms")),
-        ("GPU busy %", sa.get("gpu_busy_pct"), sb.get("gpu_busy_pct")),
+        ("step ms", sa.mean_step_ms, sb.mean_step_ms),
+        ("GPU busy %", sa.gpu_busy_pct, sb.gpu_busy_pct),
         (
             "kernel GPU ms / step",
             ta.total_per_step(ta.gpu_us, "kernel", 1e-3),
             tb.total_per_step(tb.gpu_us, "kernel", 1e-3),
         ),
-        ("kernels / step", sa.get("kernels_per_step"), sb.get("kernels_per_step")),
+        ("kernels / step", sa.kernels_per_step, sb.kernels_per_step),
         ("launches / step", _per_step(ta.launches, ta.steps, 1), _per_step(tb.launches, tb.steps, 1)),
         (
             "memcpys / step",
@@ -293,14 +321,10 @@ def _headline(a: dict, b: dict, ta: _Totals, tb: _Totals) -> list[dict]:
             _per_step(sum(ta.op_calls.values()), ta.steps, 1),
             _per_step(sum(tb.op_calls.values()), tb.steps, 1),
         ),
-        ("syncs / step", sa.get("syncs_per_step"), sb.get("syncs_per_step")),
-        ("peak memory bytes", sa.get("peak_memory_bytes"), sb.get("peak_memory_bytes")),
+        ("syncs / step", sa.syncs_per_step, sb.syncs_per_step),
+        ("peak memory bytes", sa.peak_memory_bytes, sb.peak_memory_bytes),
     ]
-
-    def plain(value):  # summary values may be numpy scalars
-        return value.item() if hasattr(value, "item") else value
-
-    return [{"metric": metric, "a": plain(va), "b": plain(vb)} for metric, va, vb in rows]
+    return [HeadlineRow(metric, va, vb) for metric, va, vb in rows]
 
 
 def diff_traces(run_a: str | Path | Sequence[Trace], run_b: str | Path | Sequence[Trace]) -> TraceDiff:
@@ -315,11 +339,10 @@ def diff_traces(run_a: str | Path | Sequence[Trace], run_b: str | Path | Sequenc
         for trace in traces:
             _add_trace(run_totals, build_timeline(trace))
         totals.append(run_totals)
-    analysis_a, analysis_b = analyze(traces_a).to_dict(), analyze(traces_b).to_dict()
+    analysis_a, analysis_b = analyze(traces_a), analyze(traces_b)
 
-    def side(traces: list[Trace], analysis: dict, run_totals: _Totals) -> dict:
-        summary = analysis["trace"]["summary"]
-        return {"files": [str(t.path) for t in traces], "steps": run_totals.steps, "summary": summary}
+    def side(traces: list[Trace], analysis: Analysis, run_totals: _Totals) -> RunSide:
+        return RunSide(files=[str(t.path) for t in traces], steps=run_totals.steps, summary=analysis.summary)
 
     return TraceDiff(
         a=side(traces_a, analysis_a, totals[0]),

@@ -39,57 +39,6 @@ def is_profiler_file(file: str) -> bool:
     return any(marker in file for marker in PROFILER_FILES)
 
 
-class UserFrameIndex:
-    """For every frame event of a thread, the innermost enclosing user `python_function` (or -1).
-
-    Computed in one pass over the thread's nested frames (parents precede children), so attributing
-    thousands of kernel launches to user code costs a bisect each. User code is judged with the
-    run's recorded `trace.code_layout` when there is one.
-    """
-
-    def __init__(self, trace: Trace, thread: int):
-        layout = trace.code_layout
-        self.frames = trace.frames(thread)
-        names = trace.names
-        user_name: dict[int, PyFrame | None] = {}
-        ancestor = [-1] * len(self.frames.parent)
-        top_op = [-1] * len(self.frames.parent)
-        categories = self.frames.categories
-        name_ids = self.frames.name_ids.tolist()
-        for i, parent in enumerate(self.frames.parent):
-            frame = None
-            if categories[i] == "python_function":
-                nid = name_ids[i]
-                if nid not in user_name:
-                    parsed = parse_py_frame(names[nid])
-                    user_name[nid] = (
-                        parsed if parsed is not None and is_user_file(parsed.file, layout) else None
-                    )
-                frame = user_name[nid]
-            ancestor[i] = i if frame is not None else (ancestor[parent] if parent >= 0 else -1)
-            inherited = top_op[parent] if parent >= 0 else -1
-            top_op[i] = inherited if inherited >= 0 else (i if categories[i] == "cpu_op" else -1)
-        self._ancestor = ancestor
-        self._top_op = top_op
-        self._names = names
-        self._user_name = user_name
-
-    def user_frame(self, start_us: float, end_us: float) -> PyFrame | None:
-        """The innermost user frame enclosing [start_us, end_us] on this thread."""
-        i = self.frames.innermost(start_us, end_us)
-        if i < 0:
-            return None
-        a = self._ancestor[i]
-        return None if a < 0 else self._user_name[int(self.frames.name_ids[a])]
-
-    def top_op(self, start_us: float, end_us: float) -> str | None:
-        """The outermost cpu_op enclosing [start_us, end_us] (e.g. `aten::pow` for a kernel it launched)."""
-        i = self.frames.innermost(start_us, end_us)
-        if i < 0 or self._top_op[i] < 0:
-            return None
-        return self._names[int(self.frames.name_ids[self._top_op[i]])]
-
-
 @dataclass
 class CallContext:
     """What enclosed one CPU call: cpu_op chain, annotations, python frames (outermost first).

@@ -25,17 +25,47 @@ from trainprof.analysis.attribution import (
     UserFrames,
 )
 from trainprof.analysis.frames import parse_py_frame
-from trainprof.analysis.result import Finding
+from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.thresholds import MODULE_TABLE_ROWS, TOP_OPS_PER_OWNER
 from trainprof.analysis.timeline import Timeline
 
-MODULE_TABLE_ROWS = 30  # rows kept in the finding's details: a GPT-2 has ~15 class paths, a ResNet ~10
-TOP_OPS = 6  # ops listed per owner
 _MODULE_CALL_FILE = "torch/nn/modules/module.py"  # `_call_impl` and friends: not the module's own code
 
 
+class TinyOp(Record, frozen=True):
+    """An op and how many tiny kernels (shorter than their launch) it launched for one owner."""
+
+    op: str
+    tiny_kernels: int
+
+
+class OwnerRow(Record, frozen=True):
+    """One owner's kernels per profiled step, as the module-costs finding lists them
+    (`OwnerCost.row`): `module` is the short label of a module row (None for a function's row),
+    `path` its class path; `summary` the owner's `OwnerCost.sentence`."""
+
+    module: str | None
+    path: str | None
+    function: str | None
+    file: str | None
+    line: int | None
+    phases: str
+    instances: int
+    kernels_per_step: float
+    forward_kernels_per_step: float
+    backward_kernels_per_step: float
+    optimizer_kernels_per_step: float
+    gpu_ms_per_step: float
+    tiny_kernels_per_step: float
+    tiny_kernel_pct: float
+    top_ops: list[TinyOp]
+    summary: str
+
 @dataclass
+
+
 class OwnerCost:
-    """The kernels of one owner over the profiled steps (totals; `to_dict` divides by the step count).
+    """The kernels of one owner over the profiled steps (totals; `row` divides by the step count).
 
     `module_path` is a module class path (`GPT2LMHeadModel/GPT2Model/GPT2Block/GPT2Attention`) or None
     for a user function's row (`function`); `label` is the short name reports show (the class, or the
@@ -55,7 +85,7 @@ class OwnerCost:
     optimizer_kernels: int
     tiny_kernels: int
     gpu_us: float
-    tiny_ops: list[tuple[str, int]] = field(default_factory=list)
+    tiny_ops: list[TinyOp] = field(default_factory=list)
 
     @property
     def phases(self) -> str:
@@ -80,27 +110,27 @@ class OwnerCost:
             f"{self.gpu_us / n / 1e3:.1f} ms of GPU time per step"
         )
 
-    def to_dict(self, steps: int) -> dict:
-        """The JSON row: per-step figures rounded for display (reports print them as they are)."""
+    def row(self, steps: int) -> OwnerRow:
+        """Per-step figures, rounded for display (reports print them as they are)."""
         n = max(steps, 1)
-        return {
-            "module": self.label if self.module_path else None,
-            "path": self.module_path,
-            "function": self.function,
-            "file": self.file,
-            "line": self.line,
-            "phases": self.phases,
-            "instances": self.instances,
-            "kernels_per_step": round(self.kernels / n, 1),
-            "forward_kernels_per_step": round(self.forward_kernels / n, 1),
-            "backward_kernels_per_step": round(self.backward_kernels / n, 1),
-            "optimizer_kernels_per_step": round(self.optimizer_kernels / n, 1),
-            "gpu_ms_per_step": round(self.gpu_us / n / 1e3, 4),
-            "tiny_kernels_per_step": round(self.tiny_kernels / n, 1),
-            "tiny_kernel_pct": round(100.0 * self.tiny_kernels / max(self.kernels, 1), 1),
-            "top_ops": [{"op": op, "tiny_kernels": count} for op, count in self.tiny_ops],
-            "summary": self.sentence(steps),
-        }
+        return OwnerRow(
+            module=self.label if self.module_path else None,
+            path=self.module_path,
+            function=self.function,
+            file=self.file,
+            line=self.line,
+            phases=self.phases,
+            instances=self.instances,
+            kernels_per_step=round(self.kernels / n, 1),
+            forward_kernels_per_step=round(self.forward_kernels / n, 1),
+            backward_kernels_per_step=round(self.backward_kernels / n, 1),
+            optimizer_kernels_per_step=round(self.optimizer_kernels / n, 1),
+            gpu_ms_per_step=round(self.gpu_us / n / 1e3, 4),
+            tiny_kernels_per_step=round(self.tiny_kernels / n, 1),
+            tiny_kernel_pct=round(100.0 * self.tiny_kernels / max(self.kernels, 1), 1),
+            top_ops=self.tiny_ops,
+            summary=self.sentence(steps),
+        )
 
 
 @dataclass
@@ -115,7 +145,7 @@ class OwnerCosts:
     tiny_kernels: int
     unowned_kernels: int
     unowned_tiny_kernels: int
-    unowned_tiny_ops: list[tuple[str, int]] = field(default_factory=list)
+    unowned_tiny_ops: list[TinyOp] = field(default_factory=list)
 
     @property
     def modules(self) -> list[OwnerCost]:
@@ -213,9 +243,9 @@ def owner_costs(timeline: Timeline, owners: KernelOwners, tiny: np.ndarray) -> O
     )
 
 
-def _tiny_ops(group: np.ndarray, op: np.ndarray, names: list[str]) -> dict[int, list[tuple[str, int]]]:
-    """Per owner group, its ops by tiny-kernel count (most first, at most TOP_OPS)."""
-    out: dict[int, list[tuple[str, int]]] = {}
+def _tiny_ops(group: np.ndarray, op: np.ndarray, names: list[str]) -> dict[int, list[TinyOp]]:
+    """Per owner group, its ops by tiny-kernel count (most first, at most TOP_OPS_PER_OWNER)."""
+    out: dict[int, list[TinyOp]] = {}
     known = op >= 0
     if not known.any():
         return out
@@ -226,8 +256,8 @@ def _tiny_ops(group: np.ndarray, op: np.ndarray, names: list[str]) -> dict[int, 
     pair_group, pair_op = codes // width, codes % width
     for index in np.lexsort((-counts, pair_group)).tolist():  # by group, then count descending
         ops = out.setdefault(int(pair_group[index]), [])
-        if len(ops) < TOP_OPS:
-            ops.append((names[int(pair_op[index])], int(counts[index])))
+        if len(ops) < TOP_OPS_PER_OWNER:
+            ops.append(TinyOp(names[int(pair_op[index])], int(counts[index])))
     return out
 
 
@@ -264,13 +294,19 @@ def _module_source(trace, ref: ModuleRef) -> tuple[str | None, int | None]:
     return fallback
 
 
-def module_costs_finding(costs: OwnerCosts, rank: int | None) -> Finding | None:
-    """The per-module cost table as an `info` finding (None for a trace without `nn.Module` frames).
+class ModuleCostsDetails(Record, frozen=True):
+    """The module-costs finding's evidence: the module rows by GPU time, the user functions owning
+    kernels outside every module, and the share of kernels (tiny kernels) that have an owner."""
 
-    `details["modules"]`: the module rows by GPU time (`OwnerCost.to_dict`); `details["functions"]`:
-    the user functions owning kernels outside every module; `details["owned_kernel_pct"]` and
-    `details["owned_tiny_kernel_pct"]`: the share of kernels (tiny kernels) with an owner.
-    """
+    modules: list[OwnerRow]
+    functions: list[OwnerRow]
+    owned_kernel_pct: float
+    owned_tiny_kernel_pct: float
+    unowned_kernels_per_step: float
+
+
+def module_costs_finding(costs: OwnerCosts, rank: int | None) -> Finding | None:
+    """The per-module cost table as an `info` finding (None for a trace without `nn.Module` frames)."""
     modules = costs.modules
     if not modules:
         return None
@@ -285,19 +321,19 @@ def module_costs_finding(costs: OwnerCosts, rank: int | None) -> Finding | None:
         title=f"GPU time by nn.Module (forward + backward): most in {top.sentence(costs.steps)}",
         severity="info",
         op=None,
-        where={"file": top.file, "line": top.line, "function": f"{top.label} ({top.phases})"},
+        where=Where(file=top.file, line=top.line, function=f"{top.label} ({top.phases})"),
         count=module_kernels,
         per_step=round(module_kernels / n, 2),
         cost_ms=round(module_gpu_us / 1e3, 4),
         fix=None,
         rank=rank,
-        details={
-            "modules": [row.to_dict(costs.steps) for row in modules[:MODULE_TABLE_ROWS]],
-            "functions": [
-                row.to_dict(costs.steps) for row in costs.rows if row.module_path is None
-            ][:MODULE_TABLE_ROWS],
-            "owned_kernel_pct": round(100.0 * owned / max(costs.kernels, 1), 1),
-            "owned_tiny_kernel_pct": round(100.0 * owned_tiny / max(costs.tiny_kernels, 1), 1),
-            "unowned_kernels_per_step": round(costs.unowned_kernels / n, 1),
-        },
+        details=ModuleCostsDetails(
+            modules=[row.row(costs.steps) for row in modules[:MODULE_TABLE_ROWS]],
+            functions=[row.row(costs.steps) for row in costs.rows if row.module_path is None][
+                :MODULE_TABLE_ROWS
+            ],
+            owned_kernel_pct=round(100.0 * owned / max(costs.kernels, 1), 1),
+            owned_tiny_kernel_pct=round(100.0 * owned_tiny / max(costs.tiny_kernels, 1), 1),
+            unowned_kernels_per_step=round(costs.unowned_kernels / n, 1),
+        ),
     )

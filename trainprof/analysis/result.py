@@ -1,13 +1,123 @@
-"""The analysis result: `Finding`s, per-step rows and a summary, and their JSON form."""
+"""The analysis result as typed records, and its JSON form (`summary.json`, `trainprof analyze --json`).
+
+Each record is built by the module that answers its question (`Step.times` by `steps`, `Verdict`
+by `verdict`, a finding's details by the module that finds it); `analysis/core.py` composes them
+into an `Analysis`. Records are msgspec Structs: built in C, so the ~40 record classes cost no
+import time (a dataclass compiles its methods with `exec`, ~1 ms each) and instances build faster.
+Each record writes its own JSON form (`to_dict()`), under the key names documented here.
+
+JSON (`schema_version` 1)
+-------------------------
+Units are in the names (`_ms`, `_us`, `_bytes`, `_pct` out of 100); `_per_step` is a mean over the
+profiled steps; null is unknown or not applicable. `SCHEMA_VERSION` changes when a field is renamed,
+removed or changes meaning; new fields may appear without it.
+
+    {"schema_version": 1, "trace": {...}, "steps": [...], "findings": [...]}
+
+trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
+`ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step and
+`step_ms_by_step`; `distributed.RankRow`), `step_count` (distinct step numbers), `summary`.
+
+trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `straggler: rank R`),
+`verdict_by_trace` (`rank R`, else the worker -> its verdict), `mean_step_ms`, `gpu_busy_pct`
+(time-weighted: GPU busy time over step time), `syncs_per_step`, `kernels_per_step`,
+`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set).
+
+trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `device` (the GPU's name), `steps` (step
+numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
+`sync_sites_matched` (sync points given their line by captured sites), `verdict`,
+`peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`.
+- verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
+  blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
+  `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
+  `gpu_idle_ms_per_step`, `idle_ms_per_step` (cause -> steady-state ms), `idle_one_off_ms_per_step`,
+  `idle_profiler_ms_per_step`, `idle_launch_ms_per_step`, `idle_sync_ms_per_step`,
+  `idle_host_ms_per_step` (host and unknown), `ranked` (`[{verdict, idle_ms_per_step}]`, the cause
+  groups with idle time, largest first), `step_ms`, `comm_ms_per_step`, `kernels_per_step`,
+  `tiny_kernel_pct`. A cpu-only verdict has only `verdict`, `gpu_busy_pct`, `cause`, `why` and
+  the last four.
+- launch (`launch.LaunchTotals`): `tiny_kernel_count`, `kernel_count`, `graph_replay_kernel_count`,
+  `eager_kernel_count`, `median_launch_us`, `median_kernel_us`, `regions` (the owners of the most
+  tiny kernels: `[{function, module, file, line, tiny_kernels, summary, top_ops: [{op,
+  tiny_kernels}]}]`, function null for the kernels no owner was found for),
+  `unowned_tiny_kernel_count`.
+- gpu_idle_holders and gpu_idle_one_off (`idle.IdleHolder`): `[{cause, event, source, op, idle_ms,
+  idle_ms_per_step}]`, what decided a share of GPU-idle time (`source`: `runtime call` or `frame`);
+  one-off holders also have `steps`.
+- gpu_idle_host_functions (`idle.HostFunction`): `[{file, function, code, idle_ms_per_step,
+  called_from, stack}]`, `code` user or library.
+
+steps[] (`Step`): one flat row per step of each trace, in this order:
+- `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
+  `gpu_busy_ms`, `gpu_busy_pct`, `gpu_idle_ms` (null when the trace has no GPU work), `kernel_ms`,
+  `comm_ms`, `memcpy_ms`, `memset_ms`, `kernel_count`, `kernels_launched_before_trace`,
+  `comm_kernel_count`, `cpu_op_ms`, `cuda_runtime_ms`, `launch_count`, `launch_ms` (`steps.StepTimes`);
+- `sync_count`, `sync_blocked_ms` (`syncs.StepSyncs`);
+- `tiny_kernel_count`, `tiny_kernel_pct`, `median_kernel_us`, `graph_replay_kernel_count`,
+  `graph_launch_count`, `graph_launch_ms` (`launch.StepLaunch`);
+- `idle_<cause>_ms` for each `causes.Cause` in order (launch, sync, blocking, warmup, input, host,
+  comm, unknown, profiler: steady-state), `idle_one_off_ms`, `idle_gap_count`; absent when the
+  trace has no GPU work; the causes and one-off add up to `gpu_idle_ms` (`idle.StepIdle`);
+- `peak_memory_bytes` (null without `profile_memory`).
+
+findings[] (`Finding`), most severe first, then most costly: `kind`, `title`, `severity` (high,
+medium, low, info), `op`, `where` (`{file, line, function}` of the user's code), `via` (`{file,
+line, function, library, version}` of the library frame that made the call, or null), `cause`
+(in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`, `details`,
+by kind (a `verdict` there is its trace's verdict, as in `traces[].verdict`):
+- sync_point (`syncs.SyncDetails`): `sync_kind`, `cause` (a `syncs.CAUSES` key), `catalog_site`,
+  `why`, `op_chain`, `runtime_calls`, `copies`, `gpu_idle_after_ms`, `cost_pct_of_step_time`,
+  `occurrences` (`[{step, at_ms, blocked_ms, gpu_idle_after_ms}]`).
+- host_bound (`idle_findings.HostBoundDetails`): `idle_host_ms_per_step`, `idle_named_ms_per_step`,
+  `idle_unnamed_ms_per_step`, `idle_host_pct`, `functions` (as gpu_idle_host_functions), `verdict`.
+- input_bound, blocking_runtime_call, recurring_warmup, communication_wait, profiler_overhead
+  (`idle_findings.IdleCauseDetails`): `idle_ms_per_step`, `idle_pct`, `holders`, `verdict`.
+- one_off (`idle_findings.OneOffDetails`): `steps`, `event`, `op`, `idle_ms`.
+- launch_overhead (`launch.LaunchDetails`): `fixes`, `tiny_kernel_pct`, `kernels_per_step`,
+  `graph_replay_kernels_per_step`, `graph_launch_ms_per_step`, `launch_ms_per_step`,
+  `median_launch_us`, `median_kernel_us`, `gpu_idle_while_launching_ms_per_step`, `regions`,
+  `verdict`.
+- top_kernels (`kernels.TopKernelsDetails`): `kernels` (`[{name, count, total_ms, mean_us, pct}]`),
+  `ops` (`[{op, kernels, total_ms, pct}]`), `top_kernel`, `kernel_ms_per_step`.
+- module_costs (`modules.ModuleCostsDetails`): `modules` and `functions` (`[{module, path, function,
+  file, line, phases, instances, kernels_per_step, forward_kernels_per_step,
+  backward_kernels_per_step, optimizer_kernels_per_step, gpu_ms_per_step, tiny_kernels_per_step,
+  tiny_kernel_pct, top_ops, summary}]`), `owned_kernel_pct`, `owned_tiny_kernel_pct`,
+  `unowned_kernels_per_step`.
+- cpu_only (`host_ops.CpuOnlyDetails`): `top_host_ops` (`[{op, count, total_ms, pct_of_step}]`),
+  `step_ms`.
+- straggler (`distributed.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
+  `others_comm_wait_ms_per_step`, `ranks` (as trace.ranks).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.distributed import RankRow
+    from trainprof.analysis.idle import IdleBreakdown, StepIdle
+    from trainprof.analysis.launch import LaunchTotals, StepLaunch
+    from trainprof.analysis.steps import StepTimes
+    from trainprof.analysis.syncs import StepSyncs
+    from trainprof.analysis.verdict import Verdict
+
+SCHEMA_VERSION = 1
+"""The version of the JSON form documented above (the module docstring)."""
 
 
-@dataclass(frozen=True)
-class Where:
+class Record(msgspec.Struct, frozen=True):
+    """A result record whose JSON form is its fields in order, under their names (or those its class
+    renames them to); a record whose JSON differs from its fields writes its own `to_dict`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the fields by name, nested records likewise."""
+        return msgspec.to_builtins(self)
+
+
+class Where(Record, frozen=True):
     """The innermost frame of the user's code behind a finding (any field may be unknown: None).
 
     From a trace alone `line` is the function's first line at best; the live capture gives the line.
@@ -17,13 +127,8 @@ class Where:
     line: int | None = None
     function: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """`{"file", "line", "function"}`, the `where` of DEVELOPING.md's finding contract."""
-        return {"file": self.file, "line": self.line, "function": self.function}
 
-
-@dataclass(frozen=True)
-class Via:
+class Via(Record, frozen=True):
     """The library frame that made the call behind a finding: the frame a library's setting is about.
 
     `library` is the top-level package (`transformers`, `accelerate`, `lightning`, `torch`, ...);
@@ -36,25 +141,21 @@ class Via:
     library: str | None = None
     version: str | None = None
 
+
+class Details(Protocol):
+    """A finding's evidence: one record type per kind of finding, built by the module that finds it."""
+
     def to_dict(self) -> dict[str, Any]:
-        """`{"file", "line", "function", "library", "version"}`."""
-        return {
-            "file": self.file,
-            "line": self.line,
-            "function": self.function,
-            "library": self.library,
-            "version": self.version,
-        }
+        """The JSON form (the finding's `details`)."""
 
 
-@dataclass
-class Finding:
+class Finding(msgspec.Struct):
     """One problem (or fact) found in a trace, with its evidence.
 
-    `where` is the user's code (a `Where`; a `{"file", "line", "function"}` dict is converted);
-    `via` the library frame that made the call, when a library did; `cause` the concrete cause in
-    words (`"`.item()` of a CUDA tensor"`); `cost_ms` is the CPU or GPU time it costs over all
-    profiled steps; `per_step` is `count` / number of steps.
+    `where` is the user's code; `via` the library frame that made the call, when a library did;
+    `cause` the concrete cause in words (`"`.item()` of a CUDA tensor"`); `cost_ms` is the CPU or
+    GPU time it costs over all profiled steps; `per_step` is `count` / number of steps. `details`
+    is the kind's evidence record (e.g. `idle_findings.IdleCauseDetails`); JSON: module docstring.
     """
 
     kind: str
@@ -67,20 +168,15 @@ class Finding:
     cost_ms: float
     fix: str | None
     rank: int | None = None
-    details: dict = field(default_factory=dict)
+    details: Details | None = None
     via: Via | None = None
     cause: str | None = None
 
     def __post_init__(self) -> None:
         self.count, self.per_step, self.cost_ms = plain((self.count, self.per_step, self.cost_ms))
-        self.details = plain(self.details)
-        if isinstance(self.where, dict):
-            self.where = Where(**{k: self.where.get(k) for k in ("file", "line", "function")})
-        elif self.where is None:
-            self.where = Where()
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-able form (the `findings` entries of `Analysis.to_dict()`)."""
+        """The JSON form (the `findings` entries of `Analysis.to_dict()`)."""
         return {
             "kind": self.kind,
             "title": self.title,
@@ -94,7 +190,7 @@ class Finding:
             "cost_ms": self.cost_ms,
             "fix": self.fix,
             "rank": self.rank,
-            "details": self.details,
+            "details": self.details.to_dict() if self.details is not None else {},
         }
 
 
@@ -116,22 +212,132 @@ def plain(value: Any) -> Any:
     return value
 
 
-@dataclass
-class Analysis:
-    """What `analyze()` found: `steps` (one dict per step and rank), `findings`, `summary`, `trace`."""
+class Step(msgspec.Struct):
+    """One profiled step of one trace, each part from the module that answers its question.
 
-    trace: dict
-    steps: list[dict]
-    findings: list[Finding]
-    summary: dict
+    `idle` is None when the trace has no GPU work (nothing to split by cause); `peak_memory_bytes`
+    None when memory was not recorded. JSON: one flat row (module docstring).
+    """
 
-    def __post_init__(self) -> None:
-        self.trace, self.steps, self.summary = plain(self.trace), plain(self.steps), plain(self.summary)
+    times: StepTimes
+    """Duration, GPU busy and idle time, kernels, copies, host ops and launches (`steps`)."""
+    syncs: StepSyncs
+    """Sync points and the time the host blocked in them (`syncs`)."""
+    launch: StepLaunch
+    """Tiny kernels and graph replays (`launch`)."""
+    idle: StepIdle | None
+    """GPU-idle time by cause (`idle`)."""
+    peak_memory_bytes: int | None
+    """The largest allocated total inside the step (`memory`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """`{"trace": {...}, "steps": [...], "findings": [...]}`; the summary lives in `trace["summary"]`."""
+        """The flat JSON row: the parts' fields in this order, then `peak_memory_bytes`."""
+        row = {**self.times.to_dict(), **self.syncs.to_dict(), **self.launch.to_dict()}
+        if self.idle is not None:
+            row.update(self.idle.to_dict())
+        row["peak_memory_bytes"] = self.peak_memory_bytes
+        return row
+
+
+class TraceInfo(msgspec.Struct):
+    """What one trace (one window of one process) is, and its own verdict, launch and idle figures."""
+
+    file: str
+    worker: str
+    rank: int | None
+    device: str | None
+    """The GPU's name from the trace's device properties."""
+    step_numbers: list[int]
+    has_step_annotations: bool
+    """Whether steps come from `ProfilerStep#N` ranges (else from the trace's own structure)."""
+    sync_sites_file: str | None
+    sync_sites_matched: int
+    """Sync points given their exact line by captured sync sites."""
+    verdict: Verdict
+    peak_memory_bytes: int | None
+    launch: LaunchTotals
+    idle: IdleBreakdown
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `trace.traces` entry (module docstring)."""
         return {
-            "trace": {**self.trace, "summary": self.summary},
-            "steps": self.steps,
-            "findings": [f.to_dict() for f in self.findings],
+            "file": self.file,
+            "worker": self.worker,
+            "rank": self.rank,
+            "device": self.device,
+            "steps": self.step_numbers,
+            "has_step_annotations": self.has_step_annotations,
+            "sync_sites_file": self.sync_sites_file,
+            "sync_sites_matched": self.sync_sites_matched,
+            "verdict": self.verdict.to_dict(),
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "launch": self.launch.to_dict(),
+            "gpu_idle_holders": [holder.to_dict() for holder in self.idle.holders],
+            "gpu_idle_host_functions": [function.to_dict() for function in self.idle.host_functions],
+            "gpu_idle_one_off": [holder.to_dict() for holder in self.idle.one_off],
+        }
+
+
+class Summary(Record, frozen=True):
+    """The headline of an analysis, over every trace and rank.
+
+    A `Session` whose loop was not profiled holds `Summary(verdict="not-profiled", reason=...)`
+    with no figures; an analysis always has them (`reason` None).
+    """
+
+    verdict: str
+    """The most common verdict of the traces, or `straggler: rank R` when one rank holds the rest up."""
+    verdict_by_trace: dict[str, str] = {}
+    """`rank R` (else the worker) -> that trace's verdict."""
+    mean_step_ms: float | None = None
+    gpu_busy_pct: float | None = None
+    """Time-weighted: the union of GPU busy time over the total step time."""
+    syncs_per_step: float | None = None
+    kernels_per_step: float | None = None
+    peak_memory_bytes: int | None = None
+    straggler_rank: int | str | None = None
+    thresholds_overridden: dict[str, float] = {}
+    """The cut-offs the caller set, by name (`trainprof.analysis.thresholds`)."""
+    reason: str | None = None
+    """Why there are no figures (a session that profiled nothing); None for an analysis."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `trace.summary` object (module docstring); `reason` only when set."""
+        out = msgspec.to_builtins(self)
+        if self.reason is None:
+            del out["reason"]
+        return out
+
+
+class Analysis(msgspec.Struct):
+    """What `analyze()` found: the `summary`, one `Step` per step and trace, the `findings` (most
+    severe and costly first), and per trace (`traces`) and per rank (`ranks`, with several ranks)."""
+
+    summary: Summary
+    steps: list[Step] = []
+    findings: list[Finding] = []
+    files: list[str] = []
+    """The trace files analysed."""
+    traces: list[TraceInfo] = []
+    ranks: list[RankRow] = []
+    """Per rank (or worker), step and communication time: only with more than one rank."""
+
+    @property
+    def step_count(self) -> int:
+        """Distinct step numbers over all traces."""
+        return len({step.times.number for step in self.steps})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: `{"schema_version", "trace", "steps", "findings"}` (module docstring)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "trace": {
+                "files": self.files,
+                "traces": [trace.to_dict() for trace in self.traces],
+                "ranks": [rank.to_dict() for rank in self.ranks],
+                "step_count": self.step_count,
+                "summary": self.summary.to_dict(),
+            },
+            "steps": [step.to_dict() for step in self.steps],
+            "findings": [finding.to_dict() for finding in self.findings],
         }

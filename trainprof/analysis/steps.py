@@ -5,11 +5,52 @@ from __future__ import annotations
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
+from trainprof.analysis.result import Record
 from trainprof.analysis.timeline import Timeline
 
 
-def step_breakdown(timeline: Timeline) -> list[dict]:
-    """One dict per step: duration and the GPU/CPU breakdown, in ms (the `steps` entries' base)."""
+class StepTimes(Record, frozen=True, rename={"number": "step"}):
+    """One step's duration and where its time went, in ms (counts as counts); the first part of a
+    step row (`trainprof.analysis.result.Step`). `gpu_idle_ms` is None when the trace has no GPU
+    work at all (no kernel and no busy time in any step): there is no GPU to be idle."""
+
+    number: int
+    """The profiler's step number (`ProfilerStep#N`); JSON `step`."""
+    rank: int | None
+    start_ms: float
+    """From the first step's start."""
+    duration_ms: float
+    gpu_busy_ms: float
+    """Union of kernels, copies and memsets inside the step."""
+    gpu_busy_pct: float
+    gpu_idle_ms: float | None
+    kernel_ms: float
+    """Union of compute kernels (communication kernels left out)."""
+    comm_ms: float
+    """Union of communication (NCCL/RCCL/gloo) kernels."""
+    memcpy_ms: float
+    memset_ms: float
+    kernel_count: int
+    """Kernels launched inside the step (communication ones included)."""
+    kernels_launched_before_trace: int
+    """Kernels queued before the trace began that ran inside the step (busy time, not its kernels)."""
+    comm_kernel_count: int
+    cpu_op_ms: float
+    """Union of host ops."""
+    cuda_runtime_ms: float
+    """Sum of runtime calls (CUDA/HIP) on every thread."""
+    launch_count: int
+    launch_ms: float
+    """Sum of the launch calls."""
+
+
+def has_gpu_work(steps: list[StepTimes]) -> bool:
+    """Whether any of a trace's steps launched a kernel or kept the GPU busy (else it ran on the CPU)."""
+    return any(step.kernel_count or step.gpu_busy_ms for step in steps)
+
+
+def step_breakdown(timeline: Timeline) -> list[StepTimes]:
+    """Per step, its duration and the GPU/CPU breakdown."""
     trace = timeline.trace
     ev = trace.events
     a = np.array([s.start_us for s in timeline.steps])
@@ -43,28 +84,29 @@ def step_breakdown(timeline: Timeline) -> list[dict]:
     # Kernels queued before the trace began that run inside a step: busy time there, not its kernels.
     backlog_step = timeline.step_of(timeline.kernels.start_us[timeline.kernel_before_trace])
     backlog_n = np.bincount(backlog_step[backlog_step >= 0], minlength=n)
-    steps = []
-    for i, window in enumerate(timeline.steps):
-        steps.append(
-            {
-                "step": window.number,
-                "rank": trace.rank,
-                "start_ms": round((window.start_us - timeline.steps[0].start_us) / 1e3, 4),
-                "duration_ms": round(duration[i] / 1e3, 4),
-                "gpu_busy_ms": round(busy_us[i] / 1e3, 4),
-                "gpu_busy_pct": round(100.0 * busy_us[i] / duration[i], 2) if duration[i] > 0 else 0.0,
-                "gpu_idle_ms": round((duration[i] - busy_us[i]) / 1e3, 4),
-                "kernel_ms": round(kernel_us[i] / 1e3, 4),
-                "comm_ms": round(comm_us[i] / 1e3, 4),
-                "memcpy_ms": round(memcpy_us[i] / 1e3, 4),
-                "memset_ms": round(memset_us[i] / 1e3, 4),
-                "kernel_count": int(kernel_n[i]),
-                "kernels_launched_before_trace": int(backlog_n[i]),
-                "comm_kernel_count": int(comm_n[i]),
-                "cpu_op_ms": round(cpu_op_us[i] / 1e3, 4),
-                "cuda_runtime_ms": round(float(runtime_us[i]) / 1e3, 4),
-                "launch_count": int(launch_n[i]),
-                "launch_ms": round(float(launch_us[i]) / 1e3, 4),
-            }
+    busy_ms = [float(round(busy_us[i] / 1e3, 4)) for i in range(n)]
+    gpu_work = any(kernel_n[i] or busy_ms[i] for i in range(n))  # as `has_gpu_work` reads the rows
+    start = timeline.steps[0].start_us if n else 0.0
+    return [
+        StepTimes(
+            number=window.number,
+            rank=trace.rank,
+            start_ms=round((window.start_us - start) / 1e3, 4),
+            duration_ms=float(round(duration[i] / 1e3, 4)),
+            gpu_busy_ms=busy_ms[i],
+            gpu_busy_pct=float(round(100.0 * busy_us[i] / duration[i], 2)) if duration[i] > 0 else 0.0,
+            gpu_idle_ms=float(round((duration[i] - busy_us[i]) / 1e3, 4)) if gpu_work else None,
+            kernel_ms=float(round(kernel_us[i] / 1e3, 4)),
+            comm_ms=float(round(comm_us[i] / 1e3, 4)),
+            memcpy_ms=float(round(memcpy_us[i] / 1e3, 4)),
+            memset_ms=float(round(memset_us[i] / 1e3, 4)),
+            kernel_count=int(kernel_n[i]),
+            kernels_launched_before_trace=int(backlog_n[i]),
+            comm_kernel_count=int(comm_n[i]),
+            cpu_op_ms=float(round(cpu_op_us[i] / 1e3, 4)),
+            cuda_runtime_ms=round(float(runtime_us[i]) / 1e3, 4),
+            launch_count=int(launch_n[i]),
+            launch_ms=round(float(launch_us[i]) / 1e3, 4),
         )
-    return steps
+        for i, window in enumerate(timeline.steps)
+    ]

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainprof.analysis.arrays import distinct
+from trainprof.analysis.arrays import distinct, numpy_round
 from trainprof.analysis.frames import CallContext, PyFrame, call_context, is_profiler_file, parse_py_frame
-from trainprof.analysis.result import Finding, Via, Where
+from trainprof.analysis.result import Finding, Record, Via, Where
 from trainprof.analysis.runtime_calls import KINDS, call_kind, is_blocking_copy
+from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.catalog import CatalogSite, match_sync_site
 from trainprof.trace.model import FRAME_CATEGORIES
@@ -447,8 +448,55 @@ def _compatible(site: dict, point: SyncPoint) -> bool:
     return True
 
 
+class StepSyncs(Record, frozen=True, rename={"count": "sync_count", "blocked_ms": "sync_blocked_ms"}):
+    """One step's sync points and the time the host was blocked in them: a part of the step row."""
+
+    count: int
+    blocked_ms: float
+
+
+def step_syncs(points: list[SyncPoint], step_numbers: list[int]) -> list[StepSyncs]:
+    """Per step (of `step_numbers`, a trace's steps in order), its sync points' count and blocked ms."""
+    index = {number: i for i, number in enumerate(step_numbers)}
+    count = [0] * len(step_numbers)
+    blocked = [0.0] * len(step_numbers)
+    for point in points:
+        i = index[point.step]
+        count[i] += 1
+        blocked[i] = round(blocked[i] + point.blocked_us / 1e3, 4)
+    return [StepSyncs(c, b) for c, b in zip(count, blocked, strict=True)]
+
+
+class SyncOccurrence(Record, frozen=True):
+    """One sync point of a finding: its step, when (ms into the trace), how long the host blocked,
+    and the GPU idle time after it in its step."""
+
+    step: int
+    at_ms: float
+    blocked_ms: float
+    gpu_idle_after_ms: float
+
+
+class SyncDetails(Record, frozen=True):
+    """A sync finding's evidence: the runtime-level kind, the `CAUSES` key, the catalog site (its id
+    and why it syncs) when a known framework site made the call, the op chain, the runtime calls and
+    copies of its points, the GPU idle time after them, its cost as a share of the step time, and
+    each occurrence."""
+
+    sync_kind: str
+    cause: str
+    catalog_site: str | None
+    why: str | None
+    op_chain: list[str]
+    runtime_calls: list[str]
+    copies: list[str]
+    gpu_idle_after_ms: float
+    cost_pct_of_step_time: float
+    occurrences: list[SyncOccurrence]
+
+
 def sync_findings(
-    points: list[SyncPoint], step_count: int, rank: int | None, step_ms: float
+    points: list[SyncPoint], step_count: int, rank: int | None, step_ms: float, thresholds: Thresholds
 ) -> list[Finding]:
     """One finding per (cause, library call site, user frame): counts, blocked time, GPU idle after."""
     grouped: dict[tuple, list[SyncPoint]] = defaultdict(list)
@@ -463,7 +511,10 @@ def sync_findings(
         idle_ms = sum(p.gpu_idle_after_us for p in group) / 1e3
         per_step = len(group) / max(step_count, 1)
         impact_pct = 100.0 * (blocked_ms + idle_ms) / max(step_ms * step_count, 1e-9)
-        severity = "high" if impact_pct >= 5 else "medium" if function is not None else "low"
+        if impact_pct >= thresholds.sync_high_severity_pct:
+            severity = "high"
+        else:
+            severity = "medium" if function is not None else "low"
         where_text = f" in {function}" if function else ""
         via = first.via
         via_text = f" via {via.library or '?'} {via.function}" if via is not None and via.library else ""
@@ -482,27 +533,27 @@ def sync_findings(
                 cost_ms=round(blocked_ms, 4),
                 fix=first.fix,
                 rank=rank,
-                details={
-                    "sync_kind": first.kind,
-                    "cause": cause_key,
-                    "catalog_site": catalog.id if catalog is not None else None,
-                    "why": catalog.why if catalog is not None else None,
-                    "op_chain": first.ops,
-                    "runtime_calls": sorted(set(c for p in group for c in p.calls)),
-                    "copies": sorted(set(c for p in group for c in p.copies)),
-                    "gpu_idle_after_ms": round(idle_ms, 4),
-                    "cost_pct_of_step_time": round(impact_pct, 3),
-                    "occurrences": [
-                        {
-                            "step": p.step,
-                            "at_ms": round(p.start_us / 1e3, 4),
-                            "blocked_ms": round(p.blocked_us / 1e3, 4),
-                            "gpu_idle_after_ms": round(p.gpu_idle_after_us / 1e3, 4),
-                        }
+                details=SyncDetails(
+                    sync_kind=first.kind,
+                    cause=cause_key,
+                    catalog_site=catalog.id if catalog is not None else None,
+                    why=catalog.why if catalog is not None else None,
+                    op_chain=first.ops,
+                    runtime_calls=sorted(set(c for p in group for c in p.calls)),
+                    copies=sorted(set(c for p in group for c in p.copies)),
+                    gpu_idle_after_ms=round(idle_ms, 4),
+                    cost_pct_of_step_time=numpy_round(impact_pct, 3),
+                    occurrences=[
+                        SyncOccurrence(
+                            step=p.step,
+                            at_ms=round(p.start_us / 1e3, 4),
+                            blocked_ms=round(p.blocked_us / 1e3, 4),
+                            gpu_idle_after_ms=round(p.gpu_idle_after_us / 1e3, 4),
+                        )
                         for p in group
                     ],
-                },
+                ),
             )
         )
-    findings.sort(key=lambda f: -(f.cost_ms + f.details["gpu_idle_after_ms"]))
+    findings.sort(key=lambda f: -(f.cost_ms + f.details.gpu_idle_after_ms))
     return findings

@@ -1,4 +1,5 @@
-"""Every number that decides a verdict or a finding, in one table, each with its reason.
+"""Every number that decides a verdict or a finding, in one table, each with its reason; and the
+sizes of the ranked lists the analysis keeps.
 
 The analysis reads them through `Thresholds`; a caller overrides any of them by name:
 `analyze(path, thresholds={"gpu_bound_busy_pct": 90})` or
@@ -95,9 +96,51 @@ THRESHOLDS: tuple[Threshold, ...] = (
         80.0,
         "...provided the GPU is less than 80% busy (else the tiny kernels are hidden behind long ones).",
     ),
+    Threshold(
+        "sync_high_severity_pct",
+        5.0,
+        "A sync point whose blocked time plus the GPU idle time after it comes to at least 5% of the "
+        "profiled step time is `high` severity; below, `medium` (`low` when no user frame is known).",
+    ),
+    Threshold(
+        "straggler_min_excess_ms",
+        5.0,
+        "A rank is the straggler when its non-communication time per step exceeds the other ranks' "
+        "median by at least 5 ms...",
+    ),
+    Threshold(
+        "straggler_min_excess_fraction",
+        0.15,
+        "...and by at least 15% of the median step: smaller differences are noise between ranks.",
+    ),
 )
 
 DEFAULTS: Mapping[str, float] = MappingProxyType({t.name: t.value for t in THRESHOLDS})
+
+# How much of each ranked list the result keeps: they bound the size of summary.json and of the
+# findings' evidence, and decide no verdict and no finding's severity.
+TOP_ROWS = 10
+"""Rows of the top-kernels, top-ops and top-host-ops tables (the reports show fewer)."""
+HOLDERS_SCANNED = 40
+"""Holders of GPU-idle time looked at, largest first, for the steady ones kept and the one-off ones."""
+HOLDERS_KEPT = 12
+"""Steady-state holders of GPU-idle time kept per trace (`gpu_idle_holders`)."""
+FINDING_HOLDERS = 6
+"""Holders listed in an idle-cause finding's evidence."""
+HOST_FUNCTIONS_KEPT = 8
+"""Python functions holding `host` idle time kept per trace (`gpu_idle_host_functions`)."""
+HOST_FUNCTIONS_IN_TITLE = 3
+"""Python functions a host-bound finding's title names (its evidence lists them all)."""
+HOST_FUNCTION_STACK_FRAMES = 6
+"""Named frames of a host function's stack, innermost first: enough to reach the user's call."""
+LAUNCH_REGIONS_KEPT = 5
+"""Owners of tiny kernels kept in the launch totals and the launch finding's evidence."""
+ONE_OFF_FINDINGS_KEPT = 4
+"""One-off costs that get a finding each, largest first: more repeat the same advice (profile later)."""
+MODULE_TABLE_ROWS = 30
+"""Rows of the module-costs finding's tables: a GPT-2 has ~15 module class paths, a ResNet ~10."""
+TOP_OPS_PER_OWNER = 6
+"""Ops listed per owner (module or function) of tiny kernels."""
 
 
 class Thresholds:

@@ -59,12 +59,7 @@ def write_framework_scalars(sess: Session, folder: str | os.PathLike[str], step_
     try:
         from trainprof.report.tensorboard import write_scalars
 
-        steps = [
-            {**row, "step": row["step"] + step_offset}
-            for row in sess.analysis.to_dict().get("steps") or []
-            if row.get("step") is not None
-        ]
-        return write_scalars({"steps": steps}, Path(folder))
+        return write_scalars(sess.analysis, Path(folder), step_offset)
     except Exception as error:  # a report must never end the user's training run
         logger.debug("trainprof: writing scalars into %s failed", folder, exc_info=True)
         warn(f"trainprof: writing scalars into {folder} failed ({error})")

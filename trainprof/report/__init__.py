@@ -1,4 +1,4 @@
-"""Renderers of an analysis (`Analysis.to_dict()`): console, json, markdown, tensorboard scalars.
+"""Renderers of the typed `Analysis`: console, json, markdown, tensorboard scalars.
 
 A report never computes a metric; it renders what the analysis holds. Every string that comes from
 a trace (kernel, op, function and file names) is cleaned of control characters before display, and
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis
 
 
 def output_names(rank: int | None) -> dict[str, str]:
@@ -43,7 +46,7 @@ def write_text_atomically(path: str | Path, text: str) -> Path:
 
 
 def write_reports(
-    analysis: dict[str, Any],
+    analysis: Analysis,
     run_dir: str | Path,
     *,
     tensorboard_scalars: bool = True,

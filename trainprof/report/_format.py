@@ -1,16 +1,47 @@
 """Shared wording of the reports: turns values the analysis computed into display strings.
 
-Nothing here computes a metric; it only picks fields out of `Analysis.to_dict()` (the summary lives
-in `trace["summary"]`) and formats them. Every trace-derived string passes through `clean()`.
+Nothing here computes a metric; it reads fields of the typed `Analysis` and formats them. Every
+trace-derived string passes through `clean()`. How much of the analysis a report shows is set here,
+in one place (`summary.json` holds all of it).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Each headline row: (label, summary key, unit suffix, decimals): the keys analysis/core.py writes.
+from trainprof.analysis.kernels import TopKernelsDetails
+from trainprof.analysis.modules import ModuleCostsDetails
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis, Finding
+
+# What the reports show, at most.
+CONSOLE_FINDINGS = 10
+"""Findings on the console: a screenful, most severe and costly first."""
+MARKDOWN_FINDINGS = 20
+"""Findings in report.md, which is read at leisure."""
+KERNEL_ROWS = 5
+"""Rows of the top-kernels table."""
+MODULE_ROWS = 10
+"""Rows of the GPU-time-by-module table."""
+KERNEL_NAME_CHARS = 60
+"""A kernel's name without its template and argument lists, cut to this."""
+DIFF_ROWS = 20
+"""Rows of each table of `trainprof diff` (changed ops, changed kernels)."""
+AB_DIFF_ROWS = 12
+"""Rows of each diff table inside a `trainprof ab` report (one diff per variant)."""
+OP_NAME_CHARS = 70
+"""An op's name in a diff table."""
+FINDING_TITLE_CHARS = 90
+"""A finding's title in a diff table (the title, not the finding's whole text)."""
+PIPE_WIDTH = 160
+"""Columns of console output that goes to a log or a pipe: paths and fixes are not folded."""
+PLAIN_TEXT_WIDTH = 80
+"""Columns of the plain-text report (rich not installed)."""
+
+# Each headline row: (label, `Summary` field, unit suffix, decimals).
 HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("verdict", "verdict", "", 0),
     ("step time", "mean_step_ms", " ms", 1),
@@ -30,11 +61,6 @@ def clean(text: Any) -> str:
     return _CONTROL.sub(lambda m: " " if m.group() in "\t\n\r\v\f" else "", text)
 
 
-def summary_of(analysis: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers of an `Analysis.to_dict()` (its `trace["summary"]`)."""
-    return (analysis.get("trace") or {}).get("summary") or {}
-
-
 def number(value: Any, decimals: int = 1, unit: str = "") -> str:
     """A number for display; '-' when missing."""
     if value is None:
@@ -44,16 +70,16 @@ def number(value: Any, decimals: int = 1, unit: str = "") -> str:
     return f"{value:,.{decimals}f}{unit}"
 
 
-def headline(analysis: dict[str, Any]) -> list[tuple[str, str]]:
+def headline(analysis: Analysis) -> list[tuple[str, str]]:
     """(label, value) rows of the headline; rows whose value the analysis lacks are left out."""
-    summary = summary_of(analysis)
+    summary = analysis.summary
     rows = [
-        (label, number(summary[key], decimals, unit))
-        for label, key, unit, decimals in HEADLINE_ROWS
-        if summary.get(key) is not None
+        (label, number(getattr(summary, name), decimals, unit))
+        for label, name, unit, decimals in HEADLINE_ROWS
+        if getattr(summary, name) is not None
     ]
-    if summary.get("peak_memory_bytes") is not None:
-        rows.append(("peak memory", size(summary["peak_memory_bytes"])))
+    if summary.peak_memory_bytes is not None:
+        rows.append(("peak memory", size(summary.peak_memory_bytes)))
     return rows
 
 
@@ -67,10 +93,9 @@ def size(num_bytes: float) -> str:
     raise AssertionError  # the loop returns at GiB
 
 
-def where(finding: dict[str, Any]) -> str:
+def where(finding: Finding) -> str:
     """`file:line function` of a finding (file shown by its base name)."""
-    place = finding.get("where") or {}
-    file, line, function = place.get("file"), place.get("line"), place.get("function")
+    file, line, function = finding.where.file, finding.where.line, finding.where.function
     if not file and not function:
         return "-"
     text = os.path.basename(str(file)) if file else "?"
@@ -87,40 +112,38 @@ MODULE_COSTS_KIND = "module_costs"  # likewise
 _TABLE_KINDS = (TOP_KERNELS_KIND, MODULE_COSTS_KIND)
 
 
-def has_ranks(findings: list[dict[str, Any]]) -> bool:
+def has_ranks(findings: list[Finding]) -> bool:
     """Whether the findings come from more than one rank: the reports then show each one's rank."""
-    return len({f.get("rank") for f in findings}) > 1
+    return len({f.rank for f in findings}) > 1
 
 
-def rank_of(finding: dict[str, Any]) -> str:
+def rank_of(finding: Finding) -> str:
     """The finding's rank for display ('-' for findings over all ranks)."""
-    rank = finding.get("rank")
-    return "-" if rank is None else str(rank)
+    return "-" if finding.rank is None else str(finding.rank)
 
 
-def finding_row(finding: dict[str, Any]) -> tuple[str, ...]:
+def finding_row(finding: Finding) -> tuple[str, ...]:
     """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts)."""
     return (
-        clean(finding.get("severity") or "-"),
-        clean(finding.get("title") or finding.get("kind") or "-"),
-        clean(finding.get("op") or "-"),
+        clean(finding.severity or "-"),
+        clean(finding.title or finding.kind or "-"),
+        clean(finding.op or "-"),
         where(finding),
-        number(finding.get("per_step"), 1),
-        number(finding.get("cost_ms"), 2),
-        clean(finding.get("fix") or "-"),
+        number(finding.per_step, 1),
+        number(finding.cost_ms, 2),
+        clean(finding.fix or "-"),
     )
 
 
-def top_findings(analysis: dict[str, Any], limit: int = 10) -> list[dict[str, Any]]:
+def top_findings(analysis: Analysis, limit: int) -> list[Finding]:
     """The findings in the analysis's order (it ranks them), at most `limit`."""
-    findings = [f for f in analysis.get("findings") or [] if f.get("kind") not in _TABLE_KINDS]
-    return findings[:limit]
+    return [f for f in analysis.findings if f.kind not in _TABLE_KINDS][:limit]
 
 
 KERNEL_COLUMNS = ("kernel", "calls", "total ms", "mean us", "% GPU time")
 
 
-def kernel_name(name: str, limit: int = 60) -> str:
+def kernel_name(name: str, limit: int = KERNEL_NAME_CHARS) -> str:
     """A demangled kernel name without `void ` and its argument list, cut to `limit`."""
     name = clean(name).removeprefix("void ")
     for bracket in ("<", "("):
@@ -130,47 +153,47 @@ def kernel_name(name: str, limit: int = 60) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
-def top_kernels(analysis: dict[str, Any], limit: int = 5) -> list[tuple[str, ...]]:
-    """Rows of the top-kernels table (over all profiled steps), from the top-kernels finding."""
-    finding = next((f for f in analysis.get("findings") or [] if f.get("kind") == TOP_KERNELS_KIND), None)
-    kernels = ((finding or {}).get("details") or {}).get("kernels") or []
+def top_kernels(analysis: Analysis) -> list[tuple[str, ...]]:
+    """Rows of the top-kernels table (over all profiled steps), from the first top-kernels finding."""
+    details = next((f.details for f in analysis.findings if isinstance(f.details, TopKernelsDetails)), None)
+    kernels = details.kernels if details is not None else []
     return [
         (
-            kernel_name(str(kernel.get("name", "-"))),
-            number(kernel.get("count"), 0),
-            number(kernel.get("total_ms"), 2),
-            number(kernel.get("mean_us"), 1),
-            number(kernel.get("pct"), 1),
+            kernel_name(kernel.name),
+            number(kernel.count, 0),
+            number(kernel.total_ms, 2),
+            number(kernel.mean_us, 1),
+            number(kernel.pct, 1),
         )
-        for kernel in kernels[:limit]
+        for kernel in kernels[:KERNEL_ROWS]
     ]
 
 
 MODULE_COLUMNS = ("module", "phases", "instances", "kernels / step", "GPU ms / step", "% tiny", "top tiny op")
 
 
-def module_costs(analysis: dict[str, Any], limit: int = 10) -> list[tuple[str, ...]]:
+def module_costs(analysis: Analysis) -> list[tuple[str, ...]]:
     """Rows of the per-module cost table (`nn.Module` class paths by GPU time, forward + backward),
     from the first module-costs finding; `% tiny`: kernels shorter than their launch."""
-    finding = next((f for f in analysis.get("findings") or [] if f.get("kind") == MODULE_COSTS_KIND), None)
-    modules = ((finding or {}).get("details") or {}).get("modules") or []
+    details = next((f.details for f in analysis.findings if isinstance(f.details, ModuleCostsDetails)), None)
+    modules = details.modules if details is not None else []
     return [
         (
-            clean(row.get("module") or "-"),
-            clean(row.get("phases") or "-"),
-            number(row.get("instances"), 0),
-            number(row.get("kernels_per_step"), 0),
-            number(row.get("gpu_ms_per_step"), 2),
-            number(row.get("tiny_kernel_pct"), 0),
-            clean((row.get("top_ops") or [{}])[0].get("op") or "-"),
+            clean(row.module or "-"),
+            clean(row.phases or "-"),
+            number(row.instances, 0),
+            number(row.kernels_per_step, 0),
+            number(row.gpu_ms_per_step, 2),
+            number(row.tiny_kernel_pct, 0),
+            clean((row.top_ops[0].op if row.top_ops else None) or "-"),
         )
-        for row in modules[:limit]
+        for row in modules[:MODULE_ROWS]
     ]
 
 
-def trace_name(analysis: dict[str, Any]) -> str:
+def trace_name(analysis: Analysis) -> str:
     """What was analysed, for the report's title: the trace file(s) by base name."""
-    files = (analysis.get("trace") or {}).get("files") or []
+    files = analysis.files
     if not files:
         return "trace"
     names = [os.path.basename(str(f)) for f in files]

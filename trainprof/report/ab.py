@@ -1,4 +1,4 @@
-"""Render an A/B run (``ABResult.to_dict()``) and a trace diff (``TraceDiff.to_dict()``).
+"""Render an A/B run (``ABResult.to_dict()``) and a trace diff (a ``TraceDiff``).
 
 Console tables (rich when installed, plain text otherwise) and Markdown sections; nothing here
 computes a metric: every figure is a field of the result, only formatted.
@@ -7,9 +7,12 @@ computes a metric: every figure is a field of the result, only formatted.
 from __future__ import annotations
 
 import sys
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from trainprof.report import _format
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.diff import RunSide, TraceDiff
 
 _number = _format.number
 
@@ -36,7 +39,7 @@ def _parity(variant: dict) -> str:
 
 
 def ab_tables(
-    result: dict[str, Any], limit: int = 12
+    result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS
 ) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]]]]:
     """(title, columns, rows) of every table of an A/B report: variants, then each diff."""
     rows = []
@@ -56,65 +59,64 @@ def ab_tables(
                 _parity(v),
             )
         )
+    from trainprof.analysis.diff import TraceDiff  # the diffs come as JSON, inside the result
+
     tables = [("Variants", AB_COLUMNS, rows)]
     for name, diff in (result.get("diffs") or {}).items():
         reference = result["variants"][0]["name"]
         tables += [
             (f"{reference} -> {name}: {title}", columns, table_rows)
-            for title, columns, table_rows in diff_tables(diff, limit)
+            for title, columns, table_rows in diff_tables(TraceDiff.from_dict(diff), limit)
         ]
     return tables
 
 
 def _op_name(name: str) -> str:
-    return _short(name.replace(_AUTOGRAD_NODE, "backward of "), 70)
+    return _short(name.replace(_AUTOGRAD_NODE, "backward of "), _format.OP_NAME_CHARS)
 
 
 def diff_tables(
-    diff: dict[str, Any], limit: int = 12
+    diff: TraceDiff, limit: int = _format.DIFF_ROWS
 ) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]]]]:
     """(title, columns, rows) of a trace diff: headline, changed ops, changed kernels, findings."""
-    headline = [
-        (row["metric"], _value(row["metric"], row["a"]), _value(row["metric"], row["b"]))
-        for row in diff["headline"]
-    ]
+    headline = [(row.metric, _value(row.metric, row.a), _value(row.metric, row.b)) for row in diff.headline]
     ops = [
         (
-            _op_name(r["name"]),
-            r["status"],
-            _number(r["calls_a"], 1),
-            _number(r["calls_b"], 1),
-            _number(r["host_ms_a"], 3),
-            _number(r["host_ms_b"], 3),
-            _number(r["gpu_ms_a"], 3),
-            _number(r["gpu_ms_b"], 3),
+            _op_name(r.name),
+            r.status,
+            _number(r.calls_a, 1),
+            _number(r.calls_b, 1),
+            _number(r.host_ms_a, 3),
+            _number(r.host_ms_b, 3),
+            _number(r.gpu_ms_a, 3),
+            _number(r.gpu_ms_b, 3),
         )
-        for r in diff["ops"]
-        if r["status"] != "same"
+        for r in diff.ops
+        if r.status != "same"
     ][:limit]
     kernels = [
         (
-            _format.kernel_name(r["name"]),
-            r["kind"],
-            r["status"],
-            _number(r["count_a"], 1),
-            _number(r["count_b"], 1),
-            _number(r["gpu_ms_a"], 3),
-            _number(r["gpu_ms_b"], 3),
+            _format.kernel_name(r.name),
+            r.kind,
+            r.status,
+            _number(r.count_a, 1),
+            _number(r.count_b, 1),
+            _number(r.gpu_ms_a, 3),
+            _number(r.gpu_ms_b, 3),
         )
-        for r in diff["kernels"]
-        if r["status"] != "same"
+        for r in diff.kernels
+        if r.status != "same"
     ][:limit]
     findings = [
         (
-            _short(c["title_b"] or c["title_a"] or c["kind"], 90),
-            c["status"],
-            _number(c["per_step_a"], 1),
-            _number(c["per_step_b"], 1),
-            _number(c["cost_ms_per_step_a"], 2),
-            _number(c["cost_ms_per_step_b"], 2),
+            _short(c.title_b or c.title_a or c.kind, _format.FINDING_TITLE_CHARS),
+            c.status,
+            _number(c.per_step_a, 1),
+            _number(c.per_step_b, 1),
+            _number(c.cost_ms_per_step_a, 2),
+            _number(c.cost_ms_per_step_b, 2),
         )
-        for c in diff["findings"]
+        for c in diff.findings
     ]
     tables = [("per step", ("metric", "a", "b"), headline), ("ops that changed (per step)", OP_COLUMNS, ops)]
     if kernels:
@@ -189,7 +191,7 @@ def _prediction_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_ab_markdown(result: dict[str, Any], limit: int = 12) -> str:
+def render_ab_markdown(result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS) -> str:
     """An A/B run as a Markdown section (``## A/B: <model>``)."""
     lines = [f"## A/B: {result['model']}", ""]
     lines += [f"- {line}" for line in _header_lines(result)]
@@ -202,14 +204,9 @@ def render_ab_markdown(result: dict[str, Any], limit: int = 12) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_diff_markdown(diff: dict[str, Any], limit: int = 20) -> str:
+def render_diff_markdown(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> str:
     """A trace diff as a Markdown section."""
-    lines = [
-        "## Diff",
-        "",
-        f"- a: {', '.join(diff['a']['files'])} ({diff['a']['steps']} steps)",
-        f"- b: {', '.join(diff['b']['files'])} ({diff['b']['steps']} steps)",
-    ]
+    lines = ["## Diff", "", f"- a: {_run_line(diff.a)}", f"- b: {_run_line(diff.b)}"]
     for title, columns, rows in diff_tables(diff, limit):
         lines += ["", f"### {title}", ""] + _markdown_table(columns, rows)
     return "\n".join(lines) + "\n"
@@ -224,18 +221,18 @@ def _markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> li
     ]
 
 
-def print_ab(result: dict[str, Any], file: IO[str] | None = None, limit: int = 12) -> None:
+def print_ab(result: dict[str, Any], file: IO[str] | None = None, limit: int = _format.AB_DIFF_ROWS) -> None:
     """An A/B run as console tables."""
     _print(_header_lines(result) + _prediction_lines(result), ab_tables(result, limit), file)
 
 
-def print_diff(diff: dict[str, Any], file: IO[str] | None = None, limit: int = 20) -> None:
+def print_diff(diff: TraceDiff, file: IO[str] | None = None, limit: int = _format.DIFF_ROWS) -> None:
     """A trace diff as console tables."""
-    head = [
-        f"a: {', '.join(diff['a']['files'])} ({diff['a']['steps']} steps)",
-        f"b: {', '.join(diff['b']['files'])} ({diff['b']['steps']} steps)",
-    ]
-    _print(head, diff_tables(diff, limit), file)
+    _print([f"a: {_run_line(diff.a)}", f"b: {_run_line(diff.b)}"], diff_tables(diff, limit), file)
+
+
+def _run_line(run: RunSide) -> str:
+    return f"{', '.join(run.files)} ({run.steps} steps)"
 
 
 def _print(lines: list[str], tables: list, file: IO[str] | None) -> None:
@@ -248,7 +245,7 @@ def _print(lines: list[str], tables: list, file: IO[str] | None) -> None:
         for title, columns, rows in tables:
             file.write(f"\n{title}\n" + "\n".join("  ".join(row) for row in [columns, *rows]) + "\n")
         return
-    width = None if (hasattr(file, "isatty") and file.isatty()) else 160
+    width = None if (hasattr(file, "isatty") and file.isatty()) else _format.PIPE_WIDTH
     console = Console(file=file, highlight=False, soft_wrap=False, width=width)
     for line in lines:
         console.print(line)

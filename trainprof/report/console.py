@@ -10,36 +10,42 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from trainprof.report import _format
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis, Finding
 
 
 def _console(file: IO[str], width: int | None) -> Any:
     from rich.console import Console
 
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
-        width = 160  # logs and pipes: wide enough that paths and fixes are not folded
+        width = _format.PIPE_WIDTH
     return Console(file=file, highlight=False, markup=False, emoji=False, width=width)
 
 
 def print_report(
-    analysis: dict[str, Any], file: IO[str] | None = None, limit: int = 10, width: int | None = None
+    analysis: Analysis,
+    file: IO[str] | None = None,
+    limit: int = _format.CONSOLE_FINDINGS,
+    width: int | None = None,
 ) -> None:
-    """Print `Analysis.to_dict()` to `file` (default stdout).
+    """Print an analysis to `file` (default stdout).
 
-    Width: the terminal's; 160 columns when `file` is not a terminal (logs, pipes).
+    Width: the terminal's; `PIPE_WIDTH` columns when `file` is not a terminal (logs, pipes).
     """
     file = file or sys.stdout
     try:
         console = _console(file, width)
     except ImportError:
-        file.write(render_text(analysis, limit, width or 80))
+        file.write(render_text(analysis, limit, width or _format.PLAIN_TEXT_WIDTH))
         return
     _print_rich(analysis, console, limit)
 
 
-def _finding_lines(finding: dict[str, Any], index: int, show_rank: bool) -> tuple[str, str, str]:
+def _finding_lines(finding: Finding, index: int, show_rank: bool) -> tuple[str, str, str]:
     """The three lines of a finding block: headline, evidence, fix."""
     severity, title, op, where, per_step, cost, fix = _format.finding_row(finding)
     rank = f"rank {_format.rank_of(finding)}  " if show_rank else ""
@@ -48,7 +54,7 @@ def _finding_lines(finding: dict[str, Any], index: int, show_rank: bool) -> tupl
     return head, evidence, f"fix: {fix}"
 
 
-def _print_rich(analysis: dict[str, Any], console: Any, limit: int) -> None:
+def _print_rich(analysis: Analysis, console: Any, limit: int) -> None:
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
@@ -96,7 +102,9 @@ def _print_rich(analysis: dict[str, Any], console: Any, limit: int) -> None:
         console.print(table)
 
 
-def render_text(analysis: dict[str, Any], limit: int = 10, width: int = 80) -> str:
+def render_text(
+    analysis: Analysis, limit: int = _format.CONSOLE_FINDINGS, width: int = _format.PLAIN_TEXT_WIDTH
+) -> str:
     """Plain-text form of the same report (used when rich is not installed), wrapped at `width`."""
     lines = [f"trainprof: {_format.trace_name(analysis)}"]
     lines += [f"  {label:<15} {value}" for label, value in _format.headline(analysis)]

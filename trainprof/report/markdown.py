@@ -10,9 +10,12 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainprof.report import _format
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis
 
 # Characters that start inline syntax (code, emphasis, links and images, strikethrough) or end a
 # table cell, wherever they stand. Text never starts a line here (cells and bullets do), so the
@@ -36,8 +39,8 @@ def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return lines
 
 
-def render_markdown(analysis: dict[str, Any], limit: int = 20) -> str:
-    """`Analysis.to_dict()` as a Markdown document."""
+def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) -> str:
+    """An analysis as a Markdown document."""
     lines = [f"# trainprof report: {escape(_format.trace_name(analysis))}", ""]
     lines += [f"- **{label}**: {escape(value)}" for label, value in _format.headline(analysis)]
     lines += ["", "## Top findings", ""]
@@ -58,24 +61,23 @@ def render_markdown(analysis: dict[str, Any], limit: int = 20) -> str:
     if modules:
         lines += ["", "## GPU time by module (forward + backward)", ""]
         lines += _table(_format.MODULE_COLUMNS, modules)
-    steps = analysis.get("steps") or []
-    if steps:
+    if analysis.steps:
         lines += ["", "## Steps", ""]
         rows = [
             (
-                str(step.get("step")),
-                _format.number(step.get("duration_ms"), 1),
-                _format.number(step.get("gpu_busy_pct"), 1),
-                _format.number(step.get("kernel_count"), 0),
-                _format.number(step.get("sync_count"), 0),
+                str(step.times.number),
+                _format.number(step.times.duration_ms, 1),
+                _format.number(step.times.gpu_busy_pct, 1),
+                _format.number(step.times.kernel_count, 0),
+                _format.number(step.syncs.count, 0),
             )
-            for step in steps
+            for step in analysis.steps
         ]
         lines += _table(("step", "duration ms", "GPU busy %", "kernels", "syncs"), rows)
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(analysis: dict[str, Any], path: str | Path) -> Path:
+def write_markdown(analysis: Analysis, path: str | Path) -> Path:
     """Write report.md; returns its path."""
     from trainprof.report import write_text_atomically
 

@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-# TensorBoard tag -> step field of the analysis (values are the analysis's, not recomputed).
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis
+
+# TensorBoard tag -> the step's field (values are the analysis's, not recomputed).
 SCALARS = {
-    "trainprof/step_time_ms": "duration_ms",
-    "trainprof/gpu_busy_pct": "gpu_busy_pct",
-    "trainprof/syncs_per_step": "sync_count",
-    "trainprof/kernels_per_step": "kernel_count",
+    "trainprof/step_time_ms": attrgetter("times.duration_ms"),
+    "trainprof/gpu_busy_pct": attrgetter("times.gpu_busy_pct"),
+    "trainprof/syncs_per_step": attrgetter("syncs.count"),
+    "trainprof/kernels_per_step": attrgetter("times.kernel_count"),
 }
 
 
-def write_scalars(analysis: dict[str, Any], run_dir: str | Path) -> bool:
-    """Write one scalar per step and tag; False when tensorboard is not installed."""
+def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0) -> bool:
+    """Write one scalar per step and tag, at the step's number plus `step_offset` (a framework's own
+    x-axis); False when tensorboard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return False
     writer = SummaryWriter(str(run_dir))
     try:
-        for step in analysis.get("steps") or []:
-            for tag, key in SCALARS.items():
-                value = step.get(key)
-                if value is not None and step.get("step") is not None:
-                    writer.add_scalar(tag, value, global_step=int(step["step"]))
+        for step in analysis.steps:
+            for tag, field in SCALARS.items():
+                writer.add_scalar(tag, field(step), global_step=step.times.number + step_offset)
     finally:
         writer.close()
     return True

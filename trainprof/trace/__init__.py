@@ -8,7 +8,7 @@ from trainprof.trace.load import (
     newest_run,
     sync_sites_path,
     trace_size_limit,
-    worker_name,
+    worker_of,
 )
 from trainprof.trace.model import EventTable, Trace
 
@@ -22,5 +22,5 @@ __all__ = [
     "newest_run",
     "sync_sites_path",
     "trace_size_limit",
-    "worker_name",
+    "worker_of",
 ]

@@ -41,13 +41,12 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib serves wher
     from zlib import decompressobj as _decompressobj
     from zlib import error as _InflateError
 
+from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIXES
 from trainprof.trace.model import CATEGORY_ALIASES, FRAME_CATEGORIES, KEPT_CATEGORIES, EventTable, Trace
 from trainprof.user_code import CodeLayout
 
 logger = logging.getLogger("trainprof")
 
-SYNCSITES_SUFFIX = ".syncsites.json"
-TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,9})", re.IGNORECASE)
 # tensorboard_trace_handler's timestamp: ms (torch <= 2.0) or ns since the epoch, 13+ digits; a short
 # number after a dot is part of the worker's own name (`Qwen1.5`).
@@ -189,7 +188,7 @@ def newest_run(folder: Path) -> tuple[Path | None, list[Path]]:
     return (runs[-1][2], [run for _, _, run in runs]) if runs else (None, [])
 
 
-def worker_name(path: Path) -> str:
+def worker_of(path: Path) -> str:
     """The worker part of a trace file name: the name less the suffixes Kineto adds (module docstring)."""
     name = path.name
     for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
@@ -201,7 +200,7 @@ def worker_name(path: Path) -> str:
 
 def sync_sites_path(path: Path) -> Path:
     """Where the captured sync sites of the trace at `path` live: `<folder>/<worker>.syncsites.json`."""
-    return path.with_name(worker_name(path) + SYNCSITES_SUFFIX)
+    return path.with_name(worker_of(path) + SYNCSITES_SUFFIX)
 
 
 @contextlib.contextmanager
@@ -227,7 +226,7 @@ def load_trace(path: str | Path) -> Trace:
 
     distributed = metadata.get("distributedInfo")
     distributed = distributed if isinstance(distributed, dict) else None
-    worker = worker_name(path)
+    worker = worker_of(path)
     rank = distributed.get("rank") if distributed is not None else None
     if type(rank) is not int or not 0 <= rank < 2**31:  # not bool, not a 5000-digit number
         rank = None
@@ -718,13 +717,17 @@ def _copy(text: str) -> str:
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
 
 
+_KINDS_NAMED = 6  # event kinds the error names, most frequent first: enough to recognise the file
+
+
 def _what_is_missing(events: list) -> str:
     """The message for events none of which the analyses read: what they need, and what the file has."""
     found: dict[str, int] = {}
     for event in events:
         key = f"{_phase(event) or '?'}:{event.cat or '-'}"
         found[key] = found.get(key, 0) + 1
-    common = ", ".join(f"{key} x{n}" for key, n in sorted(found.items(), key=lambda kv: -kv[1])[:6])
+    ranked = sorted(found.items(), key=lambda kv: -kv[1])[:_KINDS_NAMED]
+    common = ", ".join(f"{key} x{n}" for key, n in ranked)
     return (
         "no events trainprof reads: it needs complete ('ph': 'X') events of a category such as "
         f"cpu_op, kernel or cuda_runtime (or PyTorch 1.8's Operator, Kernel, Runtime); this file has {common}"

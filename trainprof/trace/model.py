@@ -269,6 +269,7 @@ class ThreadFrames:
         self.parents = enclosing_parents(self.ends)
         self.parent: list[int] = self.parents.tolist()
         self._op_ancestor: np.ndarray | None = None
+        self._top_op: np.ndarray | None = None
 
     def innermost(self, start_us: float, end_us: float) -> int:
         """Index of the innermost frame enclosing [start_us, end_us], or -1."""
@@ -295,6 +296,16 @@ class ThreadFrames:
             is_op = self.category_codes == FRAME_CATEGORIES.index("cpu_op")
             self._op_ancestor = nearest_marked(self.parents, is_op)
         return self._at(self._op_ancestor, index)
+
+    def outermost_op(self, index: np.ndarray) -> np.ndarray:
+        """Per frame index (-1: none), the outermost cpu_op among the frame and its parents, or -1."""
+        if self._top_op is None:
+            # A chain's top op is an op with no op above it; the nearest top op above a frame is the
+            # outermost op of its chain.
+            is_op = self.category_codes == FRAME_CATEGORIES.index("cpu_op")
+            above = self.enclosing_op(self.parents)
+            self._top_op = nearest_marked(self.parents, is_op & (above < 0))
+        return self._at(self._top_op, index)
 
     def name_ids_at(self, index: np.ndarray) -> np.ndarray:
         """Per frame index (-1: none), the frame's name id, or -1."""

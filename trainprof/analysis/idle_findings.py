@@ -1,0 +1,236 @@
+"""Findings on GPU-idle time: each cause that matters, the host code that held the GPU idle, and
+the one-off costs (from `trainprof.analysis.idle`'s breakdown and the trace's verdict).
+
+Each cause costing at least `finding_min_idle_share` of the step time (or naming the verdict) gets
+a finding with its fix; profiler overhead of at least `profiler_overhead_min_share` a `low` one;
+each one-off cost of at least `one_off_min_ms` a one-off finding. Launch overhead and sync points
+have their own modules' findings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from trainprof.analysis.arrays import numpy_round
+from trainprof.analysis.causes import CAUSES, Cause
+from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
+from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.thresholds import (
+    FINDING_HOLDERS,
+    HOST_FUNCTIONS_IN_TITLE,
+    ONE_OFF_FINDINGS_KEPT,
+    Thresholds,
+)
+from trainprof.analysis.verdict import Verdict
+
+
+class IdleCauseDetails(Record, frozen=True):
+    """An idle-cause finding's evidence: the cause's ms per step and share of the step time, its
+    largest holders, and the trace's verdict."""
+
+    idle_ms_per_step: float
+    idle_pct: float
+    holders: list[IdleHolder]
+    verdict: Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name; the holders and the verdict in their own JSON form."""
+        holders = [holder.to_dict() for holder in self.holders]
+        return {**msgspec.to_builtins(self), "holders": holders, "verdict": self.verdict.to_dict()}
+
+
+class HostBoundDetails(Record, frozen=True):
+    """The host-bound finding's evidence: `host` and `unknown` ms per step (named and unnamed host
+    code), their share of the step time, the Python functions that held it, and the verdict."""
+
+    idle_host_ms_per_step: float
+    idle_named_ms_per_step: float
+    idle_unnamed_ms_per_step: float
+    idle_host_pct: float
+    functions: list[HostFunction]
+    verdict: Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name; the verdict in its own JSON form."""
+        return {**msgspec.to_builtins(self), "verdict": self.verdict.to_dict()}
+
+
+class OneOffDetails(Record, frozen=True):
+    """A one-off finding's evidence: the steps it happened in, its event and op, its idle ms."""
+
+    steps: list[int]
+    event: str | None
+    op: str | None
+    idle_ms: float
+
+
+# The causes with a finding of their own here: (cause, kind, what the title says the host is doing).
+_CAUSE_FINDINGS: tuple[tuple[Cause, str, str], ...] = (
+    (Cause.INPUT, "input_bound", "waiting for input (DataLoader / data preparation on the training thread)"),
+    (
+        Cause.BLOCKING,
+        "blocking_runtime_call",
+        "inside blocking runtime calls (allocation, free, stream creation, synchronous copies)",
+    ),
+    (Cause.WARMUP, "recurring_warmup", "in library warm-up that recurs in several steps"),
+    (Cause.COMM, "communication_wait", "inside host-side collectives, waiting for other ranks"),
+    (
+        Cause.PROFILER,
+        "profiler_overhead",
+        "in the profiler's own code (trainprof's hooks, torch.profiler), which an un-profiled run "
+        "does not pay",
+    ),
+)
+
+
+def idle_findings(
+    verdict: Verdict, breakdown: IdleBreakdown, steps: list[Step], rank: int | None, thresholds: Thresholds
+) -> list[Finding]:
+    """The findings for the GPU-idle causes that matter (module docstring)."""
+    if verdict.label == "cpu-only" or not steps:
+        return []
+    n = len(steps)
+    step_ms = sum(s.times.duration_ms for s in steps)
+    findings = []
+
+    def share(ms: float) -> float:
+        return ms / max(step_ms, 1e-9)
+
+    def total(cause: Cause) -> float:
+        return sum(s.idle.costs[cause] for s in steps if s.idle is not None)
+
+    host_ms = sum(s.idle.costs[Cause.HOST] + s.idle.costs[Cause.UNKNOWN] for s in steps if s.idle is not None)
+    if share(host_ms) >= thresholds.finding_min_idle_share or verdict.label == "host-bound":
+        findings.append(_host_bound_finding(verdict, breakdown, steps, rank, thresholds))
+    for cause, kind, title in _CAUSE_FINDINGS:
+        info = CAUSES[cause]
+        overhead = info.verdict is None  # the profiler's cost, not the training's: told, never urgent
+        min_share = thresholds.profiler_overhead_min_share if overhead else thresholds.finding_min_idle_share
+        ms = total(cause)
+        if ms <= 0 or (share(ms) < min_share and verdict.cause != cause):
+            continue
+        held = [h for h in breakdown.holders if h.cause == cause]
+        event, op = (held[0].event, held[0].op) if held else (None, None)
+        if overhead:
+            severity = "low"
+        else:
+            severity = "high" if share(ms) >= thresholds.high_severity_idle_share else "medium"
+        findings.append(
+            Finding(
+                kind=kind,
+                title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}"
+                + (f": mostly {event}" if event else "")
+                + (f" in {op}" if op and op != event else ""),
+                severity=severity,
+                op=op or event,
+                where=Where(),
+                count=n,
+                per_step=1.0,
+                cost_ms=round(ms, 4),
+                fix=info.fix,
+                rank=rank,
+                cause=info.meaning,
+                details=IdleCauseDetails(
+                    idle_ms_per_step=round(ms / n, 4),
+                    idle_pct=numpy_round(100 * share(ms), 2),
+                    holders=held[:FINDING_HOLDERS],
+                    verdict=verdict,
+                ),
+            )
+        )
+    findings.extend(_one_off_findings(breakdown, rank, thresholds))
+    return findings
+
+
+def _host_bound_finding(
+    verdict: Verdict, breakdown: IdleBreakdown, steps: list[Step], rank: int | None, thresholds: Thresholds
+) -> Finding:
+    """GPU idle while the host runs other code: the functions that held it, ms per step."""
+    n = len(steps)
+    named_ms = sum(s.idle.costs[Cause.HOST] for s in steps if s.idle is not None)
+    unnamed_ms = sum(s.idle.costs[Cause.UNKNOWN] for s in steps if s.idle is not None)
+    host_ms = named_ms + unnamed_ms
+    share = host_ms / max(sum(s.times.duration_ms for s in steps), 1e-9)
+    functions = breakdown.host_functions
+    top = functions[0] if functions and named_ms >= unnamed_ms else None
+    user = next((f for f in functions if f.code == "user"), None)
+    listed = ", ".join(
+        f"{f.function}"
+        + (f" ({f.file})" if f.file else "")
+        + (f" from {f.called_from}" if f.called_from and f.code != "user" else "")
+        + f" {f.idle_ms_per_step:.2f} ms"
+        for f in functions[:HOST_FUNCTIONS_IN_TITLE]
+    )
+    if top is not None:
+        what = f"the host runs Python: {listed} per step"
+    else:
+        what = "the host runs code the trace does not name (profile with with_stack=True to name it)"
+    info = CAUSES[Cause.HOST if top is not None else Cause.UNKNOWN]
+    return Finding(
+        kind="host_bound",
+        title=f"GPU idle {host_ms / n:.1f} ms/step ({100 * share:.0f}% of the step) with no GPU work "
+        f"queued while {what}",
+        severity="high" if share >= thresholds.high_severity_idle_share else "medium",
+        op=None if top is not None and top.file else (top.function if top else None),
+        where=Where(file=user.file if user else None, function=user.function if user else None),
+        count=n,
+        per_step=1.0,
+        cost_ms=round(host_ms, 4),
+        fix=info.fix,
+        rank=rank,
+        cause=info.meaning,
+        details=HostBoundDetails(
+            idle_host_ms_per_step=round(host_ms / n, 4),
+            idle_named_ms_per_step=round(named_ms / n, 4),
+            idle_unnamed_ms_per_step=round(unnamed_ms / n, 4),
+            idle_host_pct=numpy_round(100 * share, 2),
+            functions=functions,
+            verdict=verdict,
+        ),
+    )
+
+
+_ONE_OFF_WORDS = {
+    "context": "CUDA context creation (the device's first use)",
+    "warmup": "library warm-up",
+}
+
+
+def _one_off_findings(breakdown: IdleBreakdown, rank: int | None, thresholds: Thresholds) -> list[Finding]:
+    """One finding per one-off cost (context creation, warm-up) of at least `one_off_min_ms`, the
+    largest `ONE_OFF_FINDINGS_KEPT`; holders of one cost on several threads or events are merged."""
+    merged: dict[tuple, tuple[IdleHolder, float, set[int]]] = {}
+    for h in breakdown.one_off:
+        what = "warmup" if h.cause == Cause.WARMUP else "context"
+        key = (what, h.event if what == "context" else h.op or h.event)
+        first, idle_ms, steps = merged.get(key, (h, 0.0, set()))
+        merged[key] = (first, idle_ms + h.idle_ms, steps | set(h.steps or ()))
+    findings = []
+    for (what, _), (h, idle_ms, step_set) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
+        if idle_ms < thresholds.one_off_min_ms:
+            continue
+        steps = sorted(step_set)
+        where = f"{h.event}" + (f" under {h.op}" if h.op and h.op != h.event else "")
+        seconds = idle_ms / 1e3
+        amount = f"{seconds:.1f} s" if seconds >= 1 else f"{idle_ms:.1f} ms"
+        findings.append(
+            Finding(
+                kind="one_off",
+                title=f"Step {steps[0] if steps else '?'} pays {amount} of one-off {_ONE_OFF_WORDS[what]} "
+                f"({where}); not a steady-state cost",
+                severity="low",
+                op=h.op or h.event,
+                where=Where(),
+                count=1,
+                per_step=0.0,
+                cost_ms=round(idle_ms, 4),
+                fix="Start profiling later, after the first steps: torch.profiler.schedule(wait=..., "
+                "warmup=...) or skip_first=..., so the profiled steps show the steady state.",
+                rank=rank,
+                cause=_ONE_OFF_WORDS[what],
+                details=OneOffDetails(steps=steps, event=h.event, op=h.op, idle_ms=round(idle_ms, 4)),
+            )
+        )
+    return findings[:ONE_OFF_FINDINGS_KEPT]

@@ -1,0 +1,9 @@
+"""The names of a run's files: the contract between the session that writes them and the loader
+that reads them back (`trainprof.trace.load`). Imports nothing: `import trainprof` stays cheap."""
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+"""What the session's trace files end with (torch's `tensorboard_trace_handler` with gzip)."""
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+"""What a folder's trace files end with, gzipped or not."""
+SYNCSITES_SUFFIX = ".syncsites.json"
+"""`<worker>.syncsites.json`: the captured sync sites beside a worker's traces (DEVELOPING.md)."""
