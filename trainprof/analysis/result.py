@@ -63,7 +63,8 @@ steps[] (`Step`): one flat row per step of each trace, in this order:
 findings[] (`Finding`), most severe first, then most costly: `kind`, `title`, `severity` (high,
 medium, low, info), `op`, `where` (`{file, line, function}` of the user's code), `via` (`{file,
 line, function, library, version}` of the library frame that made the call, or null), `cause`
-(in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`, `details`,
+(in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`,
+`gpu_ms_per_step` (the GPU time per step the fix could win back; null where not estimated), `details`,
 by kind (a `verdict` there is its trace's verdict, as in `traces[].verdict`):
 - sync_point (`syncs.SyncDetails`): `sync_kind`, `cause` (a `syncs.CAUSES` key), `catalog_site`,
   `why`, `op_chain`, `runtime_calls`, `copies`, `gpu_idle_after_ms`, `cost_pct_of_step_time`,
@@ -156,6 +157,8 @@ class Finding(msgspec.Struct):
     `cause` the concrete cause in words (`"`.item()` of a CUDA tensor"`); `cost_ms` is the CPU or
     GPU time it costs over all profiled steps; `per_step` is `count` / number of steps. `details`
     is the kind's evidence record (e.g. `idle_findings.IdleCauseDetails`); JSON: module docstring.
+    `gpu_ms_per_step` is the GPU time per step the fix could win back (idle time it removes, busy
+    time it saves), None where not estimated; `severity.severity_for` turns it into the severity.
     """
 
     kind: str
@@ -171,9 +174,11 @@ class Finding(msgspec.Struct):
     details: Details | None = None
     via: Via | None = None
     cause: str | None = None
+    gpu_ms_per_step: float | None = None
 
     def __post_init__(self) -> None:
         self.count, self.per_step, self.cost_ms = plain((self.count, self.per_step, self.cost_ms))
+        self.gpu_ms_per_step = plain(self.gpu_ms_per_step)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the `findings` entries of `Analysis.to_dict()`)."""
@@ -191,6 +196,7 @@ class Finding(msgspec.Struct):
             "fix": self.fix,
             "rank": self.rank,
             "details": self.details.to_dict() if self.details is not None else {},
+            "gpu_ms_per_step": self.gpu_ms_per_step,
         }
 
 

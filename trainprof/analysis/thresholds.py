@@ -73,6 +73,18 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "A cause costing at least 20% of the step time is `high` severity; below, `medium`.",
     ),
     Threshold(
+        "severity_high_step_share",
+        0.2,
+        "A finding is `high` when the GPU time per step it could win back (`Finding.gpu_ms_per_step`) is "
+        "at least 20% of the step: fixing it alone makes the step at least 1.25x faster...",
+    ),
+    Threshold(
+        "severity_medium_step_share",
+        0.05,
+        "...`medium` from 5% (a gain a benchmark can tell from run-to-run noise of a few percent), "
+        "`low` below: worth knowing, not worth ranking above the ones that move the step.",
+    ),
+    Threshold(
         "one_off_min_ms",
         1.0,
         "One-off costs (context creation, library warm-up) under 1 ms in total are not worth a finding.",
