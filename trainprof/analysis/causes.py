@@ -113,9 +113,10 @@ _CAUSE_ROWS: tuple[CauseInfo, ...] = (
         "warm-up-bound",
         "a library warms up: cuDNN/cuBLAS algorithm search or handle creation, a kernel's first "
         "launch loading its module, torch.compile or Triton compilation, CUDA graph capture",
-        "Warm up before profiling: start the profiler after a few steps (schedule(wait=..., "
-        "warmup=...) or skip_first); with cudnn.benchmark keep input shapes fixed so the search runs "
-        "once; avoid recompilation (torch._dynamo.explain, mark_dynamic).",
+        "A one-off warm-up: start the profiler after a few steps (schedule(wait=..., warmup=...) or "
+        "skip_first). Warm-up that recurs in every step is a steady cost to remove: keep input shapes "
+        "fixed under cudnn.benchmark, and stop torch.compile recompiling (dynamic=True, "
+        "torch._dynamo.mark_dynamic, padding to fixed lengths; see the recompile finding).",
         one_off=True,
     ),
     CauseInfo(
@@ -162,6 +163,13 @@ _CAUSE_ROWS: tuple[CauseInfo, ...] = (
 CAUSES: dict[Cause, CauseInfo] = {row.cause: row for row in _CAUSE_ROWS}
 """Every cause's meaning, verdict and fix, in `Cause` order."""
 
+INFERENCE_FIXES: dict[Cause, str] = {
+    Cause.LAUNCH: "Fewer, larger launches: capture the forward with CUDA graphs or torch.compile(mode="
+    "'reduce-overhead'), replace Python loops over tensors with one batched op, and batch more "
+    "requests or tokens per forward.",
+}
+"""The fixes that differ for an inference loop (no backward, no optimizer: `workload.is_inference`)."""
+
 
 class CauseCosts(msgspec.Struct, frozen=True):
     """Milliseconds per cause: a row indexed by `Cause`, as kineto tb_plugin's `Costs` is by
@@ -203,6 +211,13 @@ _PROFILER_MODULE_PATTERN = "|".join(
     re.escape(module) + r"[\w/]+\.py" if module.endswith("/") else re.escape(module)
     for module in PROFILER_MODULES
 )
+
+# torch.compile's ranges as cpu_ops (stacks on or off): `dynamo` and `entire_frame_compile` around a
+# frame's compilation, `entire_backward_compile` around its backward's, and each phase inside as
+# `<phase> (dynamo_timed)` (`bytecode_tracing`, `GraphLowering.run`, `async_compile.wait`,
+# `CachingAutotuner.benchmark_all_configs`, ...). Steady-state calls of a compiled region show none
+# of them (only `Torch-Compiled Region: F/C` and `TorchDynamo Cache Lookup`).
+COMPILE_FRAMES = r"^(dynamo|entire_frame_compile|entire_backward_compile)$| \(dynamo_timed\)$"
 
 # Frame names: python_function `file(line): function`, cpu_op `aten::x`, annotations as recorded.
 # First match wins. These hold for everything nested inside the frame unless something more inner
@@ -285,6 +300,12 @@ FRAME_RULES: tuple[FrameRule, ...] = (
         "torch.compile generating and compiling code (Inductor)",
     ),
     FrameRule(Cause.WARMUP, r"torch/_functorch/aot_autograd\.py\(", "torch.compile building the joint graph"),
+    FrameRule(
+        Cause.WARMUP,
+        COMPILE_FRAMES,
+        "torch.compile's own ranges (Dynamo's `dynamo_timed` record_functions): what a trace without "
+        "Python stacks shows of tracing, lowering, code generation and autotuning",
+    ),
     FrameRule(Cause.WARMUP, r"(^|/)triton/compiler/", "Triton compiling a kernel"),
     FrameRule(
         Cause.WARMUP,

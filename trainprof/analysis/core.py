@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import msgspec
+
+from trainprof.analysis.allocator import allocator_calls
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import attribute_kernels
+from trainprof.analysis.causes import INFERENCE_FIXES, Cause
+from trainprof.analysis.compile import compile_findings, compile_stats
 from trainprof.analysis.distributed import rank_table, straggler_finding
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import idle_breakdown
@@ -15,12 +20,14 @@ from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
 from trainprof.analysis.memory import peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
-from trainprof.analysis.result import SEVERITY_ORDER, Analysis, Finding, Step, Summary, TraceInfo
+from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
+from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import build_timeline
 from trainprof.analysis.verdict import verdict
+from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace, load_traces
 from trainprof.trace.load import gc_paused
 
@@ -73,7 +80,7 @@ def analyze(
     if straggler is not None:
         findings.append(straggler)
     report("done", 2 * len(traces), 2 * len(traces))
-    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
+    findings.sort(key=finding_order)
     return Analysis(
         summary=_summary(all_steps, infos, straggler, limits),
         steps=all_steps,
@@ -91,7 +98,7 @@ def _analyze_one(
     times = step_breakdown(timeline)
     n = len(times)
 
-    points = find_sync_points(timeline)
+    points = find_sync_points(timeline, limits)
     sites = sync_sites if sync_sites is not None else trace.sync_sites
     matched_sites = join_sync_sites(points, sites, trace.code_layout) if sites else 0
     syncs = step_syncs(points, [t.number for t in times])
@@ -109,10 +116,20 @@ def _analyze_one(
 
     tiny_pct = 100.0 * launch_totals.tiny_kernel_count / max(launch_totals.kernel_count, 1)
     trace_verdict = verdict(steps, tiny_pct, limits)
+    inference = is_inference(trace)
+    if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
+        trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
-    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits))
+    compiled = compile_stats(timeline)
+    recompiling = compiled is not None and compiled.recompiles_every_step
+    # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
+    explained = {Cause.WARMUP: compiled.compile_gpu_idle_ms_per_step * n} if recompiling else None
+    blocked = any(s.idle is not None and s.idle.costs[Cause.BLOCKING] > 0 for s in steps)
+    allocator = allocator_calls(timeline) if blocked else None
+    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits, explained, allocator))
+    findings.extend(compile_findings(compiled, timeline, trace_verdict.step_ms, trace.rank, limits))
     for maybe in (
-        launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits),
+        launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits, recompiling, inference),
         top_kernels_finding(timeline, trace.rank),
         module_costs_finding(costs, trace.rank),
         cpu_only_finding(timeline, times, trace.rank),
@@ -133,6 +150,7 @@ def _analyze_one(
         peak_memory_bytes=max(known_peaks) if known_peaks else None,
         launch=launch_totals,
         idle=idle,
+        compile=compiled,
     )
     return steps, findings, info
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,18 +70,20 @@ def straggler_finding(table: list[RankRow], thresholds: Thresholds) -> Finding |
     if excess < min_excess:
         return None
     others_comm = median(r.comm_ms for r in others)
+    # The others' GPUs wait for the straggler each step: that is what balancing the work wins back.
     return Finding(
         kind="straggler",
         title=(
             f"Rank {slowest.rank} is the straggler: {excess:.1f} ms/step more non-communication work than "
             f"the other ranks, which wait {others_comm:.1f} ms/step in NCCL"
         ),
-        severity="high",
+        severity=severity_for(excess, median(r.step_ms for r in table), thresholds),
         op=None,
         where=Where(),
         count=1,
         per_step=1.0,
         cost_ms=numpy_round(excess, 4),
+        gpu_ms_per_step=numpy_round(excess, 4),
         fix=(
             f"Find what rank {slowest.rank} does that the others do not (its host_bound / sync findings: "
             "input pipeline, logging, checkpointing on one rank, uneven batches) and balance or overlap it."

@@ -2,9 +2,12 @@
 the one-off costs (from `trainprof.analysis.idle`'s breakdown and the trace's verdict).
 
 Each cause costing at least `finding_min_idle_share` of the step time (or naming the verdict) gets
-a finding with its fix; profiler overhead of at least `profiler_overhead_min_share` a `low` one;
-each one-off cost of at least `one_off_min_ms` a one-off finding. Launch overhead and sync points
-have their own modules' findings.
+a finding with its fix; profiler overhead of at least `profiler_overhead_min_share` one; each one-off
+cost of at least `one_off_min_ms` a one-off finding. Launch overhead and sync points have their own
+modules' findings, and so has idle time that a more specific finding explains (`explained`: a
+recompile's warm-up time). Severity follows the steady-state GPU idle per step each could win back
+(`trainprof.analysis.severity`): profiler overhead and one-off costs win back none in an un-profiled
+steady state.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from typing import Any
 
 import msgspec
 
+from trainprof.analysis.allocator import AllocatorCalls, allocator_title
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.causes import CAUSES, Cause
 from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
 from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import (
     FINDING_HOLDERS,
     HOST_FUNCTIONS_IN_TITLE,
@@ -28,12 +33,14 @@ from trainprof.analysis.verdict import Verdict
 
 class IdleCauseDetails(Record, frozen=True):
     """An idle-cause finding's evidence: the cause's ms per step and share of the step time, its
-    largest holders, and the trace's verdict."""
+    largest holders, and the trace's verdict; for blocking calls, the allocator's calls and the
+    Python call behind them (`allocator.AllocatorCalls`, None when the allocator made none)."""
 
     idle_ms_per_step: float
     idle_pct: float
     holders: list[IdleHolder]
     verdict: Verdict
+    allocator: AllocatorCalls | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name; the holders and the verdict in their own JSON form."""
@@ -86,9 +93,18 @@ _CAUSE_FINDINGS: tuple[tuple[Cause, str, str], ...] = (
 
 
 def idle_findings(
-    verdict: Verdict, breakdown: IdleBreakdown, steps: list[Step], rank: int | None, thresholds: Thresholds
+    verdict: Verdict,
+    breakdown: IdleBreakdown,
+    steps: list[Step],
+    rank: int | None,
+    thresholds: Thresholds,
+    explained: dict[Cause, float] | None = None,
+    allocator: AllocatorCalls | None = None,
 ) -> list[Finding]:
-    """The findings for the GPU-idle causes that matter (module docstring)."""
+    """The findings for the GPU-idle causes that matter (module docstring). `explained`: per cause,
+    the idle ms (over all steps) that a more specific finding already holds; a cause's own finding
+    comes only for what is left. `allocator`: the steps' allocator calls, which name the Python call
+    behind blocking allocations (`trainprof.analysis.allocator`)."""
     if verdict.label == "cpu-only" or not steps:
         return []
     n = len(steps)
@@ -99,7 +115,8 @@ def idle_findings(
         return ms / max(step_ms, 1e-9)
 
     def total(cause: Cause) -> float:
-        return sum(s.idle.costs[cause] for s in steps if s.idle is not None)
+        held_elsewhere = (explained or {}).get(cause, 0.0)
+        return max(sum(s.idle.costs[cause] for s in steps if s.idle is not None) - held_elsewhere, 0.0)
 
     host_ms = sum(s.idle.costs[Cause.HOST] + s.idle.costs[Cause.UNKNOWN] for s in steps if s.idle is not None)
     if share(host_ms) >= thresholds.finding_min_idle_share or verdict.label == "host-bound":
@@ -109,34 +126,40 @@ def idle_findings(
         overhead = info.verdict is None  # the profiler's cost, not the training's: told, never urgent
         min_share = thresholds.profiler_overhead_min_share if overhead else thresholds.finding_min_idle_share
         ms = total(cause)
-        if ms <= 0 or (share(ms) < min_share and verdict.cause != cause):
+        # The verdict's cause always gets its finding, unless a more specific one holds its time.
+        names_verdict = verdict.cause == cause and not (explained or {}).get(cause)
+        if ms <= 0 or (share(ms) < min_share and not names_verdict):
             continue
         held = [h for h in breakdown.holders if h.cause == cause]
         event, op = (held[0].event, held[0].op) if held else (None, None)
-        if overhead:
-            severity = "low"
-        else:
-            severity = "high" if share(ms) >= thresholds.high_severity_idle_share else "medium"
+        gpu_ms_per_step = 0.0 if overhead else ms / n  # an un-profiled run does not pay the profiler
+        # Blocking time in the allocator's calls is named by the Python call behind them.
+        named = allocator if cause == Cause.BLOCKING and allocator is not None else None
+        named = named if named is not None and named.where.file else None
+        what = (
+            f": {allocator_title(named)}" if named is not None
+            else (f": mostly {event}" if event else "") + (f" in {op}" if op and op != event else "")
+        )
         findings.append(
             Finding(
                 kind=kind,
-                title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}"
-                + (f": mostly {event}" if event else "")
-                + (f" in {op}" if op and op != event else ""),
-                severity=severity,
+                title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}{what}",
+                severity=severity_for(gpu_ms_per_step, step_ms / n, thresholds),
                 op=op or event,
-                where=Where(),
+                where=named.where if named is not None else Where(),
                 count=n,
                 per_step=1.0,
                 cost_ms=round(ms, 4),
-                fix=info.fix,
+                fix=(named.fix if named is not None else None) or info.fix,
                 rank=rank,
                 cause=info.meaning,
+                gpu_ms_per_step=round(gpu_ms_per_step, 4),
                 details=IdleCauseDetails(
                     idle_ms_per_step=round(ms / n, 4),
                     idle_pct=numpy_round(100 * share(ms), 2),
                     holders=held[:FINDING_HOLDERS],
                     verdict=verdict,
+                    allocator=allocator if cause == Cause.BLOCKING else None,
                 ),
             )
         )
@@ -172,7 +195,7 @@ def _host_bound_finding(
         kind="host_bound",
         title=f"GPU idle {host_ms / n:.1f} ms/step ({100 * share:.0f}% of the step) with no GPU work "
         f"queued while {what}",
-        severity="high" if share >= thresholds.high_severity_idle_share else "medium",
+        severity=severity_for(host_ms / n, sum(s.times.duration_ms for s in steps) / n, thresholds),
         op=None if top is not None and top.file else (top.function if top else None),
         where=Where(file=user.file if user else None, function=user.function if user else None),
         count=n,
@@ -181,6 +204,7 @@ def _host_bound_finding(
         fix=info.fix,
         rank=rank,
         cause=info.meaning,
+        gpu_ms_per_step=round(host_ms / n, 4),
         details=HostBoundDetails(
             idle_host_ms_per_step=round(host_ms / n, 4),
             idle_named_ms_per_step=round(named_ms / n, 4),
@@ -230,6 +254,7 @@ def _one_off_findings(breakdown: IdleBreakdown, rank: int | None, thresholds: Th
                 "warmup=...) or skip_first=..., so the profiled steps show the steady state.",
                 rank=rank,
                 cause=_ONE_OFF_WORDS[what],
+                gpu_ms_per_step=0.0,  # paid once: nothing per step in the steady state
                 details=OneOffDetails(steps=steps, event=h.event, op=h.op, idle_ms=round(idle_ms, 4)),
             )
         )

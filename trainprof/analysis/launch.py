@@ -13,6 +13,7 @@ from trainprof.analysis.causes import Cause
 from trainprof.analysis.modules import OwnerCost, OwnerCosts, TinyOp, owner_costs
 from trainprof.analysis.result import Finding, Record, Step, Where
 from trainprof.analysis.runtime_calls import kind_code
+from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import LAUNCH_REGIONS_KEPT, Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.analysis.verdict import Verdict
@@ -200,12 +201,17 @@ def launch_finding(
     steps: list[Step],
     rank: int | None,
     thresholds: Thresholds | None = None,
+    recompiling: bool = False,
+    inference: bool = False,
 ) -> Finding | None:
     """The launch-overhead finding, when the verdict or the tiny-kernel share says launches limit the step.
 
     The tiny-kernel share counts eagerly launched kernels only (graph replays have no launch of their
     own). Where part of the work already replays from graphs, the finding says so and does not advise
-    graphs for it, only for the eager kernels that remain.
+    graphs for it, only for the eager kernels that remain. A step that recompiles every time
+    (`recompiling`) gets no CUDA-graph advice: a graph recorded for one shape does not replay for the
+    next; its recompile finding comes first. An inference loop (`inference`: no backward, no optimizer
+    step) gets no optimizer advice.
     """
     limits = thresholds or Thresholds()
     n = max(len(steps), 1)
@@ -231,10 +237,13 @@ def launch_finding(
         else "Capture the step with CUDA graphs or torch.compile(mode='reduce-overhead') so one launch "
         "replays hundreds of kernels."
     )
-    fixes = [
-        graph_fix,
+    optimizer_fix = (
         "Use a foreach/fused optimizer (torch.optim.AdamW(..., fused=True) or foreach=True) and "
-        "clip_grad_norm_(foreach=True).",
+        "clip_grad_norm_(foreach=True)."
+    )
+    fixes = [
+        *([] if recompiling else [graph_fix]),
+        *([] if inference else [optimizer_fix]),
         "Replace Python loops over parameters/tensors with one batched op (torch._foreach_norm, "
         "torch.stack + one reduction)" + (f" in {loop_owner}" if loop_owner else "") + ".",
         "Give each kernel more work: a larger batch or sequence per step (or fewer, larger ops).",
@@ -251,7 +260,7 @@ def launch_finding(
             f"GPU busy {verdict.gpu_busy_pct:.0f}%"
             + (f"; most tiny kernels from {region.summary or where_fn}" if where_fn else "")
         ),
-        severity="high" if launch_bound else "medium",
+        severity=severity_for(idle_launch_ms / n, verdict.step_ms, limits),
         op=top_op,
         where=Where(file=region.file, line=region.line, function=where_fn),
         count=totals.tiny_kernel_count,
@@ -259,6 +268,7 @@ def launch_finding(
         cost_ms=round(idle_launch_ms, 4),
         rank=rank,
         fix=" ".join(f"{i}) {f}" for i, f in enumerate(fixes, 1)),
+        gpu_ms_per_step=round(idle_launch_ms / n, 4),
         details=LaunchDetails(
             fixes=fixes,
             tiny_kernel_pct=round(tiny_pct, 2),

@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.compile import CompileStats
     from trainprof.analysis.distributed import RankRow
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
@@ -263,6 +264,8 @@ class TraceInfo(msgspec.Struct):
     peak_memory_bytes: int | None
     launch: LaunchTotals
     idle: IdleBreakdown
+    compile: CompileStats | None = None
+    """torch.compile's recompiles and graph breaks (`compile`); None when the trace shows no torch.compile."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -281,6 +284,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_idle_holders": [holder.to_dict() for holder in self.idle.holders],
             "gpu_idle_host_functions": [function.to_dict() for function in self.idle.host_functions],
             "gpu_idle_one_off": [holder.to_dict() for holder in self.idle.one_off],
+            "compile": self.compile.to_dict() if self.compile is not None else None,
         }
 
 

@@ -3,11 +3,32 @@
 A finding that costs the GPU nothing (a sync while the GPU is busy anyway, a one-off warm-up) ranks
 below one that holds back every step, whatever the host time involved. Cut-offs: `thresholds.py`
 (`severity_high_step_share`, `severity_medium_step_share`).
+
+What each kind counts as `Finding.gpu_ms_per_step`:
+- a GPU-idle cause (host_bound, input_bound, blocking_runtime_call, recurring_warmup,
+  communication_wait, launch_overhead): the steady-state GPU-idle ms per step of that cause;
+- a sync point: the GPU idle it causes, not the host time blocked in it: the idle while the host
+  waits (the queue has drained), plus the refill after it, at most the lead the host had
+  (`syncs.SyncPoint.gpu_cost_us`);
+- a recompile: the GPU idle while compiling, per step;
+- a straggler: the other ranks' wait for it, per step;
+- profiler overhead and one-off costs: 0, since an un-profiled run in its steady state does not
+  pay them (the finding still says how much the profiled steps lost);
+- memory: 0 (it buys a larger batch or model, not GPU time in this step: the finding gives bytes).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from trainprof.analysis.result import SEVERITY_ORDER
 from trainprof.analysis.thresholds import Thresholds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Finding
+
+ONE_OFF_KINDS = frozenset({"one_off"})
+"""Kinds whose cost is paid once: ranked after every steady-state finding of the same severity."""
 
 
 def severity_for(gpu_ms_per_step: float, step_ms: float, thresholds: Thresholds) -> str:
@@ -18,3 +39,14 @@ def severity_for(gpu_ms_per_step: float, step_ms: float, thresholds: Thresholds)
     if share >= thresholds.severity_medium_step_share:
         return "medium"
     return "low"
+
+
+def finding_order(finding: Finding) -> tuple:
+    """The findings' sort key: most severe first; within a severity, steady-state findings before
+    one-off ones, then the most GPU time per step at stake, then the most cost."""
+    return (
+        SEVERITY_ORDER.get(finding.severity, len(SEVERITY_ORDER)),
+        finding.kind in ONE_OFF_KINDS,
+        -(finding.gpu_ms_per_step or 0.0),
+        -finding.cost_ms,
+    )

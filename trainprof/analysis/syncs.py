@@ -16,21 +16,28 @@ Each sync point carries three answers, all from the trace (no live capture neede
 - `via`: the innermost library frame that made the call, or the known framework site of
   `trainprof/catalog/sync_sites.json` when one matches (its fix replaces the cause's generic fix).
 Findings group sync points by (cause, via, where), so distinct causes behind one user line
-(`trainer.train()`) are distinct findings.
+(`trainer.train()`) are distinct findings. A sync's cost to the GPU is not the time the host blocks
+(the GPU is busy meanwhile) but the idle it causes: the queue drains while the host waits, then
+refills after (`SyncPoint.gpu_cost_us`); severity follows that (`trainprof.analysis.severity`). Sync
+points inside a library warm-up or a torch.compile compilation (cuDNN's algorithm search, Triton's
+autotuning) belong to that warm-up's finding, not to one of their own (`SyncPoint.in_warmup`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainprof.analysis.arrays import distinct, numpy_round
+from trainprof.analysis.causes import FRAME_RULES, WARMUP_OPS, Cause
 from trainprof.analysis.frames import CallContext, PyFrame, call_context, is_profiler_file, parse_py_frame
 from trainprof.analysis.result import Finding, Record, Via, Where
 from trainprof.analysis.runtime_calls import KINDS, call_kind, is_blocking_copy
+from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.catalog import CatalogSite, match_sync_site
@@ -219,6 +226,10 @@ class SyncPoint:
     function: str | None
     file: str | None
     gpu_idle_after_us: float
+    gpu_idle_during_us: float = 0.0
+    """GPU idle while the host was inside the sync point (its first call's start to its last's end)."""
+    in_warmup: bool = False
+    """Inside a library warm-up op or a torch.compile compilation: that warm-up's cost, not the sync's."""
     line: int | None = None
     cause: str = "stream_wait"
     via: Via | None = None
@@ -245,6 +256,14 @@ class SyncPoint:
     def fix(self) -> str:
         """The catalog site's fix when a known framework site made the call, else the cause's."""
         return self.catalog.fix if self.catalog is not None else CAUSES[self.cause].fix
+
+    @property
+    def gpu_cost_us(self) -> float:
+        """The GPU idle this sync causes: the idle while the host waits in it, plus the refill after
+        it, at most the time it blocked. The host blocked as long as the GPU had queued work ahead
+        of it: without the sync the host would run that far ahead, so the GPU would idle after it
+        only for the part of the refill beyond that lead (a sync inside a GPU-bound stretch: ~0)."""
+        return self.gpu_idle_during_us + min(self.gpu_idle_after_us, self.blocked_us)
 
 
 def _library_frames(context: CallContext) -> list[PyFrame]:
@@ -273,8 +292,28 @@ def describe(point: SyncPoint, layout: CodeLayout | None) -> None:
         point.via = _via(frames[-1] if frames else None, layout)
 
 
-def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
+# Frame names that are a warm-up region (torch.compile, Triton compilation, graph capture): the
+# `warmup` rules of the idle causes' table.
+_WARMUP_FRAMES = re.compile("|".join(f"(?:{r.pattern})" for r in FRAME_RULES if r.cause == Cause.WARMUP))
+
+
+def _in_warmup(trace, thread: int, start_us: float, end_us: float, thresholds: Thresholds) -> bool:
+    """Whether [start_us, end_us] on `thread` lies inside a warm-up: a warm-up frame (compilation,
+    capture) or a cuDNN/cuBLAS op call (`WARMUP_OPS`) of at least `warmup_call_min_ms` (a search)."""
+    frames = trace.frames(thread)
+    for i in frames.chain(frames.innermost(start_us, end_us)):
+        name = trace.names[int(frames.name_ids[i])]
+        if _WARMUP_FRAMES.search(name):
+            return True
+        long_call = frames.ends[i] - frames.starts[i] >= thresholds.warmup_call_min_ms * 1e3
+        if long_call and frames.categories[i] == "cpu_op" and WARMUP_OPS.match(name):
+            return True
+    return False
+
+
+def find_sync_points(timeline: Timeline, thresholds: Thresholds | None = None) -> list[SyncPoint]:
     """Every sync point inside a profiled step, in time order, with its cause, `via` and catalog site."""
+    limits = thresholds or Thresholds()
     trace = timeline.trace
     calls = timeline.calls
     if len(calls) == 0:
@@ -364,6 +403,8 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
         idle_after = timeline.gpu_busy.next_busy_after(group["end"])
         step_end = timeline.steps[group["step"]].end_us
         idle_after = min(idle_after, max(step_end - group["end"], 0.0)) if idle_after is not None else 0.0
+        span_us = group["end"] - group["start"]
+        idle_during = max(span_us - float(timeline.gpu_busy.covered(group["start"], group["end"])), 0.0)
         point = SyncPoint(
             step=timeline.steps[group["step"]].number,
             thread=group["thread"],
@@ -377,6 +418,8 @@ def find_sync_points(timeline: Timeline) -> list[SyncPoint]:
             function=context.user.function if context.user else None,
             file=context.user.file if context.user else None,
             gpu_idle_after_us=idle_after,
+            gpu_idle_during_us=idle_during,
+            in_warmup=_in_warmup(trace, group["thread"], group["start"], group["first_end"], limits),
             library_frames=_library_frames(context),
             python_below_user=context.below_user,
         )
@@ -480,8 +523,8 @@ class SyncOccurrence(Record, frozen=True):
 class SyncDetails(Record, frozen=True):
     """A sync finding's evidence: the runtime-level kind, the `CAUSES` key, the catalog site (its id
     and why it syncs) when a known framework site made the call, the op chain, the runtime calls and
-    copies of its points, the GPU idle time after them, its cost as a share of the step time, and
-    each occurrence."""
+    copies of its points, the GPU idle time after them, the GPU time at stake as a share of the step
+    time (`cost_pct_of_step_time`: `gpu_ms_per_step` over the step), and each occurrence."""
 
     sync_kind: str
     cause: str
@@ -498,23 +541,25 @@ class SyncDetails(Record, frozen=True):
 def sync_findings(
     points: list[SyncPoint], step_count: int, rank: int | None, step_ms: float, thresholds: Thresholds
 ) -> list[Finding]:
-    """One finding per (cause, library call site, user frame): counts, blocked time, GPU idle after."""
+    """One finding per (cause, library call site, user frame): counts, blocked time, GPU idle after,
+    and the GPU time at stake (`SyncPoint.gpu_cost_us`), which sets the severity. Sync points inside
+    a warm-up are left to the warm-up's finding."""
     grouped: dict[tuple, list[SyncPoint]] = defaultdict(list)
     for point in points:
+        if point.in_warmup:
+            continue
         via = (point.via.file, point.via.function) if point.via is not None else None
         grouped[(point.cause, via, point.function, point.file, point.line)].append(point)
     findings = []
+    steps = max(step_count, 1)
     for (cause_key, _via_site, function, file, line), group in grouped.items():
         first = group[0]
         cause = CAUSES[cause_key]
         blocked_ms = sum(p.blocked_us for p in group) / 1e3
         idle_ms = sum(p.gpu_idle_after_us for p in group) / 1e3
-        per_step = len(group) / max(step_count, 1)
-        impact_pct = 100.0 * (blocked_ms + idle_ms) / max(step_ms * step_count, 1e-9)
-        if impact_pct >= thresholds.sync_high_severity_pct:
-            severity = "high"
-        else:
-            severity = "medium" if function is not None else "low"
+        gpu_ms_per_step = sum(p.gpu_cost_us for p in group) / 1e3 / steps
+        per_step = len(group) / steps
+        impact_pct = 100.0 * gpu_ms_per_step / max(step_ms, 1e-9)
         where_text = f" in {function}" if function else ""
         via = first.via
         via_text = f" via {via.library or '?'} {via.function}" if via is not None and via.library else ""
@@ -523,7 +568,7 @@ def sync_findings(
             Finding(
                 kind="sync_point",
                 title=f"CPU waits for the GPU: {cause.words}{where_text}{via_text} ({per_step:g}/step)",
-                severity=severity,
+                severity=severity_for(gpu_ms_per_step, step_ms, thresholds),
                 op=first.op,
                 where=Where(file=file, line=line, function=function),
                 via=via,
@@ -533,6 +578,7 @@ def sync_findings(
                 cost_ms=round(blocked_ms, 4),
                 fix=first.fix,
                 rank=rank,
+                gpu_ms_per_step=round(gpu_ms_per_step, 4),
                 details=SyncDetails(
                     sync_kind=first.kind,
                     cause=cause_key,
@@ -555,5 +601,5 @@ def sync_findings(
                 ),
             )
         )
-    findings.sort(key=lambda f: -(f.cost_ms + f.details.gpu_idle_after_ms))
+    findings.sort(key=lambda f: (-(f.gpu_ms_per_step or 0.0), -f.cost_ms))
     return findings

@@ -68,11 +68,6 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "(or is the verdict): below that, fixing it cannot speed the step up by more than ~10%.",
     ),
     Threshold(
-        "high_severity_idle_share",
-        0.2,
-        "A cause costing at least 20% of the step time is `high` severity; below, `medium`.",
-    ),
-    Threshold(
         "severity_high_step_share",
         0.2,
         "A finding is `high` when the GPU time per step it could win back (`Finding.gpu_ms_per_step`) is "
@@ -97,6 +92,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "steps are noticeably slower than un-profiled ones. Below, it shows only as `idle_profiler_ms`.",
     ),
     Threshold(
+        "profiler_first_launch_ratio",
+        3.0,
+        "The trace's first kernel launch counts as profiler overhead (its start-up: CUPTI instruments "
+        "the first launch of a window) when it takes at least 3x the median launch; every recorded "
+        "H200 window here shows 4-20x.",
+    ),
+    Threshold(
         "tiny_kernel_pct",
         50.0,
         "When at least half the kernels run shorter than their own launch call, the GPU finishes each "
@@ -107,12 +109,6 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "tiny_kernel_busy_pct",
         80.0,
         "...provided the GPU is less than 80% busy (else the tiny kernels are hidden behind long ones).",
-    ),
-    Threshold(
-        "sync_high_severity_pct",
-        5.0,
-        "A sync point whose blocked time plus the GPU idle time after it comes to at least 5% of the "
-        "profiled step time is `high` severity; below, `medium` (`low` when no user frame is known).",
     ),
     Threshold(
         "straggler_min_excess_ms",
@@ -153,6 +149,10 @@ MODULE_TABLE_ROWS = 30
 """Rows of the module-costs finding's tables: a GPT-2 has ~15 module class paths, a ResNet ~10."""
 TOP_OPS_PER_OWNER = 6
 """Ops listed per owner (module or function) of tiny kernels."""
+GRAPH_BREAK_SITES_KEPT = 8
+"""Graph-break sites (Dynamo's resume functions) kept in the compile figures."""
+COMPILE_IDS_IN_TITLE = 3
+"""Compile ids a recompile finding's title names (its evidence lists them all)."""
 
 
 class Thresholds:

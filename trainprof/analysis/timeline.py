@@ -54,7 +54,8 @@ class Timeline:
     call_kind: np.ndarray  # per call: index into runtime_calls.KINDS
     name_kind: np.ndarray  # per name of `trace.names`: index into runtime_calls.KINDS of its call_kind
     kernel_is_replay: np.ndarray  # per kernel: launched by a graph launch (a replay, no launch of its own)
-    main_thread: int | None  # the training loop's thread: ProfilerStep#'s, else the one launching most
+    # the training loop's thread: ProfilerStep#'s, else the busiest of those that launch GPU work
+    main_thread: int | None
 
     def step_of(self, t_us) -> np.ndarray:
         """Index into `steps` of the window holding each time, -1 outside every step."""
@@ -105,7 +106,10 @@ def build_timeline(trace: Trace) -> Timeline:
     )
     gpu = [ev["kernel"], ev["gpu_memcpy"], ev["gpu_memset"]]
     gpu_busy = Coverage(np.concatenate([t.start_us for t in gpu]), np.concatenate([t.end_us for t in gpu]))
-    main_thread = max(set(step_threads), key=step_threads.count) if step_threads else _busiest_thread(trace)
+    if step_threads:
+        main_thread = max(set(step_threads), key=step_threads.count)
+    else:
+        main_thread = _busiest_thread(trace, calls.thread[call_is_launch])
     timeline = Timeline(
         trace=trace,
         steps=steps,
@@ -150,18 +154,25 @@ def _launched_before_trace(
     return (kernel_call < 0) & (kernel_corr >= 0) & (kernel_corr < known.min())
 
 
-def _busiest_thread(trace: Trace) -> int | None:
-    """The thread whose recorded frames (ops, annotations, Python) cover the most time.
+def _busiest_thread(trace: Trace, launching: np.ndarray) -> int | None:
+    """Among the threads that launch GPU work (`launching`: the thread of each launch call; all
+    threads when none launches), the one whose recorded frames (ops, annotations, Python) cover the
+    most time.
 
     Without `ProfilerStep#` ranges this is the training loop's thread: autograd's backward thread
-    may launch more kernels, but only the loop's thread is busy for the whole run.
+    may launch more kernels, but only the loop's thread is busy for the whole run. A thread that
+    launches nothing is never it: a helper asleep for the whole trace (tqdm's monitor, a watchdog
+    in `threading.py wait`) covers as much time as the loop, and its wait is not what the GPU waits on.
     """
     tables = [trace.events[c] for c in ("cpu_op", "user_annotation", "python_function")]
     threads = np.concatenate([t.thread for t in tables])
-    if threads.size == 0:
-        return None
     starts = np.concatenate([t.start_us for t in tables])
     ends = np.concatenate([t.end_us for t in tables])
+    launches = np.isin(threads, launching)
+    if launches.any():
+        threads, starts, ends = threads[launches], starts[launches], ends[launches]
+    if threads.size == 0:
+        return None
     best, best_us = None, -1.0
     for thread in distinct(threads).tolist():
         on = threads == thread

@@ -354,6 +354,9 @@ class Trace:
     sync_sites_path: Path | None = None
     code_layout: CodeLayout | None = None
     """Where the run's library code lived (`trainprof.user_code.CodeLayout`), from the sync sites file."""
+    compile_counters: dict | None = None
+    """Dynamo's counters the session read when the window ended (`graph_breaks`: the count,
+    `graph_break`: reason -> count), from the sync sites file; None when not captured."""
     window: int = 0
     """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
