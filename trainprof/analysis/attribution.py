@@ -104,30 +104,66 @@ class KernelOwners:
         return self.modules[index] if index >= 0 else None
 
 
-def attribute_kernels(timeline: Timeline) -> KernelOwners:
-    """The forward op, `nn.Module` and phase of every kernel of `timeline` (see the module docstring)."""
-    trace, kernels, calls = timeline.trace, timeline.kernels, timeline.calls
+class AttributionIndex:
+    """A trace's cpu_ops, `nn.Module` frames and optimizer ranges, nested once, for attributing many
+    sites (kernel launches, allocations) to their op, module and phase."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.ops = _OpIndex(trace) if len(trace.events["cpu_op"]) else None
+        self._modules: _ModuleIndex | None = None
+        self._optimizer: _Nesting | None = None
+
+    @property
+    def modules(self) -> _ModuleIndex:
+        """The `nn.Module` frames (built on first use)."""
+        if self._modules is None:
+            self._modules = _ModuleIndex(self.trace)
+        return self._modules
+
+    @property
+    def optimizer(self) -> _Nesting:
+        """The optimizer's step and zero_grad ranges (built on first use)."""
+        if self._optimizer is None:
+            self._optimizer = _optimizer_nesting(self.trace)
+        return self._optimizer
+
+
+def attribute_kernels(timeline: Timeline, index: AttributionIndex | None = None) -> KernelOwners:
+    """The forward op, `nn.Module` and phase of every kernel of `timeline` (see the module docstring).
+    `index`: the trace's `AttributionIndex` when the caller has it (built here otherwise)."""
+    kernels, calls = timeline.kernels, timeline.calls
     n = len(kernels)
     has_call = timeline.kernel_call >= 0
     call = np.clip(timeline.kernel_call, 0, None)
     if not len(calls):
-        has_call = np.zeros(n, dtype=bool)
         launch_thread = np.full(n, -1, dtype=np.int64)
         launch_start = launch_end = np.zeros(n)
     else:
         launch_thread = np.where(has_call, calls.thread[call], -1).astype(np.int64)
         launch_start = np.where(has_call, calls.start_us[call], 0.0)
         launch_end = np.where(has_call, calls.end_us[call], 0.0)
+    return attribute_sites(index or AttributionIndex(timeline.trace), launch_thread, launch_start, launch_end)
 
+
+def attribute_sites(
+    index: AttributionIndex, thread: np.ndarray, start_us: np.ndarray, end_us: np.ndarray
+) -> KernelOwners:
+    """The forward op, `nn.Module` and phase of the work done at each CPU site ([start_us, end_us] on
+    `thread`, -1: no site): a kernel's launch call, an allocation's instant. The rules of the module
+    docstring, read with "the site" for "the launch"."""
+    trace = index.trace
+    n = len(thread)
+    launch_thread, launch_start, launch_end = thread, start_us, end_us
     cpu_ops = trace.events["cpu_op"]
-    if not len(cpu_ops):  # launches but no ops recorded: nothing can own a kernel
+    if index.ops is None:  # launches but no ops recorded: nothing can own a kernel
         unknown = np.full(n, -1, dtype=np.int64)
         return KernelOwners(
             phase=np.zeros(n, dtype=np.int8), op=unknown, module=unknown.copy(),
             linked=np.zeros(n, dtype=bool), site_thread=launch_thread, site_start_us=launch_start,
             site_end_us=launch_end, ops=[], modules=[],
         )
-    ops = _OpIndex(trace)
+    ops = index.ops
     op_of_kernel = ops.nesting.innermost(launch_thread, launch_start, launch_end)
 
     phase = np.zeros(n, dtype=np.int8)
@@ -157,9 +193,9 @@ def attribute_kernels(timeline: Timeline) -> KernelOwners:
     creator = np.where(forward, ops.creator_ancestor[within], -1)
     op[forward] = np.where(creator >= 0, creator, op_of_kernel)[forward]
 
-    modules = _ModuleIndex(trace)
+    modules = index.modules
     module = modules.nesting.innermost(site_thread, site_start, site_end)
-    optimizer = _optimizer_nesting(trace).innermost(launch_thread, launch_start, launch_end) >= 0
+    optimizer = index.optimizer.innermost(launch_thread, launch_start, launch_end) >= 0
     phase[~is_backward & optimizer] = OPTIMIZER
     feeds_backward = forward & (ops.link_target_ancestor[within] >= 0)
     phase[~is_backward & ~optimizer & ((module >= 0) | feeds_backward)] = FORWARD

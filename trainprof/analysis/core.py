@@ -9,7 +9,7 @@ import msgspec
 
 from trainprof.analysis.allocator import allocator_calls
 from trainprof.analysis.arrays import numpy_round
-from trainprof.analysis.attribution import attribute_kernels
+from trainprof.analysis.attribution import AttributionIndex, attribute_kernels
 from trainprof.analysis.causes import INFERENCE_FIXES, Cause
 from trainprof.analysis.compile import compile_findings, compile_stats
 from trainprof.analysis.distributed import rank_table, straggler_finding
@@ -18,7 +18,7 @@ from trainprof.analysis.idle import idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
 from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
-from trainprof.analysis.memory import peak_memory_per_step
+from trainprof.analysis.memory import memory_finding, memory_profile, peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
@@ -103,10 +103,14 @@ def _analyze_one(
     matched_sites = join_sync_sites(points, sites, trace.code_layout) if sites else 0
     syncs = step_syncs(points, [t.number for t in times])
 
-    costs = owner_costs(timeline, attribute_kernels(timeline), tiny_kernels(timeline))
+    sites = AttributionIndex(trace)  # nested once for the kernels' owners and the allocations'
+    costs = owner_costs(timeline, attribute_kernels(timeline, sites), tiny_kernels(timeline))
     launch_per_step, launch_totals = launch_stats(timeline, costs)
     idle = idle_breakdown(timeline, limits)
     peaks = peak_memory_per_step(timeline)
+    memory = memory_profile(timeline, sites)
+    device = trace.device_properties[0] if trace.device_properties else {}
+    device_memory = device.get("totalGlobalMem") if isinstance(device.get("totalGlobalMem"), int) else None
     gpu_work = has_gpu_work(times)  # else no GPU-idle time to split by cause
     parts = zip(times, syncs, launch_per_step, idle.per_step, peaks, strict=True)
     steps = [
@@ -132,6 +136,7 @@ def _analyze_one(
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits, recompiling, inference),
         top_kernels_finding(timeline, trace.rank),
         module_costs_finding(costs, trace.rank),
+        memory_finding(memory, trace_verdict.step_ms, trace.rank, limits, device_memory, inference),
         cpu_only_finding(timeline, times, trace.rank),
     ):
         if maybe is not None:
@@ -151,6 +156,7 @@ def _analyze_one(
         launch=launch_totals,
         idle=idle,
         compile=compiled,
+        memory=memory,
     )
     return steps, findings, info
 

@@ -102,6 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.distributed import RankRow
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
+    from trainprof.analysis.memory import MemoryProfile
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -266,6 +267,8 @@ class TraceInfo(msgspec.Struct):
     idle: IdleBreakdown
     compile: CompileStats | None = None
     """torch.compile's recompiles and graph breaks (`compile`); None when the trace shows no torch.compile."""
+    memory: MemoryProfile | None = None
+    """The memory peak's breakdown and the memory over time (`memory`); None without `profile_memory`."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -285,6 +288,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_idle_host_functions": [function.to_dict() for function in self.idle.host_functions],
             "gpu_idle_one_off": [holder.to_dict() for holder in self.idle.one_off],
             "compile": self.compile.to_dict() if self.compile is not None else None,
+            "memory": self.memory.to_dict() if self.memory is not None else None,
         }
 
 

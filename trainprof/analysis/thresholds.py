@@ -111,6 +111,26 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "...provided the GPU is less than 80% busy (else the tiny kernels are hidden behind long ones).",
     ),
     Threshold(
+        "memory_family_min_share",
+        0.3,
+        "A tensor family (the logits and the loss, attention scores; else the activations) gets a "
+        "memory finding when it holds at least 30% of the peak: its fix then lowers the peak by about "
+        "a third or more, enough for a larger batch.",
+    ),
+    Threshold(
+        "memory_pressure_share",
+        0.8,
+        "Activations alone get a memory finding (recompute them: activation checkpointing) only when "
+        "the peak holds at least 80% of the device's memory: their fix costs about a third more "
+        "compute, worth it only when memory limits the batch or the model.",
+    ),
+    Threshold(
+        "memory_min_saving_device_share",
+        0.02,
+        "...and only when its fix would save at least 2% of the device's memory (2.8 GB on an H200): "
+        "less buys no noticeably larger batch.",
+    ),
+    Threshold(
         "straggler_min_excess_ms",
         5.0,
         "A rank is the straggler when its non-communication time per step exceeds the other ranks' "
@@ -151,6 +171,10 @@ TOP_OPS_PER_OWNER = 6
 """Ops listed per owner (module or function) of tiny kernels."""
 GRAPH_BREAK_SITES_KEPT = 8
 """Graph-break sites (Dynamo's resume functions) kept in the compile figures."""
+LARGEST_ALLOCATIONS_KEPT = 8
+"""Allocations alive at the memory peak kept, largest first."""
+MEMORY_SERIES_POINTS = 400
+"""Points of the memory-over-time series (each the largest total of its slice of the events)."""
 COMPILE_IDS_IN_TITLE = 3
 """Compile ids a recompile finding's title names (its evidence lists them all)."""
 

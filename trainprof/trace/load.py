@@ -270,6 +270,10 @@ class _InstantArgs(msgspec.Struct, gc=False):
 
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
     device_type: int = msgspec.field(default=1, name="Device Type")
+    # One allocation (> 0) or free (< 0) and the block's address: floats, since an x86-64 or ARM
+    # user address stays below 2**48, exact in a float64, and a float field takes ints and floats alike.
+    alloc_bytes: float | None = msgspec.field(default=None, name="Bytes")
+    addr: float | None = msgspec.field(default=None, name="Addr")
 
 
 # The fields of both, for the lenient path's `_Event` (whose phase is a field).
@@ -632,14 +636,17 @@ def _table(category: str, group: list, ids: _Ids) -> EventTable:
 
 
 def _memory_table(events: list, ids: _Ids) -> EventTable:
-    """CUDA `[memory]` instants: time and `Total Allocated`. Host memory (`Device Type` 0) and values
-    that are absent or not finite numbers (`"Total Allocated": "inf"`) are left out."""
+    """CUDA `[memory]` instants: time, `Total Allocated`, and the block's `Bytes` and `Addr` (NaN
+    when absent). Host memory (`Device Type` 0) and values that are absent or not finite numbers
+    (`"Total Allocated": "inf"`) are left out."""
     count = len(events)
     args = [event.args or _NO_INSTANT_ARGS for event in events]
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
     device = np.fromiter([arg.device_type for arg in args], dtype=np.int64, count=count)
     keep = (device == 1) & np.isfinite(allocated)  # 1 = CUDA
     kept = list(itertools.compress(events, keep.tolist())) if not keep.all() else events
+    block_bytes = np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)[keep]
+    addr = np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)[keep]
     return EventTable.from_columns(
         [event.ts for event in kept],
         np.zeros(len(kept)),
@@ -647,6 +654,8 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
         np.zeros(len(kept), dtype=np.int32),
         np.full(len(kept), -1, dtype=np.int64),
         allocated[keep],
+        block_bytes=block_bytes,
+        addr=addr,
     )
 
 
