@@ -161,6 +161,7 @@ class Session:
         )
         self._profiler: Any = None
         self._capture: SyncCapture | None = None
+        self._compile_counters: dict[str, Any] | None = None  # Dynamo's, read as each window ends
         self._optimizer_hook: Any = None
         self._primary_optimizer: weakref.ref[Any] | None = None
         self._manual = False
@@ -472,7 +473,10 @@ class Session:
                 sites = [site.to_dict() for site in self._capture.take_sites()]
             self._windows.append((trace_path, sites))
             self.windows_written += 1
-            if self._capture is not None:
+            from trainprof.capture.compile import dynamo_counters  # its package imports the sync capture
+
+            self._compile_counters = dynamo_counters() or self._compile_counters
+            if self._capture is not None or self._compile_counters:
                 self._write_sync_sites()
         except Exception as exc:
             for partial in written:  # a failed or truncated export is not left as a trace
@@ -489,6 +493,8 @@ class Session:
             "code_layout": layout.to_dict() if layout is not None else None,
             "sites": self.sync_sites,
         }
+        if self._compile_counters:  # torch.compile's graph breaks (trainprof.capture.compile)
+            payload["compile"] = self._compile_counters
         tmp = path.with_name(path.name + ".tmp")
         try:
             tmp.write_text(json.dumps(payload, indent=1))

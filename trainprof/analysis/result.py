@@ -26,7 +26,8 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
-`peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`.
+`peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
+`compile`, `memory`.
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
   blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
   `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
@@ -46,6 +47,18 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   one-off holders also have `steps`.
 - gpu_idle_host_functions (`idle.HostFunction`): `[{file, function, code, idle_ms_per_step,
   called_from, stack}]`, `code` user or library.
+- compile (`compile.CompileStats`, null without torch.compile): `compile_ms_per_step`,
+  `compile_gpu_idle_ms_per_step`, `steps_compiling`, `recompiles_every_step`, `compile_ids`
+  (`"F/C"`: frame F's compilation C), `compiled_regions_per_step`, `compiled_frames`, `graph_breaks`
+  (null: unknown), `graph_break_sites`, `graph_break_reasons` (reason -> count, from the session's
+  live counters), `eager_gap_gpu_idle_ms_per_step`.
+- memory (`memory.MemoryProfile`, null without `profile_memory` or block sizes): `peak_bytes`,
+  `peak_step`, `peak_at_ms` (from the trace's first step), `by_category` (bytes at the peak:
+  `persistent`, `activations`, `gradients`, `optimizer_state`, `temporaries`), `by_family` (bytes at
+  the peak: `logits_loss`, `attention_scores`), `largest` (`[{bytes, category, family, op, module,
+  phase, allocated_at_ms, python, user}]`, `user` a `where` or null), `series` (`{t_ms,
+  allocated_bytes, by_category: {category: [bytes]}}`, at most 400 points, each the largest total of
+  its slice of the events: for a plot).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -60,19 +73,25 @@ steps[] (`Step`): one flat row per step of each trace, in this order:
   trace has no GPU work; the causes and one-off add up to `gpu_idle_ms` (`idle.StepIdle`);
 - `peak_memory_bytes` (null without `profile_memory`).
 
-findings[] (`Finding`), most severe first, then most costly: `kind`, `title`, `severity` (high,
-medium, low, info), `op`, `where` (`{file, line, function}` of the user's code), `via` (`{file,
-line, function, library, version}` of the library frame that made the call, or null), `cause`
-(in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`,
-`gpu_ms_per_step` (the GPU time per step the fix could win back; null where not estimated), `details`,
-by kind (a `verdict` there is its trace's verdict, as in `traces[].verdict`):
+findings[] (`Finding`), most severe first; within a severity steady-state before one-off ones, then
+the most GPU time at stake, then the most cost (`severity.finding_order`): `kind`, `title`,
+`severity` (high, medium, low, info), `op`, `where` (`{file, line, function}` of the user's code),
+`via` (`{file, line, function, library, version}` of the library frame that made the call, or null),
+`cause` (in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`,
+`gpu_ms_per_step` (the GPU time per step the fix could win back, which sets the severity: high from
+20% of the step, medium from 5%; 0 for one-off, profiler-overhead and memory findings; null where not
+estimated, the info kinds), `details`, by kind (a `verdict` there is its trace's verdict, as in
+`traces[].verdict`):
 - sync_point (`syncs.SyncDetails`): `sync_kind`, `cause` (a `syncs.CAUSES` key), `catalog_site`,
   `why`, `op_chain`, `runtime_calls`, `copies`, `gpu_idle_after_ms`, `cost_pct_of_step_time`,
   `occurrences` (`[{step, at_ms, blocked_ms, gpu_idle_after_ms}]`).
 - host_bound (`idle_findings.HostBoundDetails`): `idle_host_ms_per_step`, `idle_named_ms_per_step`,
   `idle_unnamed_ms_per_step`, `idle_host_pct`, `functions` (as gpu_idle_host_functions), `verdict`.
 - input_bound, blocking_runtime_call, recurring_warmup, communication_wait, profiler_overhead
-  (`idle_findings.IdleCauseDetails`): `idle_ms_per_step`, `idle_pct`, `holders`, `verdict`.
+  (`idle_findings.IdleCauseDetails`): `idle_ms_per_step`, `idle_pct`, `holders`, `verdict`,
+  `allocator` (blocking_runtime_call only, else null: `allocator.AllocatorCalls`, `{python_call,
+  where, api_steps, free_calls_per_step, alloc_calls_per_step, free_ms_per_step, alloc_ms_per_step,
+  gpu_idle_ms_per_step}`, the Python call behind the allocator's blocking calls).
 - one_off (`idle_findings.OneOffDetails`): `steps`, `event`, `op`, `idle_ms`.
 - launch_overhead (`launch.LaunchDetails`): `fixes`, `tiny_kernel_pct`, `kernels_per_step`,
   `graph_replay_kernels_per_step`, `graph_launch_ms_per_step`, `launch_ms_per_step`,
@@ -89,6 +108,10 @@ by kind (a `verdict` there is its trace's verdict, as in `traces[].verdict`):
   `step_ms`.
 - straggler (`distributed.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
   `others_comm_wait_ms_per_step`, `ranks` (as trace.ranks).
+- recompile, graph_breaks (`compile.CompileStats`): as `traces[].compile`.
+- memory_peak (`memory.MemoryFindingDetails`): `family` (a `by_family` key, or `activations`),
+  `memory_saved_bytes` (what the fix would save: what the family holds at the peak), `peak_bytes`,
+  `by_category`, `largest` (the family's, as in `traces[].memory`).
 """
 
 from __future__ import annotations

@@ -523,8 +523,9 @@ class SyncOccurrence(Record, frozen=True):
 class SyncDetails(Record, frozen=True):
     """A sync finding's evidence: the runtime-level kind, the `CAUSES` key, the catalog site (its id
     and why it syncs) when a known framework site made the call, the op chain, the runtime calls and
-    copies of its points, the GPU idle time after them, the GPU time at stake as a share of the step
-    time (`cost_pct_of_step_time`: `gpu_ms_per_step` over the step), and each occurrence."""
+    copies of its points, the GPU idle time after them, the host's blocked time plus that idle as a
+    share of the step time (`cost_pct_of_step_time`; the GPU time at stake is the finding's
+    `gpu_ms_per_step`), and each occurrence."""
 
     sync_kind: str
     cause: str
@@ -559,7 +560,7 @@ def sync_findings(
         idle_ms = sum(p.gpu_idle_after_us for p in group) / 1e3
         gpu_ms_per_step = sum(p.gpu_cost_us for p in group) / 1e3 / steps
         per_step = len(group) / steps
-        impact_pct = 100.0 * gpu_ms_per_step / max(step_ms, 1e-9)
+        impact_pct = 100.0 * (blocked_ms + idle_ms) / max(step_ms * steps, 1e-9)
         where_text = f" in {function}" if function else ""
         via = first.via
         via_text = f" via {via.library or '?'} {via.function}" if via is not None and via.library else ""

@@ -236,6 +236,7 @@ def load_trace(path: str | Path) -> Trace:
     sites_path = sync_sites_path(path)
     sites = read_sync_sites(sites_path) if sites_path.is_file() else None
     layout = read_code_layout(sites_path) if sites is not None else None
+    counters = read_compile_counters(sites_path) if sites is not None else None
     return Trace(
         path=path,
         worker=worker,
@@ -250,6 +251,7 @@ def load_trace(path: str | Path) -> Trace:
         sync_sites=sites,
         sync_sites_path=sites_path if sites is not None else None,
         code_layout=layout,
+        compile_counters=counters,
     )
 
 
@@ -497,6 +499,24 @@ def read_code_layout(path: Path) -> CodeLayout | None:
     """The run's `code_layout` recorded in a version-2 sync sites file (None in version 1)."""
     document = msgspec.json.decode(_read_bytes(path))  # already read and checked by read_sync_sites
     return CodeLayout.from_dict(document.get("code_layout")) if isinstance(document, dict) else None
+
+
+def read_compile_counters(path: Path) -> dict | None:
+    """Dynamo's counters recorded in a sync sites file (`compile`: `graph_breaks`, an int, and
+    `graph_break`, reason -> count), wrong-typed entries dropped; None when absent."""
+    document = msgspec.json.decode(_read_bytes(path))  # already read and checked by read_sync_sites
+    counters = document.get("compile") if isinstance(document, dict) else None
+    if not isinstance(counters, dict):
+        return None
+    out: dict = {}
+    if isinstance(counters.get("graph_breaks"), int) and not isinstance(counters["graph_breaks"], bool):
+        out["graph_breaks"] = counters["graph_breaks"]
+    reasons = counters.get("graph_break")
+    if isinstance(reasons, dict):
+        out["graph_break"] = {
+            str(reason): count for reason, count in reasons.items() if isinstance(count, int) and count >= 0
+        }
+    return out or None
 
 
 class _TooLarge(Exception):
