@@ -9,6 +9,7 @@ inputs and compare the output and every gradient.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -36,6 +37,15 @@ def fixtures_dir() -> Path:
     ``thirdparty/`` (other projects' public traces, source and licence in its README) and
     ``stacks/`` (Hugging Face Trainer, Lightning and accelerate runs)."""
     return FIXTURES_DIR
+
+
+@pytest.fixture(scope="session")
+def busy_run():
+    """`busy_run(scenario, variant)`: what ``fixtures/busy/timings.json`` measured for one variant of a
+    problem/fix pair without the profiler (H200, 2026-11-25): `step_ms_median`, `peak_memory_bytes`, ..."""
+    runs = json.loads((FIXTURES_DIR / "busy" / "timings.json").read_text())["runs"]
+    by_name = {(run["scenario"], run["variant"]): run for run in runs}
+    return lambda scenario, variant: by_name[(scenario, variant)]
 
 
 # (atol, rtol) for outputs and gradients against a float64 reference computed from the same

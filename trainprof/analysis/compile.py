@@ -36,7 +36,10 @@ _COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
 _RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
 # Names only torch.compile's work has (Dynamo's frames show in any trace with stacks: the optimizer's
 # step runs under `torch/_dynamo/eval_frame.py`).
-_MARKERS = ("Torch-Compiled Region", "(dynamo_timed)", "entire_frame_compile", "torch_dynamo_resume_in_")
+_MARKERS = (
+    "Torch-Compiled Region", "(dynamo_timed)", "entire_frame_compile", "entire_backward_compile",
+    "compile_id=", "torch_dynamo_resume_in_",
+)
 
 
 class CompileStats(Record, frozen=True):

@@ -1,0 +1,172 @@
+"""Severity follows the GPU time at stake (`trainprof.analysis.severity`), for every finding kind.
+
+Synthetic traces pin the sync rule (the idle a sync causes, not the host time it blocks) and the
+ranking (one-off costs after the steady ones); every checked-in fixture is held to the contract: a
+finding is `high` only when it could win back at least a fifth of its step, and the shared and
+third-party traces keep their verdicts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_idle_causes import STEP_US, TraceBuilder
+
+from trainprof.analysis import analyze
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _gpu_busy_step_with_a_sync(refill_us: float) -> TraceBuilder:
+    """One 100 ms step: a kernel over [0.03, 60] ms, a device synchronize from 1 ms until it ends,
+    then `refill_us` of the user's Python before the next launch, whose kernel runs to the end."""
+    trace = TraceBuilder()
+    trace.cpu("user_annotation", "ProfilerStep#1", 0.0, STEP_US)
+    trace.py("train.py(5): train", 0.5, STEP_US - 1)
+    trace.call("cudaLaunchKernel", 1.0, 10, kernels=[(30.0, 59_970.0)])
+    trace.call("cudaDeviceSynchronize", 1_000.0, 59_000.0)
+    launch_at = 60_000.0 + refill_us
+    trace.call("cudaLaunchKernel", launch_at, 10, kernels=[(launch_at + 20, STEP_US - launch_at - 20)])
+    return trace
+
+
+def _sync(result):
+    (finding,) = [f for f in result.findings if f.kind == "sync_point"]
+    return finding
+
+
+def test_a_sync_while_the_gpu_is_busy_costs_nothing(tmp_path):
+    # The host blocks 59 ms, but the GPU runs throughout and the next kernel follows at once.
+    finding = _sync(analyze(_gpu_busy_step_with_a_sync(refill_us=20.0).write(tmp_path)))
+    assert finding.cost_ms == pytest.approx(59.0, abs=0.1)  # host time blocked, as before
+    assert finding.gpu_ms_per_step == pytest.approx(0.04, abs=0.02)
+    assert finding.severity == "low"
+
+
+def test_a_sync_costs_the_refill_after_it_at_most_the_hosts_lead(tmp_path):
+    # After the sync the host spends 30 ms before its next launch; it was 59 ms ahead before the
+    # sync, so without the sync the GPU would not have waited: 30 ms of a 100 ms step, high.
+    finding = _sync(analyze(_gpu_busy_step_with_a_sync(refill_us=30_000.0).write(tmp_path)))
+    assert finding.gpu_ms_per_step == pytest.approx(30.0, abs=0.1)
+    assert finding.severity == "high"
+
+
+def test_a_sync_costs_no_more_than_the_lead_it_removed(tmp_path):
+    # A 2 ms sync (the host was 2 ms ahead), then 30 ms of host Python: the sync is worth 2 ms; the
+    # rest of the idle is the host's own (the host-bound finding's).
+    trace = TraceBuilder()
+    trace.cpu("user_annotation", "ProfilerStep#1", 0.0, STEP_US)
+    trace.call("cudaLaunchKernel", 1.0, 10, kernels=[(30.0, 2_970.0)])
+    trace.call("cudaStreamSynchronize", 1_000.0, 2_000.0)
+    trace.py("train.py(9): log_metrics", 3_010.0, 29_980.0)
+    trace.call("cudaLaunchKernel", 33_000.0, 10, kernels=[(33_020.0, STEP_US - 33_020.0)])
+    finding = _sync(analyze(trace.write(tmp_path)))
+    assert finding.gpu_ms_per_step == pytest.approx(2.0, abs=0.05)
+    assert finding.severity == "low"
+
+
+def test_the_severity_cut_offs_are_overridable_by_their_names(tmp_path):
+    path = _gpu_busy_step_with_a_sync(refill_us=30_000.0).write(tmp_path)
+    assert _sync(analyze(path, thresholds={"severity_high_step_share": 0.5})).severity == "medium"
+    assert _sync(analyze(path, thresholds={"severity_medium_step_share": 0.4,
+                                           "severity_high_step_share": 0.5})).severity == "low"
+    for retired in ("sync_high_severity_pct", "high_severity_idle_share"):
+        with pytest.raises(ValueError, match="unknown threshold"):
+            analyze(path, thresholds={retired: 1.0})
+
+
+def test_one_off_costs_rank_after_every_steady_finding_of_their_severity(tmp_path):
+    trace = TraceBuilder()
+    trace.step(1, 0.0)
+    trace.step(2, STEP_US)
+    # Step 1: 80 ms of context creation (one-off). Step 2: a 17 µs synchronize in the user's loop.
+    trace.op("aten::to", 9_990, 80_000)
+    trace.call("cudaDeviceGetStreamPriorityRange", 10_000, 79_980)
+    trace.py("train.py(10): train", STEP_US + 10_000, 80_000)
+    trace.call("cudaDeviceSynchronize", STEP_US + 10_010, 17)
+    result = analyze(trace.write(tmp_path))
+    kinds = [f.kind for f in result.findings if f.severity == "low"]
+    assert "one_off" in kinds and "sync_point" in kinds
+    assert kinds.index("sync_point") < kinds.index("one_off")
+    (one_off,) = [f for f in result.findings if f.kind == "one_off"]
+    assert one_off.gpu_ms_per_step == 0.0 and one_off.cost_ms == pytest.approx(80.0, abs=0.1)
+
+
+def test_a_sync_inside_a_cudnn_search_belongs_to_the_warm_up_finding(tmp_path):
+    # cuDNN's benchmark search waits on each candidate's kernel: those waits are the warm-up's cost.
+    trace = TraceBuilder()
+    trace.step(1, 0.0)
+    trace.op("aten::cudnn_convolution", 9_990, 80_005)
+    for i in range(20):
+        start = 10_000 + i * 4_000
+        trace.call("cudaLaunchKernel", start, 10, kernels=[(start + 20, 1_000)])
+        trace.call("cudaEventSynchronize", start + 100, 1_000)
+    result = analyze(trace.write(tmp_path))
+    assert not [f for f in result.findings if f.kind == "sync_point"]
+    assert [f for f in result.findings if f.kind == "one_off" and "cudnn" in f.title]
+    assert result.steps[0].syncs.blocked_ms == pytest.approx(20.0)  # still the step's blocked time
+
+
+def _fixture_dirs() -> list[str]:
+    dirs = [p for group in ("traces", "thirdparty", "stacks") for p in sorted((FIXTURES / group).iterdir())]
+    dirs += sorted(p.parent for p in (FIXTURES / "busy").glob("*/*/*.pt.trace.json.gz"))
+    return [str(p.relative_to(FIXTURES)) for p in dirs if p.is_dir()]
+
+
+# The verdicts the shared and third-party traces keep (checked in detail by test_thirdparty and
+# test_analysis; here all at once, with the severity contract).
+VERDICTS = {
+    "traces/ddp_straggler": "straggler: rank 1",
+    "traces/gpt2_clean": "launch-bound",
+    "traces/gpt2_pathologies": "launch-bound",
+    "thirdparty/hta_cp_simple_add": "mixed",
+    "thirdparty/hta_trace_diff_control": "communication-bound",
+    "thirdparty/kineto_resnet50_num_workers_4": "launch-bound",
+    "thirdparty/param_resnet_kineto": "input-bound",
+    "thirdparty/tl_b200_eager": "host-bound",
+    "thirdparty/tl_h100_bert_small": "mixed",
+    "thirdparty/tl_mi300_resnet_act_ckpt": "communication-bound",
+    "thirdparty/tl_xdit_flux_aiter_sage": "gpu-bound",
+}
+
+
+@pytest.mark.parametrize("folder", _fixture_dirs())
+def test_no_finding_is_high_unless_it_costs_the_gpu_a_fifth_of_its_step(folder):
+    result = analyze(FIXTURES / folder)
+    if folder in VERDICTS:
+        assert result.summary.verdict == VERDICTS[folder]
+    for finding in result.findings:
+        if finding.severity == "info":
+            continue
+        assert finding.gpu_ms_per_step is not None, finding.kind
+        if finding.severity == "high":
+            steps = [t.verdict.step_ms for t in result.traces if t.rank == finding.rank] or [
+                t.verdict.step_ms for t in result.traces
+            ]
+            assert finding.gpu_ms_per_step >= 0.2 * min(steps), (finding.kind, finding.title)
+
+
+@pytest.mark.parametrize(
+    ("folder", "cause"),
+    [
+        ("busy/fp32_mlp/fp32", "device_synchronize"),  # the host waits for GEMMs that run anyway
+        ("busy/gpt2_attention/eager", "pageable_copy"),  # transformers' eager_mask at 96.8% GPU busy
+        ("thirdparty/hta_cp_simple_add", "device_synchronize"),  # 0.006-0.08 ms syncs
+        ("thirdparty/hta_trace_diff_control", "d2h_copy"),  # 13 and 94 ms reads, GPU busy meanwhile
+        ("thirdparty/tl_h100_bert_small", "device_synchronize"),
+    ],
+)
+def test_syncs_that_cost_the_gpu_nothing_are_low(folder, cause):
+    result = analyze(FIXTURES / folder)
+    syncs = [f for f in result.findings if f.kind == "sync_point" and f.details.cause == cause]
+    assert syncs and all(f.severity == "low" for f in syncs)
+
+
+def test_context_creation_stays_out_of_the_steady_ranking():
+    result = analyze(FIXTURES / "thirdparty/hta_cp_simple_add")
+    kinds = [f.kind for f in result.findings if f.severity != "info"]
+    one_offs = [i for i, kind in enumerate(kinds) if kind == "one_off"]
+    steady = [i for i, kind in enumerate(kinds) if kind != "one_off"]
+    assert one_offs and steady and max(steady) < min(one_offs)
+    assert any("context creation" in f.title for f in result.findings if f.kind == "one_off")
