@@ -145,6 +145,8 @@ _GPU_WORK_KIND = np.array([k in GPU_WORK_KINDS for k in KINDS])
 _LENDING_KIND = np.array([k in LENDING_KINDS for k in KINDS])
 _STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
 
+FIRST_LAUNCH_SAMPLE = 256  # launches whose median is the typical launch the first one is set against
+
 # Compiled once for `NameText` scans, as the plain patterns are (those serve names holding a newline).
 _FRAME_PATTERNS = tuple(NamePattern(rule.pattern) for rule in FRAME_RULES)
 _WARMUP_OPS_PATTERN = NamePattern(WARMUP_OPS.pattern, anchored=True)
@@ -553,9 +555,8 @@ def _call_causes(timeline: Timeline, thresholds: Thresholds) -> np.ndarray:
     launches = np.flatnonzero(kinds == KINDS.index("launch"))
     if len(launches) > 1:
         first = launches[0]
-        slow = calls.dur_us[first] >= thresholds.profiler_first_launch_ratio * statistics.median(
-            calls.dur_us[launches].tolist()
-        )
+        typical = statistics.median(calls.dur_us[launches[:FIRST_LAUNCH_SAMPLE]].tolist())
+        slow = calls.dur_us[first] >= thresholds.profiler_first_launch_ratio * typical
         if slow and not long_launch[first]:
             cause[first] = Cause.PROFILER
     return cause

@@ -393,9 +393,11 @@ def find_sync_points(timeline: Timeline, thresholds: Thresholds | None = None) -
 
     layout = trace.code_layout
     points = []
-    for group in sorted(groups.values(), key=lambda g: g["start"]):
-        if not group["blocking"]:
-            continue
+    blocking = sorted((g for g in groups.values() if g["blocking"]), key=lambda g: g["start"])
+    # GPU idle inside each point's span, all at once (a `covered` call per point cost ~60 µs each).
+    start, end = np.array([(g["start"], g["end"]) for g in blocking]).reshape(-1, 2).T
+    idle_inside = np.maximum(end - start - timeline.gpu_busy.covered(start, end), 0.0)
+    for group, idle_during in zip(blocking, idle_inside.tolist(), strict=True):
         # The frames around the group's first call.
         context = call_context(trace, group["thread"], group["start"], group["first_end"])
         annotations = [a for a in context.annotations if not a.startswith("ProfilerStep#")]
@@ -403,8 +405,6 @@ def find_sync_points(timeline: Timeline, thresholds: Thresholds | None = None) -
         idle_after = timeline.gpu_busy.next_busy_after(group["end"])
         step_end = timeline.steps[group["step"]].end_us
         idle_after = min(idle_after, max(step_end - group["end"], 0.0)) if idle_after is not None else 0.0
-        span_us = group["end"] - group["start"]
-        idle_during = max(span_us - float(timeline.gpu_busy.covered(group["start"], group["end"])), 0.0)
         point = SyncPoint(
             step=timeline.steps[group["step"]].number,
             thread=group["thread"],
