@@ -537,7 +537,7 @@ class Session:
             return
         from trainprof.analysis import analyze
 
-        self.analysis = analyze(traces)
+        self.analysis = analyze(traces, views=True)  # views: what report.html draws
         self.findings = self.analysis.findings
         self.summary = self.analysis.summary
         from trainprof.report import write_reports

@@ -104,6 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
+    from trainprof.analysis.views import TraceViews
 
 SCHEMA_VERSION = 1
 """The version of the JSON form documented above (the module docstring)."""
@@ -263,6 +264,8 @@ class TraceInfo(msgspec.Struct):
     peak_memory_bytes: int | None
     launch: LaunchTotals
     idle: IdleBreakdown
+    views: TraceViews | None = None
+    """What report.html draws (`analyze(..., views=True)`); not in the JSON form."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""

@@ -270,6 +270,9 @@ class _InstantArgs(msgspec.Struct, gc=False):
 
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
     device_type: int = msgspec.field(default=1, name="Device Type")
+    alloc_bytes: float = msgspec.field(default=_NAN, name="Bytes")  # negative: a free
+    # A float: any number a tool writes reads (addresses stay exact below 2^53, as CUDA's are).
+    addr: float = msgspec.field(default=_NAN, name="Addr")
 
 
 # The fields of both, for the lenient path's `_Event` (whose phase is a field).
@@ -632,12 +635,15 @@ def _table(category: str, group: list, ids: _Ids) -> EventTable:
 
 
 def _memory_table(events: list, ids: _Ids) -> EventTable:
-    """CUDA `[memory]` instants: time and `Total Allocated`. Host memory (`Device Type` 0) and values
-    that are absent or not finite numbers (`"Total Allocated": "inf"`) are left out."""
+    """CUDA `[memory]` instants: time, `Total Allocated`, the block's `Bytes` and `Addr`. Host memory
+    (`Device Type` 0) and values that are absent or not finite numbers (`"Total Allocated": "inf"`)
+    are left out."""
     count = len(events)
     args = [event.args or _NO_INSTANT_ARGS for event in events]
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
     device = np.fromiter([arg.device_type for arg in args], dtype=np.int64, count=count)
+    block_bytes = np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)
+    addr = np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)
     keep = (device == 1) & np.isfinite(allocated)  # 1 = CUDA
     kept = list(itertools.compress(events, keep.tolist())) if not keep.all() else events
     return EventTable.from_columns(
@@ -647,6 +653,8 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
         np.zeros(len(kept), dtype=np.int32),
         np.full(len(kept), -1, dtype=np.int64),
         allocated[keep],
+        alloc_bytes=block_bytes[keep],
+        addr=addr[keep],
     )
 
 

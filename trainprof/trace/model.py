@@ -57,6 +57,8 @@ class EventTable:
     categories (`FRAME_CATEGORIES`) carry neither: their `correlation` is -1 and `value` NaN.
     `sequence` and `fwd_thread` exist for `cpu_op` only (None elsewhere): Kineto's autograd link
     args `Sequence number` and `Fwd thread id`, -1 when absent (see `trainprof.analysis.attribution`).
+    `alloc_bytes` and `addr` exist for `memory` only: the `[memory]` instant's `Bytes` (negative for
+    a free) and `Addr`, NaN when absent, which pair a block's allocation with its free.
     """
 
     start_us: np.ndarray
@@ -67,6 +69,8 @@ class EventTable:
     value: np.ndarray
     sequence: np.ndarray | None = None
     fwd_thread: np.ndarray | None = None
+    alloc_bytes: np.ndarray | None = None
+    addr: np.ndarray | None = None
 
     end_us: np.ndarray = field(init=False, repr=False)
     """End times (start + duration), computed once: analyses read them in loops."""
@@ -79,9 +83,10 @@ class EventTable:
 
     @classmethod
     def from_columns(
-        cls, start, dur, thread, name, correlation, value, sequence=None, fwd_thread=None
+        cls, start, dur, thread, name, correlation, value, sequence=None, fwd_thread=None,
+        alloc_bytes=None, addr=None,
     ) -> EventTable:
-        """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread` optional).
+        """Build a table from Python lists, sorted by start time (the optional columns may be None).
 
         Events whose start or end is not a finite number are left out, and a negative duration
         counts as 0: no real trace has them, and one such event would break every interval question.
@@ -101,6 +106,8 @@ class EventTable:
             value=_column(value, np.float64)[order],
             sequence=None if sequence is None else _int64_column(sequence)[order],
             fwd_thread=None if fwd_thread is None else _int64_column(fwd_thread)[order],
+            alloc_bytes=None if alloc_bytes is None else _column(alloc_bytes, np.float64)[order],
+            addr=None if addr is None else _column(addr, np.float64)[order],
         )
 
     def select(self, mask: np.ndarray) -> EventTable:
@@ -114,6 +121,8 @@ class EventTable:
             self.value[mask],
             None if self.sequence is None else self.sequence[mask],
             None if self.fwd_thread is None else self.fwd_thread[mask],
+            None if self.alloc_bytes is None else self.alloc_bytes[mask],
+            None if self.addr is None else self.addr[mask],
         )
 
 
