@@ -204,7 +204,11 @@ def _write_html_report(
         html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
     with trace_size_limit(max_trace_bytes):
         analysis = _load_and_analyze(path, sys.stderr, thresholds, views=True)
-    written = write_html(analysis, html_path)
+    try:
+        Path(html_path).parent.mkdir(parents=True, exist_ok=True)
+        written = write_html(analysis, html_path)
+    except OSError as exc:
+        return _error(f"{html_path}: cannot write it ({exc.strerror or exc})")
     size_kib = written.stat().st_size / 1024
     sys.stdout.write(_one_line(f"trainprof: wrote {written} ({size_kib:,.0f} KiB)") + "\n")
     return 0
@@ -229,17 +233,46 @@ def _say_which_run(path: str) -> Path:
 
 
 def run_demo(steps: int, log_dir: str, device: str | None) -> int:
-    """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the report."""
+    """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the report.
+
+    Without a GPU, first the report of a real GPU run shipped with trainprof (`trainprof.samples`),
+    with its report.html, then the CPU run.
+    """
     if steps < 6:
         return _error(f"--steps {steps}: the demo needs at least 6 (wait 1, warmup 1, active 3, then one)")
-    from trainprof.demo import DemoUnavailable
+    from trainprof.demo import DemoUnavailable, demo_device
     from trainprof.demo import run_demo as demo
 
     try:
+        if demo_device(device) == "cpu" and not _cuda_available():
+            _show_gpu_sample(log_dir)
         demo(steps=steps, log_dir=log_dir, device=device)  # the session says where its files went
     except DemoUnavailable as exc:
         return _error(str(exc))
     return 0
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _show_gpu_sample(log_dir: str) -> None:
+    """Print the shipped GPU run's report and where its report.html went."""
+    from trainprof.demo import gpu_sample_report
+    from trainprof.report.console import print_report
+    from trainprof.samples import H200_LLAMA_TITLE
+
+    analysis, written = gpu_sample_report(log_dir)
+    sys.stdout.write(f"No GPU here: first, trainprof's report on a real GPU run, {H200_LLAMA_TITLE}.\n\n")
+    print_report(analysis, file=sys.stdout)
+    sys.stdout.write(
+        f"\nopen {written} in a browser for its timeline, op and kernel tables, memory and flame graph\n"
+        f"  (or tensorboard --logdir {log_dir}, tab trainprof)\n\n"
+        "Now the demo's own loop, on this CPU (a CPU has no GPU time to report: its verdict is cpu-only):\n\n"
+    )
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
