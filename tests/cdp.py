@@ -15,6 +15,7 @@ resolver that resolves nothing but localhost, so a page cannot reach another mac
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import queue
@@ -31,6 +32,16 @@ TIMEOUT_S = 30.0
 """Longest wait for one reply or a page load: a loaded CI machine starts Chromium in seconds."""
 
 
+def _high_pipe() -> tuple[int, int]:
+    """A pipe whose two ends are numbered 10 or more: the browser's ends are renumbered 3 and 4,
+    which must not be the numbers of the ends themselves."""
+    ends = []
+    for end in os.pipe():
+        ends.append(fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, 10))
+        os.close(end)
+    return ends[0], ends[1]
+
+
 def chromium_path() -> str | None:
     """The Chromium executable on PATH, or None."""
     return next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)
@@ -41,8 +52,8 @@ class Browser:
 
     def __init__(self, executable: str) -> None:
         self._profile = tempfile.mkdtemp(prefix="trainprof-chromium-")
-        to_browser_read, self._to_browser = os.pipe()
-        self._from_browser, from_browser_write = os.pipe()
+        to_browser_read, self._to_browser = _high_pipe()
+        self._from_browser, from_browser_write = _high_pipe()
         flags = [
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
@@ -50,10 +61,11 @@ class Browser:
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
             f"--user-data-dir={self._profile}", "--remote-debugging-pipe", "about:blank",
         ]
-        # The pipe's ends become the browser's fd 3 and 4 (a shell does the renumbering).
+        # The pipe's ends become the browser's fd 3 and 4: bash renumbers them (dash takes one-digit
+        # numbers only, and the ends are 10 or more).
         script = f'exec "$0" "$@" 3<&{to_browser_read} 4>&{from_browser_write}'
         self._process = subprocess.Popen(
-            ["sh", "-c", script, executable, *flags],
+            ["bash", "-c", script, executable, *flags],
             pass_fds=(to_browser_read, from_browser_write),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

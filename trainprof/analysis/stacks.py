@@ -20,12 +20,13 @@ than its parent, so the kept nodes form a tree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import msgspec
 import numpy as np
 
-from trainprof.analysis.arrays import StringTable, distinct, unique_inverse
+from trainprof.analysis.arrays import distinct, unique_inverse
 from trainprof.analysis.thresholds import FLAME_GRAPH_NODES
 from trainprof.analysis.timeline import Timeline, _join_correlation
 from trainprof.trace.model import FRAME_CATEGORIES, nearest_marked
@@ -50,7 +51,7 @@ class FlameGraph(msgspec.Struct, frozen=True):
 def flame_graph(timeline: Timeline) -> FlameGraph:
     """The flame graph of every thread with frames in the profiled steps (module docstring)."""
     trace = timeline.trace
-    tree = _Tree()
+    tree = _Tree(trace.names)
     launches = _launches(timeline)
     frame_threads = distinct(np.concatenate([trace.events[c].thread for c in FRAME_CATEGORIES])).tolist()
     for thread in sorted(frame_threads, key=lambda t: (t != timeline.main_thread, t)):
@@ -61,11 +62,16 @@ def flame_graph(timeline: Timeline) -> FlameGraph:
 
 class _Tree:
     """The merged tree being built, thread by thread: per node its parent, name, depth, own host
-    time (inclusive already: a frame's duration holds its callees') and own GPU time."""
+    time (inclusive already: a frame's duration holds its callees') and own GPU time.
 
-    def __init__(self) -> None:
-        self.strings = StringTable(("all threads",))
-        self.parent, self.name, self.depth = [np.array([-1])], [np.array([0])], [np.array([0])]
+    A node's name is a number: a trace name's id, or past them one of `labels` (the root, threads).
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.labels = ["all threads"]
+        root_name = len(names)
+        self.parent, self.name, self.depth = [np.array([-1])], [np.array([root_name])], [np.array([0])]
         self.host_us, self.gpu_us = [np.zeros(1)], [np.zeros(1)]
         self.count = 1
 
@@ -86,26 +92,30 @@ class _Tree:
 
         root = self.count
         node = np.full(len(parent), root, dtype=np.int64)  # per frame, its node
-        parents, names, depths = [np.array([0])], [np.array([self.strings.id(label)])], [np.array([1])]
+        self.labels.append(label)
+        label_name = len(self.names) + len(self.labels) - 1
+        parents, names, depths = [np.array([0])], [np.array([label_name])], [np.array([1])]
         self.count += 1
         width = len(trace.names) + 1  # (parent node, name) packed into one key
         # Frames of one depth at a time, merged by (parent node, name): parents get their node first.
-        for level in range(int(depth[keep].max()) + 1):
-            at = np.flatnonzero(keep & (depth == level))
+        kept = np.flatnonzero(keep)
+        by_depth = kept[np.argsort(depth[kept], kind="stable")]
+        bounds = np.searchsorted(depth[by_depth], np.arange(int(depth[kept].max()) + 2))
+        for level, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+            at = by_depth[lo:hi]
             if not len(at):
                 continue
             above = np.where(parent[at] >= 0, node[np.maximum(parent[at], 0)], root)
             key, inverse = np.unique(above * width + frames.name_ids[at], return_inverse=True)
             node[at] = self.count + inverse.reshape(-1)
             parents.append(key // width)
-            names.append(self.strings.ids([trace.names[i] for i in (key % width).tolist()]))
+            names.append(key % width)
             depths.append(np.full(len(key), level + 2))
             self.count += len(key)
         self.parent += parents
         self.name += names
         self.depth += depths
         size = self.count - root
-        kept = np.flatnonzero(keep)
         host_us = np.bincount(node[kept] - root, weights=host[kept], minlength=size)
         host_us[0] = host_us[np.concatenate(parents) == root].sum()  # the thread: its top frames
         self.host_us.append(host_us)
@@ -123,7 +133,10 @@ class _Tree:
         host_us[0] = host_us[parent == 0].sum()
         gpu_us = _inclusive(parent, np.concatenate(self.depth), np.concatenate(self.gpu_us))
         name = np.concatenate(self.name).astype(np.int64)
-        return _pruned(self.strings.strings, parent, name, host_us, gpu_us)
+        return _pruned(self._text, parent, name, host_us, gpu_us)
+
+    def _text(self, name: int) -> str:
+        return self.names[name] if name < len(self.names) else self.labels[name - len(self.names)]
 
 
 class _Launches(NamedTuple):
@@ -177,9 +190,10 @@ def _inclusive(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.nda
 
 
 def _pruned(
-    strings: list[str], parent: np.ndarray, name: np.ndarray, host_us: np.ndarray, gpu_us: np.ndarray
+    text: Callable[[int], str], parent: np.ndarray, name: np.ndarray, host_us: np.ndarray, gpu_us: np.ndarray
 ) -> FlameGraph:
-    """The `FLAME_GRAPH_NODES` largest nodes (by their larger share of host or GPU time), renumbered."""
+    """The `FLAME_GRAPH_NODES` largest nodes (by their larger share of host or GPU time), renumbered;
+    `text(name)` is a node name's string."""
     share = np.maximum(host_us / max(host_us[0], 1e-9), gpu_us / max(gpu_us[0], 1e-9))
     keep = np.zeros(len(parent), dtype=bool)
     keep[np.argsort(-share, kind="stable")[:FLAME_GRAPH_NODES]] = True
@@ -190,7 +204,7 @@ def _pruned(
     renumber[rows] = np.arange(len(rows))
     used, names = unique_inverse(name[rows])
     return FlameGraph(
-        strings=[strings[i] for i in used.tolist()],
+        strings=[text(i) for i in used.tolist()],
         parent=np.where(parent[rows] >= 0, renumber[np.maximum(parent[rows], 0)], -1),
         name=names,
         host_us=host_us[rows],

@@ -166,9 +166,9 @@ KERNEL_TABLE_ROWS = 150
 FLAME_GRAPH_NODES = 2500
 """Nodes of the host-stack flame graph, the largest by host or GPU time (a child is never larger
 than its parent, so the kept nodes form a tree)."""
-MEMORY_CURVE_POINTS = 2000
-"""Points of the memory curve: each bucket of time keeps its lowest and highest value, so the
-peak survives."""
+MEMORY_CURVE_POINTS = 1000
+"""Points of the memory curve (drawn ~1,200 pixels wide): each bucket of time keeps its lowest and
+highest value, so the peak survives."""
 ALLOCATIONS_AT_PEAK = 12
 """The largest blocks live at the memory peak that the report lists."""
 

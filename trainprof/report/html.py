@@ -223,9 +223,9 @@ def _table(columns: tuple[tuple[str, str], ...], rows: list[tuple[Any, ...]], sc
     for row in rows:
         cells = []
         for (_, kind), cell in zip(columns, row, strict=True):
-            if kind == NUM:
+            if kind == NUM:  # text from `_format.number` (digits, separators, units): no markup
                 text, value = cell
-                cells.append(f'<td class="num" data-v="{value}">{esc(text)}</td>')
+                cells.append(f'<td class="num" data-v="{value}">{text}</td>')
             else:
                 cells.append(f'<td class="{kind}">{esc(cell)}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")

@@ -54,11 +54,12 @@ class Run:
 
 
 def find_runs(logdir: str | os.PathLike[str]) -> list[Run]:
-    """The runs under `logdir`, by folder name; a folder's sub-folders are not searched once it is a run."""
-    root = Path(logdir)
+    """The runs under `logdir`, by folder name; a folder's sub-folders are not searched once it is a
+    run. No logdir (TensorBoard started with `--logdir_spec`, or none): no runs."""
     runs: list[Run] = []
-    if not root.is_dir():
+    if not logdir or not Path(logdir).is_dir():
         return runs
+    root = Path(logdir)
     for folder, subfolders, files in os.walk(root):
         reports = sorted(name for name in files if _REPORT.match(name))
         has_traces = any(_TRACE.search(name) for name in files)

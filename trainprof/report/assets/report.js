@@ -152,18 +152,22 @@
     ctx.restore();
   };
   Timeline.prototype.hit = function (event) {
-    var rect = this.holder.getBoundingClientRect(), g = this.geo;
+    var rect = this.holder.querySelector("canvas").getBoundingClientRect(), g = this.geo;
     var x = event.clientX - rect.left, y = event.clientY - rect.top;
     var row = Math.floor((y - HEADER) / (LANE + GAP));
     if (x < g.left || row < 0 || row >= this.lanes.length) return null;
     var lane = this.lanes[row], t = this.t0 + (x - g.left) / g.scale, slack = 2 / g.scale;
-    // blocks are sorted by start: the last one starting before the cursor, and a few before it
+    // blocks are sorted by start: among the last one starting before the cursor (with a pixel's
+    // slack) and a few before it, the one under the cursor, else the nearest
     var lo = 0, hi = lane.start.length - 1, at = -1;
     while (lo <= hi) { var mid = (lo + hi) >> 1; if (lane.start[mid] <= t + slack) { at = mid; lo = mid + 1; } else hi = mid - 1; }
+    var best = -1, bestDistance = Infinity;
     for (var i = at; i >= 0 && i > at - 50; i--) {
-      if (lane.start[i] + Math.max(lane.dur[i], slack) >= t - slack) return { lane: lane, index: i };
+      var distance = Math.max(lane.start[i] - t, t - (lane.start[i] + lane.dur[i]), 0);
+      if (distance < bestDistance) { best = i; bestDistance = distance; }
+      if (distance === 0) break;
     }
-    return null;
+    return best >= 0 && bestDistance <= slack ? { lane: lane, index: best } : null;
   };
   Timeline.prototype.describe = function (hit) {
     var lane = hit.lane, i = hit.index, S = this.strings;
@@ -201,7 +205,7 @@
     this.holder.addEventListener("dblclick", function () { self.reset(); });
     this.holder.addEventListener("wheel", function (e) {
       e.preventDefault();
-      var rect = self.holder.getBoundingClientRect(), g = self.geo;
+      var rect = self.holder.querySelector("canvas").getBoundingClientRect(), g = self.geo;
       var at = self.t0 + (Math.min(Math.max(e.clientX - rect.left, g.left), g.left + g.width) - g.left) / g.scale;
       var factor = e.deltaY > 0 ? 1.25 : 0.8, span = (self.t1 - self.t0) * factor;
       if (span < 0.5) return;
@@ -269,7 +273,7 @@
     this.boxes = boxes;
   };
   Flame.prototype.hit = function (event) {
-    var rect = this.holder.getBoundingClientRect(), x = event.clientX - rect.left, y = event.clientY - rect.top;
+    var rect = this.holder.querySelector("canvas").getBoundingClientRect(), x = event.clientX - rect.left, y = event.clientY - rect.top;
     var row = Math.floor(y / ROW);
     for (var i = 0; i < (this.boxes || []).length; i++) {
       var b = this.boxes[i];
