@@ -185,3 +185,32 @@ def test_cli_report_bad_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("trainprof: error: ") and err.count("\n") == 1
     assert not (tmp_path / "report.html").exists()
+
+
+def test_demo_shows_the_shipped_gpu_run_first(tmp_path, capsys, monkeypatch):
+    """Without a GPU, `trainprof demo` prints a real H200 run's report and writes its report.html
+    before its own CPU loop (stubbed here: the loop is the session's tests' business)."""
+    import trainprof.demo
+    from trainprof.samples import sample_path
+
+    assert len(list(sample_path().glob("*.pt.trace.json.gz"))) == 1  # shipped as package data
+    ran = []
+    monkeypatch.setattr(trainprof.demo, "run_demo", lambda **kwargs: ran.append(kwargs))
+    monkeypatch.setattr(trainprof.demo, "demo_device", lambda device=None: "cpu")
+    monkeypatch.setattr("trainprof.cli._cuda_available", lambda: False)
+    assert main(["demo", "--log-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("No GPU here: first, trainprof's report on a real GPU run")
+    assert "NVIDIA H200" in out and "gpu-bound" in out and ran == [
+        {"steps": 8, "log_dir": str(tmp_path), "device": None}]
+    page = (tmp_path / trainprof.demo.SAMPLE_FOLDER / "report.html").read_text()
+    assert "NVIDIA H200" in page and 'id="timeline-chart"' in page
+
+
+def test_demo_that_cannot_run_writes_nothing(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    assert main(["demo", "--device", "cpu"]) == 2
+    assert capsys.readouterr().out == "" and not (tmp_path / "log").exists()
