@@ -137,3 +137,18 @@ def test_session_scalars_and_text(tmp_path, fixtures_dir):
     assert findings.startswith("**launch\\-bound**") or findings.startswith("**launch-bound**")
     assert "fix:" in findings
     assert texts[REPORT_TAG + "/text_summary"].startswith("# trainprof report")
+
+
+def test_reading_library_versions_raises_no_warning():
+    """TensorBoard brings MarkupSafe, whose `__version__` warns: reading the run's library versions
+    must not pass that on (under `python -W error` it raised inside the analysis)."""
+    import warnings
+
+    import markupsafe  # noqa: F401 (loaded, as TensorBoard loads it)
+
+    from trainprof.user_code import _layout_for
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layout = _layout_for(("markupsafe", "numpy"), None)
+    assert "markupsafe" in layout.library_packages
