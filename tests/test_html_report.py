@@ -214,3 +214,21 @@ def test_demo_that_cannot_run_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     assert main(["demo", "--device", "cpu"]) == 2
     assert capsys.readouterr().out == "" and not (tmp_path / "log").exists()
+
+
+def test_cpu_only_run_draws_no_gpu_timeline(tmp_path, fixtures_dir):
+    import gzip
+
+    source = next((fixtures_dir / "busy" / "llama_swap" / "bare").glob("*.pt.trace.json.gz"))
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    gpu = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime", "cuda_driver"}
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("cat") not in gpu]
+    path = tmp_path / "cpu.1.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(document).encode(), 1))
+    analysis = analyze(path, views=True)
+    assert analysis.summary.verdict == "cpu-only"
+    assert len(analysis.traces[0].views.timeline.idle.start_us) == 0  # no GPU to be idle
+    page = render_html(analysis)
+    assert "No GPU work recorded." in page and 'id="timeline-chart"' not in page
+    assert page.count("no GPU work</span>") == len(analysis.steps)
+    assert 'id="flame-chart"' in page  # the host stacks are still there

@@ -138,7 +138,7 @@ def _analyze_one(
         peak_memory_bytes=max(known_peaks) if known_peaks else None,
         launch=launch_totals,
         idle=idle,
-        views=trace_views(timeline, owners, idle.pieces, points) if views else None,
+        views=trace_views(timeline, owners, idle.pieces if gpu_work else None, points) if views else None,
     )
     return steps, findings, info
 

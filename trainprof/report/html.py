@@ -69,7 +69,9 @@ def render_html(analysis: Analysis) -> str:
         ("findings", "Findings", _findings(analysis)),
     ]
     if drawn:
-        sections.append(("timeline", "GPU timeline", _timeline_section(drawn)))
+        has_gpu = any(trace.views.timeline.lanes for trace in drawn)
+        timeline = _timeline_section(drawn) if has_gpu else '<p class="empty">No GPU work recorded.</p>'
+        sections.append(("timeline", "GPU timeline", timeline))
         sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
         sections.append(("kernels", "Kernels", _per_trace(drawn, _kernel_table)))
     sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
@@ -165,6 +167,8 @@ def _bar(step: Step) -> str:
     if step.idle is not None:
         parts += [(f"cause-{cause.key}", f"idle: {cause.key}", ms) for cause, ms in step.idle.costs.items()]
         parts.append(("one-off", "idle: one-off", step.idle.one_off_ms))
+    if step.idle is None and not step.times.gpu_busy_ms:
+        return '<div class="bar"><span class="none">no GPU work</span></div>'
     spans = "".join(
         f'<span class="{css}" style="width:{100 * ms / duration:.3f}%" '
         f'title="{esc(label)}: {ms:,.2f} ms ({100 * ms / duration:.1f}%)"></span>'
