@@ -232,3 +232,26 @@ def test_cpu_only_run_draws_no_gpu_timeline(tmp_path, fixtures_dir):
     assert "No GPU work recorded." in page and 'id="timeline-chart"' not in page
     assert page.count("no GPU work</span>") == len(analysis.steps)
     assert 'id="flame-chart"' in page  # the host stacks are still there
+
+
+def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, caplog):
+    import torch
+
+    import trainprof
+    import trainprof.analysis.core as core
+
+    def broken(*args):
+        raise ValueError("broken view")
+
+    monkeypatch.setattr(core, "trace_views", broken)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="trainprof"):
+        with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1,
+                               console=False, tensorboard_scalars=False, capture_syncs=False) as sess:
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+                optimizer.step()
+    assert sess.summary.verdict == "cpu-only" and "drawings failed" in caplog.text
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "<script" not in page and '<section id="findings">' in page
