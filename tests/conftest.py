@@ -162,3 +162,42 @@ def run_op_case(
 def op_case():
     """``run_op_case`` as a fixture, for tests/test_ops.py and tests/gpu/test_ops_gpu.py."""
     return run_op_case
+
+
+class HostileTrace:
+    """A real trace whose names are markup: where it lands as HTML, it must show as text."""
+
+    kernel = "<img src=x onerror=alert(1)>"
+    """The name of the trace's kernel with the most GPU time (it tops every kernel table)."""
+    op = "<script>alert(2)</script>"
+    """The name of every `aten::mm` op."""
+    python = "model.py(1): </script><script>alert(3)</script>"
+    """The name of the Python frame of the loop's first forward call."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+
+@pytest.fixture(scope="session")
+def hostile_trace(tmp_path_factory, fixtures_dir) -> HostileTrace:
+    """``busy/llama_swap/bare`` (an H200 trace) renamed as `HostileTrace` says, in a run folder."""
+    import gzip
+    import json
+
+    source = next((fixtures_dir / "busy" / "llama_swap" / "bare").glob("*.pt.trace.json.gz"))
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    events = document["traceEvents"]
+    kernel_us: dict[str, float] = {}
+    for event in events:
+        if event.get("cat") == "kernel":
+            kernel_us[event["name"]] = kernel_us.get(event["name"], 0.0) + event.get("dur", 0.0)
+    top_kernel = max(kernel_us, key=kernel_us.get)
+    forward = next(e["name"] for e in events if e.get("cat") == "python_function"
+                   and e["name"].endswith(": forward") and "modeling_llama" in e["name"])
+    renames = {top_kernel: HostileTrace.kernel, "aten::mm": HostileTrace.op, forward: HostileTrace.python}
+    for event in events:
+        event["name"] = renames.get(event.get("name"), event.get("name"))
+    folder = tmp_path_factory.mktemp("hostile") / "run-hostile"
+    folder.mkdir()
+    (folder / "hostile.1.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(document).encode(), 1))
+    return HostileTrace(folder)

@@ -1,4 +1,5 @@
-"""The command line, thin over the library: `trainprof analyze PATH [--json]`, `trainprof demo`.
+"""The command line, thin over the library: `trainprof analyze PATH [--json]`, `trainprof report PATH
+--html OUT.html`, `trainprof demo`.
 
 `analyze` never imports torch (startup time is benchmarked): it loads traces with the pure-Python
 trace model.
@@ -39,6 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
 
+    report = commands.add_parser("report", help="write report.html for a profiler trace file or folder")
+    report.add_argument("path", help="a .pt.trace.json[.gz] file, or a folder of them (one run)")
+    report.add_argument("--html", metavar="OUT.html", default=None,
+                        help="where to write it (default: report.html in the run folder, or beside the file)")
+    report.add_argument("--max-trace-bytes", type=_size, default=None, metavar="SIZE",
+                        help="read traces up to this size after gunzip (as for analyze)")
+    report.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a verdict threshold (repeatable), as for analyze")
+    report.add_argument("--debug", action="store_true",
+                        help="on an internal error, show the Python traceback instead of one line")
+
     demo = commands.add_parser("demo", help="profile a small GPT-2-shaped model and print the report")
     demo.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
     demo.add_argument("--log-dir", default="log", help="where the run folder goes (default log)")
@@ -74,16 +86,18 @@ def _one_line(text: str) -> str:
     return "".join(" " if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text).strip()
 
 
-def _load_and_analyze(path: str, progress: IO[str], thresholds: dict | None = None):  # -> Analysis
+def _load_and_analyze(
+    path: str, progress: IO[str], thresholds: dict | None = None, views: bool = False
+):  # -> Analysis
     from trainprof.analysis import analyze
 
     if not progress.isatty():
-        return analyze(path, thresholds=thresholds)
+        return analyze(path, thresholds=thresholds, views=views)
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return analyze(path, thresholds=thresholds)
+        return analyze(path, thresholds=thresholds, views=views)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, console=Console(file=progress), transient=True) as bar:
@@ -92,7 +106,7 @@ def _load_and_analyze(path: str, progress: IO[str], thresholds: dict | None = No
         def advance(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total)
 
-        return analyze(path, on_progress=advance, thresholds=thresholds)
+        return analyze(path, on_progress=advance, thresholds=thresholds, views=views)
 
 
 def run_analyze(
@@ -109,6 +123,25 @@ def run_analyze(
     Every failure is one line on stderr and exit 2 (the error boundary); with `debug`, an internal
     error (not bad input) raises with its traceback instead.
     """
+    return _guarded(path, debug, thresholds, lambda overrides: _analyze_and_print(
+        path, as_json, max_trace_bytes, overrides))
+
+
+def run_report(
+    path: str,
+    html_path: str | None,
+    debug: bool = False,
+    max_trace_bytes: int | None = None,
+    thresholds: list[str] | None = None,
+) -> int:
+    """`trainprof report PATH --html OUT.html`: analyse PATH with its views and write report.html
+    (default: `report.html` in the run folder, or beside the trace file). Failures as for analyze."""
+    return _guarded(path, debug, thresholds, lambda overrides: _write_html_report(
+        path, html_path, max_trace_bytes, overrides))
+
+
+def _guarded(path: str, debug: bool, thresholds: list[str] | None, action) -> int:
+    """Run `action(threshold overrides)` inside the CLI's error boundary (see run_analyze)."""
     from trainprof.analysis.thresholds import parse_threshold_args
     from trainprof.trace import TraceLoadError
 
@@ -117,7 +150,7 @@ def run_analyze(
     except ValueError as exc:
         return _error(str(exc))
     try:
-        return _analyze_and_print(path, as_json, max_trace_bytes, overrides)
+        return action(overrides)
     except TraceLoadError as exc:
         return _error(str(exc) or f"{path}: not a profiler trace")
     except KeyboardInterrupt:
@@ -139,19 +172,11 @@ def run_analyze(
 
 
 def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict) -> int:
-    from trainprof.trace import newest_run, trace_size_limit
+    from trainprof.trace import trace_size_limit
 
-    target = Path(path)
-    if not target.exists():
+    if not Path(path).exists():
         return _error(f"{path}: no such file or directory")
-    if target.is_dir():
-        run, runs = newest_run(target)
-        if run is not None:
-            others = ", ".join(r.name for r in runs[:-1][-OLDER_RUNS_NAMED:])
-            sys.stderr.write(_one_line(
-                f"trainprof: {path} holds {len(runs)} run(s); analysing the newest, {run}"
-                + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
-            ) + "\n")
+    _say_which_run(path)
     with trace_size_limit(max_trace_bytes):
         analysis = _load_and_analyze(path, sys.stderr, thresholds)
     if as_json:
@@ -165,18 +190,89 @@ def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, th
     return 0
 
 
+def _write_html_report(
+    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict
+) -> int:
+    from trainprof.report.html import write_html
+    from trainprof.trace import trace_size_limit
+
+    target = Path(path)
+    if not target.exists():
+        return _error(f"{path}: no such file or directory")
+    run = _say_which_run(path)
+    if html_path is None:
+        html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
+    with trace_size_limit(max_trace_bytes):
+        analysis = _load_and_analyze(path, sys.stderr, thresholds, views=True)
+    try:
+        Path(html_path).parent.mkdir(parents=True, exist_ok=True)
+        written = write_html(analysis, html_path)
+    except OSError as exc:
+        return _error(f"{html_path}: cannot write it ({exc.strerror or exc})")
+    size_kib = written.stat().st_size / 1024
+    sys.stdout.write(_one_line(f"trainprof: wrote {written} ({size_kib:,.0f} KiB)") + "\n")
+    return 0
+
+
+def _say_which_run(path: str) -> Path:
+    """For a log folder holding runs, say on stderr which one is analysed (the newest), and return
+    it; else return `path`."""
+    from trainprof.trace import newest_run
+
+    target = Path(path)
+    if target.is_dir():
+        run, runs = newest_run(target)
+        if run is not None:
+            others = ", ".join(r.name for r in runs[:-1][-OLDER_RUNS_NAMED:])
+            sys.stderr.write(_one_line(
+                f"trainprof: {path} holds {len(runs)} run(s); analysing the newest, {run}"
+                + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
+            ) + "\n")
+            return Path(run)
+    return target
+
+
 def run_demo(steps: int, log_dir: str, device: str | None) -> int:
-    """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the report."""
+    """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the report.
+
+    Without a GPU, first the report of a real GPU run shipped with trainprof (`trainprof.samples`),
+    with its report.html, then the CPU run.
+    """
     if steps < 6:
         return _error(f"--steps {steps}: the demo needs at least 6 (wait 1, warmup 1, active 3, then one)")
-    from trainprof.demo import DemoUnavailable
+    from trainprof.demo import DemoUnavailable, demo_device
     from trainprof.demo import run_demo as demo
 
     try:
+        if demo_device(device) == "cpu" and not _cuda_available():
+            _show_gpu_sample(log_dir)
         demo(steps=steps, log_dir=log_dir, device=device)  # the session says where its files went
     except DemoUnavailable as exc:
         return _error(str(exc))
     return 0
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _show_gpu_sample(log_dir: str) -> None:
+    """Print the shipped GPU run's report and where its report.html went."""
+    from trainprof.demo import gpu_sample_report
+    from trainprof.report.console import print_report
+    from trainprof.samples import H200_LLAMA_TITLE
+
+    analysis, written = gpu_sample_report(log_dir)
+    sys.stdout.write(f"No GPU here: first, trainprof's report on a real GPU run, {H200_LLAMA_TITLE}.\n\n")
+    print_report(analysis, file=sys.stdout)
+    sys.stdout.write(
+        f"\nopen {written} in a browser for its timeline, op and kernel tables, memory and flame graph\n"
+        f"  (or tensorboard --logdir {log_dir}, tab trainprof)\n\n"
+        "Now the demo's own loop, on this CPU (a CPU has no GPU time to report: its verdict is cpu-only):\n\n"
+    )
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_analyze(
             args.path,
             args.json,
+            debug=args.debug,
+            max_trace_bytes=args.max_trace_bytes,
+            thresholds=args.threshold,
+        )
+    if args.command == "report":
+        return run_report(
+            args.path,
+            args.html,
             debug=args.debug,
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,

@@ -62,7 +62,8 @@ class SessionConfig:
     """Print a short summary of the findings at exit."""
 
     tensorboard_scalars: bool = True
-    """Write per-step scalars (step time, GPU busy, syncs, kernels) for TensorBoard, if installed."""
+    """Write per-step scalars (step time, GPU busy, syncs, kernels, GPU idle by cause) and the findings
+    and report as text for TensorBoard, if installed."""
 
     def __post_init__(self) -> None:
         for name in ("wait", "warmup", "active", "repeat", "skip_first"):

@@ -1,20 +1,31 @@
 """The demo behind `trainprof demo` / `make demo`: a small GPT-2-shaped model, trained for a few
-steps under a session, with three habits common in real loops that the report should point at.
+steps under a session, with three habits common in real loops that the report should point at;
+and, on a machine without a GPU, the report of a real GPU run shipped with trainprof
+(`trainprof.samples`), so that what a newcomer sees first is a GPU's report, not `cpu-only`.
 
 This file's loop counts as user code for sync capture (see trainprof.capture.syncs).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from trainprof.session import Session, session
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis
+
+SAMPLE_FOLDER = "h200-llama-sample"
+"""Where, under the demo's log folder, the shipped GPU run's report.html goes."""
 
 
 class DemoUnavailable(RuntimeError):
     """The demo cannot run here (no CUDA for `--device cuda`, or the `hf` extra missing); one line."""
 
 
-def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) -> Session:
-    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session.
+def demo_device(device: str | None = None) -> str:
+    """The device the demo trains on (`device`, else cuda when there is a GPU, else cpu).
 
     Raises `DemoUnavailable` when `device="cuda"` has no GPU or transformers is not installed.
     """
@@ -24,14 +35,25 @@ def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) ->
         raise DemoUnavailable("--device cuda: this torch sees no CUDA GPU (a CPU build, or no driver); "
                               "use --device cpu")
     try:
-        import transformers
-        from transformers import GPT2Config, GPT2LMHeadModel
+        import transformers  # noqa: F401 (the demo's model)
     except ImportError as exc:
         raise DemoUnavailable(f"the demo needs transformers ({exc}): pip install 'trainprof[hf]'") from None
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) -> Session:
+    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session.
+
+    Raises `DemoUnavailable` as `demo_device` does.
+    """
+    import torch
+
+    device = demo_device(device)
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     transformers.logging.set_verbosity_error()  # config notes about unused tokens are not the point
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1024, n_positions=128,
                         bos_token_id=0, eos_token_id=0)
@@ -53,3 +75,17 @@ def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) ->
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())  # habit: a sync each step, for logging
     return sess
+
+
+def gpu_sample_report(log_dir: str = "log") -> tuple[Analysis, Path]:
+    """Analyse the shipped H200 run (`trainprof.samples`) and write its report.html under `log_dir`
+    (`SAMPLE_FOLDER/report.html`, where `tensorboard --logdir log` lists it too); returns the
+    analysis and the file written."""
+    from trainprof.analysis import analyze
+    from trainprof.report.html import write_html
+    from trainprof.samples import sample_path
+
+    analysis = analyze(sample_path(), views=True)
+    folder = Path(log_dir) / SAMPLE_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    return analysis, write_html(analysis, folder / "report.html")

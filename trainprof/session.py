@@ -543,7 +543,12 @@ class Session:
             return
         from trainprof.analysis import analyze
 
-        self.analysis = analyze(traces)
+        try:
+            self.analysis = analyze(traces, views=True)  # views: what report.html draws
+        except Exception:  # the drawings are extra: the summary and the findings must still come
+            logger.warning("trainprof: report.html's drawings failed; the report goes without them",
+                           exc_info=True)
+            self.analysis = analyze(traces)
         self.findings = self.analysis.findings
         self.summary = self.analysis.summary
         from trainprof.report import write_reports

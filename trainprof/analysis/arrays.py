@@ -46,3 +46,29 @@ def numpy_round(value: float, digits: int) -> float:
     21.1307, numpy's 21.1308).
     """
     return float(np.round(value, digits))
+
+
+class StringTable:
+    """Strings numbered in order of first use: a view's table of names, each stored once."""
+
+    def __init__(self, first: tuple[str, ...] = ()) -> None:
+        self._index: dict[str, int] = {}
+        for text in first:
+            self.id(text)
+
+    def id(self, text: str) -> int:
+        """The number of `text`, given it now if it has none."""
+        found = self._index.get(text)
+        if found is None:
+            found = self._index[text] = len(self._index)
+        return found
+
+    def ids(self, texts: list[str | None]) -> np.ndarray:
+        """Per text, its number (-1 for None)."""
+        return np.array([-1 if text is None else self.id(text) for text in texts], dtype=np.int64)
+
+    @property
+    def strings(self) -> list[str]:
+        """Every string, by number."""
+        return list(self._index)
+

@@ -27,6 +27,7 @@ from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syn
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import build_timeline
 from trainprof.analysis.verdict import verdict
+from trainprof.analysis.views import trace_views
 from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace, load_traces
 from trainprof.trace.load import gc_paused
@@ -37,6 +38,7 @@ def analyze(
     sync_sites: list[dict] | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
     thresholds: Mapping[str, float] | None = None,
+    views: bool = False,
 ) -> Analysis:
     """Answer why the profiled steps are slow.
 
@@ -47,6 +49,8 @@ def analyze(
     analysed (two units a file), for a progress bar.
     `thresholds` overrides the cut-offs of `trainprof.analysis.thresholds.THRESHOLDS` by name
     (ValueError for an unknown name).
+    `views`: also build what report.html draws of each trace (`TraceInfo.views`: timeline, op and
+    kernel tables, flame graph, memory curve).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
     limits = Thresholds(thresholds)
@@ -69,7 +73,7 @@ def analyze(
     for position, trace in enumerate(traces):
         report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
         with gc_paused():
-            steps, trace_findings, info = _analyze_one(trace, sync_sites, limits)
+            steps, trace_findings, info = _analyze_one(trace, sync_sites, limits, views)
         all_steps.extend(steps)
         findings.extend(trace_findings)
         infos.append(info)
@@ -92,7 +96,7 @@ def analyze(
 
 
 def _analyze_one(
-    trace: Trace, sync_sites: list[dict] | None, limits: Thresholds
+    trace: Trace, sync_sites: list[dict] | None, limits: Thresholds, views: bool = False
 ) -> tuple[list[Step], list[Finding], TraceInfo]:
     timeline = build_timeline(trace)
     times = step_breakdown(timeline)
@@ -104,7 +108,8 @@ def _analyze_one(
     syncs = step_syncs(points, [t.number for t in times])
 
     sites = AttributionIndex(trace)  # nested once for the kernels' owners and the allocations'
-    costs = owner_costs(timeline, attribute_kernels(timeline, sites), tiny_kernels(timeline))
+    owners = attribute_kernels(timeline, sites)
+    costs = owner_costs(timeline, owners, tiny_kernels(timeline))
     launch_per_step, launch_totals = launch_stats(timeline, costs)
     idle = idle_breakdown(timeline, limits)
     peaks = peak_memory_per_step(timeline)
@@ -157,6 +162,7 @@ def _analyze_one(
         idle=idle,
         compile=compiled,
         memory=memory,
+        views=trace_views(timeline, owners, idle.pieces if gpu_work else None, points) if views else None,
     )
     return steps, findings, info
 

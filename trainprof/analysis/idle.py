@@ -53,7 +53,7 @@ from trainprof.analysis.thresholds import (
     Thresholds,
 )
 from trainprof.analysis.timeline import Timeline
-from trainprof.trace.model import FRAME_CATEGORIES, nearest_marked
+from trainprof.trace.model import FRAME_CATEGORIES, NESTING_SLACK_US, nearest_marked
 from trainprof.user_code import CodeLayout, current_layout, is_user_file, library_of
 
 
@@ -123,6 +123,19 @@ class HostFunction(Record, frozen=True):
     stack: list[str]
 
 
+class IdlePieces(msgspec.Struct, frozen=True):
+    """The classified GPU-idle time itself, for drawing it on a timeline: maximal runs of touching
+    pieces with one cause, sorted by start (µs on the trace's clock; parallel arrays).
+
+    `cause` holds `Cause` codes; `one_off` marks the runs left out of the steady-state figures.
+    """
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+    cause: np.ndarray
+    one_off: np.ndarray
+
+
 class IdleBreakdown(msgspec.Struct, frozen=True):
     """What `idle_breakdown` returns: per-step idle ms by cause, and who held the host for each cause."""
 
@@ -133,6 +146,8 @@ class IdleBreakdown(msgspec.Struct, frozen=True):
     """`host` time by innermost Python function, largest first."""
     one_off: list[IdleHolder]
     """One-off holders (context creation, warm-up), largest first, each with its steps."""
+    pieces: IdlePieces | None = None
+    """The idle time as runs of one cause (for a timeline; not in the JSON)."""
 
 
 _NONE = -1  # no cause: nothing recorded there
@@ -242,7 +257,21 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
             trace, threads, key[host], slot[host], mids[host], lengths[host], n_steps, facts
         ),
         one_off=one_offs,
+        pieces=_runs(mids - lengths / 2, mids + lengths / 2, cause, one_off),
     )
+
+
+def _runs(starts: np.ndarray, ends: np.ndarray, cause: np.ndarray, one_off: np.ndarray) -> IdlePieces:
+    """Pieces (sorted, not overlapping) joined into runs where one touches the next with the same
+    cause and one-off flag: a gap is cut at every host boundary, but drawn once per cause."""
+    if not len(starts):
+        empty = np.zeros(0)
+        return IdlePieces(empty, empty, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=bool))
+    touching = starts[1:] <= ends[:-1] + NESTING_SLACK_US
+    same = touching & (cause[1:] == cause[:-1]) & (one_off[1:] == one_off[:-1])
+    first = np.flatnonzero(np.concatenate(([True], ~same)))
+    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
+    return IdlePieces(starts[first], ends[last], cause[first].astype(np.int8), one_off[first])
 
 
 def _gaps(timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -129,6 +129,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
+    from trainprof.analysis.views import TraceViews
 
 SCHEMA_VERSION = 1
 """The version of the JSON form documented above (the module docstring)."""
@@ -292,6 +293,8 @@ class TraceInfo(msgspec.Struct):
     """torch.compile's recompiles and graph breaks (`compile`); None when the trace shows no torch.compile."""
     memory: MemoryProfile | None = None
     """The memory peak's breakdown and the memory over time (`memory`); None without `profile_memory`."""
+    views: TraceViews | None = None
+    """What report.html draws (`analyze(..., views=True)`); not in the JSON form."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""

@@ -178,6 +178,24 @@ MEMORY_SERIES_POINTS = 400
 COMPILE_IDS_IN_TITLE = 3
 """Compile ids a recompile finding's title names (its evidence lists them all)."""
 
+# How much the report views keep (`trainprof.analysis.views`, drawn by report.html): they bound the
+# file's size, and decide nothing.
+TIMELINE_EVENTS_PER_LANE = 3000
+"""Blocks per timeline lane (a stream, or the GPU-idle row): past this, the events closest together
+are drawn as one block (`N kernels`), so the largest gaps stay visible at every zoom."""
+OP_TABLE_ROWS = 150
+"""Rows of the op table (ops by GPU time, then host time): a GPT-2 step runs ~120 distinct ops."""
+KERNEL_TABLE_ROWS = 150
+"""Rows of the kernel table (kernels by GPU time)."""
+FLAME_GRAPH_NODES = 2500
+"""Nodes of the host-stack flame graph, the largest by host or GPU time (a child is never larger
+than its parent, so the kept nodes form a tree)."""
+MEMORY_CURVE_POINTS = 1000
+"""Points of the memory curve (drawn ~1,200 pixels wide): each bucket of time keeps its lowest and
+highest value, so the peak survives."""
+ALLOCATIONS_AT_PEAK = 12
+"""The largest blocks live at the memory peak that the report lists."""
+
 
 class Thresholds:
     """The thresholds in force for one analysis: the defaults, with the caller's overrides.

@@ -1,4 +1,7 @@
-"""Per-step scalars for TensorBoard, written beside the traces of the run."""
+"""What a session writes for TensorBoard beside its traces: per-step scalars, and the findings and the
+report as text (TensorBoard's text plugin renders Markdown). trainprof's own tab, which shows the
+run's report.html, is `trainprof.report.tensorboard_plugin`.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainprof.report import _format
+
 if TYPE_CHECKING:  # pragma: no cover
-    from trainprof.analysis.result import Analysis
+    from trainprof.analysis.result import Analysis, Step
 
 # TensorBoard tag -> the step's field (values are the analysis's, not recomputed).
 SCALARS = {
@@ -16,20 +21,59 @@ SCALARS = {
     "trainprof/syncs_per_step": attrgetter("syncs.count"),
     "trainprof/kernels_per_step": attrgetter("times.kernel_count"),
 }
+IDLE_TAG = "trainprof/gpu_idle_ms/"
+"""Prefix of the per-step GPU-idle scalars, one per cause (`launch`, `sync`, ...) and `one_off`."""
+FINDINGS_TAG = "trainprof/findings"
+REPORT_TAG = "trainprof/report"
+
+
+def idle_scalars(step: Step) -> dict[str, float]:
+    """A step's GPU-idle ms by cause, by TensorBoard tag (empty when the trace has no GPU work)."""
+    if step.idle is None:
+        return {}
+    scalars = {IDLE_TAG + cause.key: ms for cause, ms in step.idle.costs.items()}
+    scalars[IDLE_TAG + "one_off"] = step.idle.one_off_ms
+    return scalars
+
+
+def findings_markdown(analysis: Analysis) -> str:
+    """The findings as a Markdown list, most severe and costly first, each with its fix."""
+    from trainprof.report.markdown import escape
+
+    findings = _format.top_findings(analysis, _format.MARKDOWN_FINDINGS)
+    if not findings:
+        return f"**{escape(analysis.summary.verdict)}**: no findings."
+    lines = [f"**{escape(analysis.summary.verdict)}**", ""]
+    for finding in findings:
+        rank = f" (rank {finding.rank})" if _format.has_ranks(findings) and finding.rank is not None else ""
+        lines.append(f"- **{escape(finding.severity)}**{escape(rank)}: {escape(finding.title)}")
+        if finding.fix:
+            lines.append(f"  - fix: {escape(finding.fix)}")
+    return "\n".join(lines)
 
 
 def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0) -> bool:
-    """Write one scalar per step and tag, at the step's number plus `step_offset` (a framework's own
-    x-axis); False when tensorboard is not installed."""
+    """Write one scalar per step and tag (the four of `SCALARS`, and GPU idle by cause), at the step's
+    number plus `step_offset` (a framework's own x-axis), and the findings and report.md as text at
+    the last step; False when tensorboard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return False
+    from trainprof.report.markdown import render_markdown
+
     writer = SummaryWriter(str(run_dir))
     try:
         for step in analysis.steps:
+            at = step.times.number + step_offset
             for tag, field in SCALARS.items():
-                writer.add_scalar(tag, field(step), global_step=step.times.number + step_offset)
+                writer.add_scalar(tag, field(step), global_step=at)
+            for tag, ms in idle_scalars(step).items():
+                writer.add_scalar(tag, ms, global_step=at)
+        last = max((step.times.number for step in analysis.steps), default=0) + step_offset
+        writer.add_text(FINDINGS_TAG, findings_markdown(analysis), global_step=last)
+        writer.add_text(REPORT_TAG, render_markdown(analysis), global_step=last)
     finally:
         writer.close()
     return True
+

@@ -1,0 +1,154 @@
+"""trainprof in TensorBoard: the trainprof tab's plugin (runs, reports, what it refuses to serve), its
+registration, and what a session writes for the scalar and text plugins. The tab in a browser:
+test_browser.py."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from importlib.metadata import entry_points
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("tensorboard")
+
+from werkzeug.test import Client  # noqa: E402 (tensorboard brings werkzeug)
+from werkzeug.wrappers import Response  # noqa: E402
+
+from trainprof.analysis import analyze  # noqa: E402
+from trainprof.analysis.causes import Cause  # noqa: E402
+from trainprof.report.html import write_html  # noqa: E402
+from trainprof.report.tensorboard import FINDINGS_TAG, IDLE_TAG, REPORT_TAG, write_scalars  # noqa: E402
+from trainprof.report.tensorboard_plugin import TrainprofPlugin, find_runs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory, fixtures_dir):
+    """A log folder as sessions leave it: a run with report.html, a DDP run with one report per rank,
+    a run with traces only, and a folder that is no run."""
+    root = tmp_path_factory.mktemp("logdir")
+    llama = fixtures_dir / "busy" / "llama_swap" / "bare"
+    analysis = analyze(llama, views=True)
+    (root / "run-a").mkdir()
+    write_html(analysis, root / "run-a" / "report.html")
+    (root / "run-b").mkdir()
+    for rank in (0, 1):
+        write_html(analysis, root / "run-b" / f"report.rank{rank}.html")
+    (root / "run-c").mkdir()
+    for source in llama.iterdir():
+        (root / "run-c" / source.name).write_bytes(source.read_bytes())
+    (root / "notes").mkdir()
+    (root / "notes" / "readme.txt").write_text("not a run")
+    return root
+
+
+def _app(logdir) -> Client:
+    plugin = TrainprofPlugin(SimpleNamespace(logdir=str(logdir)))
+    routes = plugin.get_plugin_apps()
+
+    def app(environ, start_response):
+        path = environ["PATH_INFO"].removeprefix("/data/plugin/trainprof")
+        handler = routes.get(path)
+        if handler is None:
+            return Response("not found", status=404)(environ, start_response)
+        return handler(environ, start_response)
+
+    return Client(app)
+
+
+def test_registered_as_a_tensorboard_plugin():
+    found = [ep for ep in entry_points(group="tensorboard_plugins") if ep.name == "trainprof"]
+    assert len(found) == 1 and found[0].load() is TrainprofPlugin
+    plugin = TrainprofPlugin(SimpleNamespace(logdir=""))
+    metadata = plugin.frontend_metadata()
+    assert metadata.es_module_path == "/index.js" and metadata.tab_name == "trainprof"
+    assert not plugin.is_active()  # nothing under an empty logdir
+
+
+def test_lists_each_report_and_each_run_with_traces(logdir):
+    runs = [run.to_dict() for run in find_runs(logdir)]
+    assert runs == [
+        {"run": "run-a", "file": "report.html", "label": "run-a"},
+        {"run": "run-b", "file": "report.rank0.html", "label": "run-b (rank 0)"},
+        {"run": "run-b", "file": "report.rank1.html", "label": "run-b (rank 1)"},
+        {"run": "run-c", "file": None, "label": "run-c"},
+    ]
+    response = _app(logdir).get("/data/plugin/trainprof/runs")
+    assert response.status_code == 200 and json.loads(response.data) == runs
+    assert TrainprofPlugin(SimpleNamespace(logdir=str(logdir))).is_active()
+
+
+def test_serves_a_report_with_its_script_allowed(logdir):
+    response = _app(logdir).get("/data/plugin/trainprof/report?run=run-a&file=report.html")
+    assert response.status_code == 200 and response.data == (logdir / "run-a" / "report.html").read_bytes()
+    policy = response.headers["Content-Security-Policy"]
+    script = re.search(rb"<script>(.*?)</script>", response.data, re.S).group(1)
+    digest = base64.b64encode(hashlib.sha256(script).digest()).decode()
+    assert f"'sha256-{digest}'" in policy and "default-src 'self'" in policy
+
+
+def test_analyses_a_run_that_has_only_traces(logdir):
+    client = _app(logdir)
+    response = client.get("/data/plugin/trainprof/report?run=run-c")
+    assert response.status_code == 200 and response.data.startswith(b"<!doctype html>")
+    assert b"gpu-bound" in response.data
+    assert client.get("/data/plugin/trainprof/report?run=run-c").data == response.data  # kept
+
+
+@pytest.mark.parametrize("query", [
+    "run=../run-a&file=report.html",
+    "run=run-a&file=../run-b/report.rank0.html",
+    "run=run-a&file=summary.json",
+    "run=notes",
+    "run=/etc&file=passwd",
+    "",
+])
+def test_serves_only_what_it_lists(logdir, query):
+    response = _app(logdir).get(f"/data/plugin/trainprof/report?{query}")
+    assert response.status_code == 404 and b"<html" not in response.data
+
+
+def test_index_module_renders_the_tab(logdir):
+    response = _app(logdir).get("/data/plugin/trainprof/index.js")
+    assert response.status_code == 200 and b"export async function render()" in response.data
+    assert b"http" not in response.data  # relative URLs only: ./runs, ./report
+
+
+def test_session_scalars_and_text(tmp_path, fixtures_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    analysis = analyze(fixtures_dir / "traces" / "gpt2_pathologies")
+    assert write_scalars(analysis, tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {IDLE_TAG + cause.key for cause in Cause} | {IDLE_TAG + "one_off"} <= tags
+    assert "trainprof/step_time_ms" in tags
+    launch = events.Scalars(IDLE_TAG + "launch")
+    assert [e.step for e in launch] == [s.times.number for s in analysis.steps]
+    assert [e.value for e in launch] == pytest.approx([s.idle.costs[Cause.LAUNCH] for s in analysis.steps],
+                                                      rel=1e-5)
+    texts = {tag: events.Tensors(tag)[-1].tensor_proto.string_val[0].decode()
+             for tag in (FINDINGS_TAG + "/text_summary", REPORT_TAG + "/text_summary")}
+    findings = texts[FINDINGS_TAG + "/text_summary"]
+    assert findings.startswith("**launch\\-bound**") or findings.startswith("**launch-bound**")
+    assert "fix:" in findings
+    assert texts[REPORT_TAG + "/text_summary"].startswith("# trainprof report")
+
+
+def test_reading_library_versions_raises_no_warning():
+    """TensorBoard brings MarkupSafe, whose `__version__` warns: reading the run's library versions
+    must not pass that on (under `python -W error` it raised inside the analysis)."""
+    import warnings
+
+    import markupsafe  # noqa: F401 (loaded, as TensorBoard loads it)
+
+    from trainprof.user_code import _layout_for
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layout = _layout_for(("markupsafe", "numpy"), None)
+    assert "markupsafe" in layout.library_packages

@@ -1,0 +1,472 @@
+"""Render an analysis as report.html: one self-contained file that works offline.
+
+What it shows, in order: the headline; per step, one bar of where the step went (GPU busy, then GPU
+idle by cause); the findings with their fixes; the GPU timeline (canvas: streams as lanes, idle
+runs by cause, sync points; hover, wheel to zoom, drag to pan); the op, kernel and module tables;
+memory over the steps with the blocks live at the peak; a flame graph of the host stacks; per-rank
+rows. The drawn views come from `analyze(..., views=True)` (`trainprof.analysis.views`); without
+them (an analysis made without views) the page shows the rest.
+
+Nothing is fetched: the style and the script (`assets/report.css`, `assets/report.js`, written for
+this report, no library) are inlined, and so is the data the script draws, as one JSON block. Every
+trace-derived string is cleaned of control characters and HTML-escaped where it lands in markup;
+in the JSON block `<`, `>` and `&` are written as `\\u` escapes, so no name can close the block,
+and the script puts names on the page as text only (`textContent`, canvas text).
+"""
+
+from __future__ import annotations
+
+import html
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainprof.analysis.attribution import PHASES
+from trainprof.analysis.causes import CAUSES, Cause
+from trainprof.analysis.modules import ModuleCostsDetails
+from trainprof.analysis.timeline_view import CATEGORIES
+from trainprof.report import _format
+from trainprof.report.json import _ENCODER
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.result import Analysis, Finding, Step, TraceInfo
+    from trainprof.analysis.stacks import FlameGraph
+    from trainprof.analysis.timeline_view import TimelineView
+    from trainprof.analysis.views import TraceViews
+
+HTML_FINDINGS = 30
+"""Findings on the page, most severe and costly first (summary.json holds them all)."""
+TIME_DECIMALS = 2
+"""Timeline times in the JSON block: µs to 10 ns, below what a pixel shows at any useful zoom."""
+DATA_ELEMENT = "trainprof-data"
+"""The id of the JSON block the script reads."""
+# JSON inside <script>: these characters as escapes, so the text cannot end the element or open a
+# comment; U+2028/9 are line ends to older JavaScript parsers.
+_SCRIPT_SAFE = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
+                ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
+
+
+def esc(text: Any) -> str:
+    """Trace-derived text as HTML: one line, control characters dropped, markup escaped."""
+    return html.escape(_format.clean(text), quote=True)
+
+
+@cache
+def asset(name: str) -> str:
+    """The text of one of the report's own files (`trainprof/report/assets/`)."""
+    return resources.files("trainprof.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def render_html(analysis: Analysis) -> str:
+    """An analysis as one HTML document (module docstring)."""
+    drawn = [trace for trace in analysis.traces if trace.views is not None]
+    sections = [
+        ("summary", "Summary", _summary(analysis)),
+        ("steps", "Where each step went", _step_bars(analysis)),
+        ("findings", "Findings", _findings(analysis)),
+    ]
+    if drawn:
+        has_gpu = any(trace.views.timeline.lanes for trace in drawn)
+        timeline = _timeline_section(drawn) if has_gpu else '<p class="empty">No GPU work recorded.</p>'
+        sections.append(("timeline", "GPU timeline", timeline))
+        sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
+        sections.append(("kernels", "Kernels", _per_trace(drawn, _kernel_table)))
+    sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
+    if drawn:
+        sections.append(("memory", "Memory", _per_trace(drawn, _memory)))
+        sections.append(("flame", "Host stacks", _flame_section()))
+    if analysis.ranks:
+        sections.append(("ranks", "Ranks", _ranks(analysis)))
+    title = f"trainprof report: {esc(_format.trace_name(analysis))}"
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{title}</title>",
+        f"<style>{asset('report.css')}</style>",
+        "</head><body><main>",
+        f"<h1>{title}</h1>",
+        f'<p class="sub">{_subtitle(analysis)}</p>',
+        "<nav>" + "".join(f'<a href="#{key}">{label}</a>' for key, label, _ in sections) + "</nav>",
+    ]
+    for key, label, body in sections:
+        parts.append(f'<section id="{key}"><h2>{label}</h2>{body}</section>')
+    parts.append("</main>")
+    if drawn:
+        parts.append(f'<script type="application/json" id="{DATA_ELEMENT}">{_data(drawn)}</script>')
+        parts.append(f"<script>{asset('report.js')}</script>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_html(analysis: Analysis, path: str | Path) -> Path:
+    """Write report.html (atomically); returns its path."""
+    from trainprof.report import write_text_atomically
+
+    return write_text_atomically(path, render_html(analysis))
+
+
+def _subtitle(analysis: Analysis) -> str:
+    devices = sorted({trace.device for trace in analysis.traces if trace.device})
+    steps = analysis.step_count
+    text = f"{steps} profiled step{'s' if steps != 1 else ''}"
+    if len(analysis.traces) > 1:
+        text += f" in {len(analysis.traces)} traces"
+    if devices:
+        text += " on " + ", ".join(devices)
+    return esc(text)
+
+
+def _summary(analysis: Analysis) -> str:
+    cards = "".join(
+        f'<div class="card{" verdict" if label == "verdict" else ""}"><div class="label">{esc(label)}</div>'
+        f'<div class="value">{esc(value)}</div></div>'
+        for label, value in _format.headline(analysis)
+    )
+    verdicts = {trace.verdict.why: trace.verdict for trace in analysis.traces}
+    notes = "".join(
+        f'<p class="why">{esc(v.why)}</p>' + (f'<p class="why"><b>Fix:</b> {esc(v.fix)}</p>' if v.fix else "")
+        for v in list(verdicts.values())[:1]
+    )
+    return f'<div class="cards">{cards}</div>{notes}'
+
+
+def _legend() -> str:
+    items = ['<span><i class="busy"></i>GPU busy</span>']
+    items += [
+        f'<span title="{esc(CAUSES[cause].meaning)}"><i class="cause-{cause.key}"></i>'
+        f"idle: {cause.key}</span>"
+        for cause in Cause
+    ]
+    items.append('<span title="warm-up and context creation seen in one step only"><i class="one-off"></i>'
+                 "idle: one-off</span>")
+    return f'<div class="legend">{"".join(items)}</div>'
+
+
+def _step_bars(analysis: Analysis) -> str:
+    if not analysis.steps:
+        return '<p class="empty">No profiled steps.</p>'
+    rows = []
+    show_rank = len(analysis.traces) > 1
+    for step in analysis.steps:
+        label = f"step {step.times.number}"
+        if show_rank and step.times.rank is not None:
+            label = f"rank {step.times.rank} · " + label
+        rows.append(f"<span>{esc(label)}</span>{_bar(step)}"
+                    f'<span class="num">{_format.number(step.times.duration_ms, 1)} ms</span>')
+    return _legend() + f'<div class="bars">{"".join(rows)}</div>'
+
+
+def _bar(step: Step) -> str:
+    """One step as a bar: busy, then idle by cause, then one-off, each as its share of the step."""
+    duration = step.times.duration_ms or 0.0
+    parts: list[tuple[str, str, float]] = [("busy", "GPU busy", step.times.gpu_busy_ms or 0.0)]
+    if step.idle is not None:
+        parts += [(f"cause-{cause.key}", f"idle: {cause.key}", ms) for cause, ms in step.idle.costs.items()]
+        parts.append(("one-off", "idle: one-off", step.idle.one_off_ms))
+    if step.idle is None and not step.times.gpu_busy_ms:
+        return '<div class="bar"><span class="none">no GPU work</span></div>'
+    spans = "".join(
+        f'<span class="{css}" style="width:{100 * ms / duration:.3f}%" '
+        f'title="{esc(label)}: {ms:,.2f} ms ({100 * ms / duration:.1f}%)"></span>'
+        for css, label, ms in parts
+        if ms > 0 and duration > 0
+    )
+    return f'<div class="bar">{spans}</div>'
+
+
+def _findings(analysis: Analysis) -> str:
+    findings = _format.top_findings(analysis, HTML_FINDINGS)
+    if not findings:
+        return '<p class="empty">No findings.</p>'
+    show_rank = _format.has_ranks(findings)
+    return "".join(_finding(f, show_rank) for f in findings)
+
+
+def _finding(finding: Finding, show_rank: bool) -> str:
+    severity = finding.severity if finding.severity in ("high", "medium", "low", "info") else "info"
+    facts: list[tuple[str, str]] = []
+    if show_rank:
+        facts.append(("rank", _format.rank_of(finding)))
+    if finding.gpu_ms_per_step is not None:
+        facts.append(("GPU time to win back", f"{finding.gpu_ms_per_step:,.2f} ms per step"))
+    if finding.cause:
+        facts.append(("cause", finding.cause))
+    if finding.op:
+        facts.append(("op", finding.op))
+    where = _format.where(finding)
+    if where != "-":
+        facts.append(("where", where))
+    if finding.via is not None and (finding.via.file or finding.via.function):
+        via = " ".join(str(x) for x in (finding.via.library, finding.via.file, finding.via.line,
+                                         finding.via.function) if x is not None)
+        facts.append(("via", via))
+    seen = f"{finding.count} times, {finding.per_step:,.1f} per step, {finding.cost_ms:,.2f} ms in all"
+    facts.append(("seen", seen))
+    if finding.fix:
+        facts.append(("fix", finding.fix))
+    rows = "".join(f"<dt>{esc(label)}</dt><dd>{esc(value)}</dd>" for label, value in facts)
+    return (
+        f'<div class="finding {severity}"><div class="title">'
+        f'<span class="sev {severity}">{esc(severity)}</span>{esc(finding.title)}</div><dl>{rows}</dl></div>'
+    )
+
+
+NUM, NAME, TEXT = "num", "name", "text"
+"""Kinds of table column: a number (right-aligned, sorted by value), a trace-derived name (monospace,
+wrapped anywhere: kernel names run to a thousand characters), a short text."""
+
+
+def _table(columns: tuple[tuple[str, str], ...], rows: list[tuple[Any, ...]], scroll: bool = True) -> str:
+    """A sortable table; `columns`: (title, kind); a `NUM` cell is (text, value)."""
+    head = "".join(f'<th class="{kind}">{esc(title)}</th>' for title, kind in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for (_, kind), cell in zip(columns, row, strict=True):
+            if kind == NUM:  # text from `_format.number` (digits, separators, units): no markup
+                text, value = cell
+                cells.append(f'<td class="num" data-v="{value}">{text}</td>')
+            else:
+                cells.append(f'<td class="{kind}">{esc(cell)}</td>')
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    table = f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return f'<div class="scroll">{table}</div>' if scroll else table
+
+
+def _num(value: float | int | None, decimals: int) -> tuple[str, float]:
+    return _format.number(value, decimals), (value if value is not None else 0)
+
+
+def _per_trace(traces: list[TraceInfo], render) -> str:
+    if len(traces) == 1:
+        return render(traces[0].views)
+    return "".join(
+        f"<details{' open' if i == 0 else ''}><summary>{esc(_trace_label(trace))}</summary>"
+        f"{render(trace.views)}</details>"
+        for i, trace in enumerate(traces)
+    )
+
+
+def _trace_label(trace: TraceInfo) -> str:
+    return f"rank {trace.rank}" if trace.rank is not None else trace.worker
+
+
+_OP_COLUMNS = (("op", NAME), ("calls", NUM), ("CPU total ms", NUM), ("CPU self ms", NUM),
+               ("GPU total ms", NUM), ("GPU self ms", NUM))
+
+
+def _op_table(views: TraceViews) -> str:
+    if not views.ops:
+        return '<p class="empty">No ops in the profiled steps.</p>'
+    rows = [
+        (row.op, _num(row.calls, 0), _num(row.cpu_total_ms, 3), _num(row.cpu_self_ms, 3),
+         _num(row.gpu_total_ms, 3), _num(row.gpu_self_ms, 3))
+        for row in views.ops
+    ]
+    return ('<p class="hint">Over all profiled steps, as <code>key_averages()</code>: self excludes the ops '
+            "an op called; GPU time is that of the kernels and copies launched inside the op.</p>"
+            + _table(_OP_COLUMNS, rows))
+
+
+_KERNEL_COLUMNS = (("kernel", NAME), ("category", TEXT), ("calls", NUM), ("total ms", NUM),
+                   ("mean µs", NUM), ("% GPU time", NUM), ("op", TEXT))
+
+
+def _kernel_table(views: TraceViews) -> str:
+    if not views.kernels:
+        return '<p class="empty">No kernels in the profiled steps.</p>'
+    rows = [
+        (row.name, row.category, _num(row.calls, 0), _num(row.total_ms, 3), _num(row.mean_us, 1),
+         _num(row.pct, 1), row.op or "-")
+        for row in views.kernels
+    ]
+    return _table(_KERNEL_COLUMNS, rows)
+
+
+_MODULE_COLUMNS = (("module", NAME), ("phases", TEXT), ("instances", NUM), ("kernels / step", NUM),
+                   ("GPU ms / step", NUM), ("% tiny", NUM), ("top tiny op", TEXT))
+
+
+def _module_table(analysis: Analysis) -> str:
+    findings = [f for f in analysis.findings if isinstance(f.details, ModuleCostsDetails)]
+    if not findings:
+        return ('<p class="empty">No kernels owned by an <code>nn.Module</code> '
+                "(run with <code>with_stack=True</code>).</p>")
+    parts = []
+    for finding in findings:
+        detail = finding.details
+        assert isinstance(detail, ModuleCostsDetails)  # narrowed above
+        rows = [
+            (row.module or "-", row.phases or "-", _num(row.instances, 0), _num(row.kernels_per_step, 0),
+             _num(row.gpu_ms_per_step, 2), _num(row.tiny_kernel_pct, 0),
+             (row.top_ops[0].op if row.top_ops else None) or "-")
+            for row in detail.modules
+        ]
+        several = len(findings) > 1 and finding.rank is not None
+        heading = f"<h3>rank {esc(finding.rank)}</h3>" if several else ""
+        parts.append(heading + _table(_MODULE_COLUMNS, rows))
+    return "".join(parts)
+
+
+def _memory(views: TraceViews) -> str:
+    curve = views.memory
+    if curve is None or not len(curve.at_us):
+        return '<p class="empty">No GPU memory recorded (run with <code>profile_memory=True</code>).</p>'
+    span = max(float(curve.at_us[-1]), 1e-9)
+    top = max(float(curve.allocated_bytes.max()), 1.0)
+    width, height = 1000.0, 200.0
+    xs = curve.at_us / span * width
+    ys = height - curve.allocated_bytes / top * (height - 10)
+    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs.tolist(), ys.tolist(), strict=True))
+    peak_x = curve.peak_at_us / span * width
+    chart = (
+        f'<svg class="memory" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" role="img" '
+        f'aria-label="allocated GPU memory over the profiled steps">'
+        f'<title>allocated GPU memory; peak {esc(_format.size(curve.peak_bytes))}</title>'
+        f'<polygon class="area" points="0,{height:.0f} {points} {xs[-1]:.1f},{height:.0f}"/>'
+        f'<polyline class="curve" points="{points}"/>'
+        f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
+        f'<div class="axis"><span>0 ms</span><span>allocated, peak {esc(_format.size(curve.peak_bytes))} at '
+        f"{curve.peak_at_us / 1e3:,.1f} ms</span><span>{span / 1e3:,.1f} ms</span></div>"
+    )
+    if not curve.blocks_at_peak:
+        return chart
+    rows = [
+        ((_format.size(b.bytes)), b.bytes, b.allocated_at_us / 1e3, b.op or "-", b.python or "-")
+        for b in curve.blocks_at_peak
+    ]
+    table = _table(
+        (("size", NUM), ("allocated at ms", NUM), ("op", TEXT), ("Python", NAME)),
+        [((size, value), _num(at, 2), op, python) for size, value, at, op, python in rows],
+        scroll=False,
+    )
+    return chart + "<h3>Largest blocks live at the peak</h3>" + table
+
+
+def _timeline_section(traces: list[TraceInfo]) -> str:
+    select = ""
+    if len(traces) > 1:
+        options = "".join(
+            f'<option value="{i}">{esc(_trace_label(trace))}</option>' for i, trace in enumerate(traces)
+        )
+        select = f'<select id="trace-select" aria-label="trace">{options}</select>'
+    legend = "".join(f'<span><i style="background:var(--cat-{c})"></i>{esc(c)}</span>' for c in CATEGORIES)
+    return (
+        f'<div class="toolbar">{select}<span id="timeline-steps" class="toolbar"></span></div>'
+        '<div id="timeline-chart" class="chart"></div>'
+        f'<div class="legend">{legend}</div>{_legend()}'
+        '<p class="hint">Hover for a kernel\'s name, op, module and duration; wheel to zoom, drag to pan, '
+        "double-click to see everything. Kernels closer together than a pixel at full view are joined "
+        "into one block (its hover says how many). For the raw timeline, open the trace file in "
+        "Perfetto (ui.perfetto.dev).</p>"
+    )
+
+
+def _flame_section() -> str:
+    return (
+        '<div class="toolbar"><button data-metric="host" class="on">host time</button>'
+        '<button data-metric="gpu">GPU time launched beneath</button>'
+        '<button id="flame-reset">reset zoom</button></div>'
+        '<div id="flame-chart" class="chart"></div>'
+        '<p class="hint">Callers above callees, merged by path over the profiled steps (Python frames need '
+        "<code>with_stack=True</code>). Click a frame to zoom into it.</p>"
+    )
+
+
+def _ranks(analysis: Analysis) -> str:
+    verdicts = analysis.summary.verdict_by_trace
+    rows = [
+        (f"rank {row.rank}" if isinstance(row.rank, int) else str(row.rank),
+         verdicts.get(f"rank {row.rank}", verdicts.get(str(row.rank), "-")),
+         _num(row.step_ms, 2), _num(row.comm_ms, 2), _num(row.non_comm_ms, 2),
+         " ".join(_format.number(ms, 1) for ms in row.step_ms_by_step))
+        for row in analysis.ranks
+    ]
+    columns = (("rank", TEXT), ("verdict", TEXT), ("step ms", NUM), ("communication ms", NUM),
+               ("other ms", NUM), ("each step, ms", TEXT))
+    return _table(columns, rows, scroll=False)
+
+
+def _data(traces: list[TraceInfo]) -> str:
+    """The JSON block the script draws from, safe inside a <script> element."""
+    document = {
+        "categories": list(CATEGORIES),
+        "causes": [{"key": cause.key, "meaning": CAUSES[cause].meaning} for cause in Cause],
+        "phases": list(PHASES),
+        "traces": [
+            {
+                "label": _trace_label(trace),
+                "timeline": _timeline_data(trace.views.timeline),
+                "flame": _flame_data(trace.views.flame),
+            }
+            for trace in traces
+        ],
+    }
+    encoded = _ENCODER.encode(document)
+    for raw, safe in _SCRIPT_SAFE:
+        encoded = encoded.replace(raw, safe)
+    return encoded.decode()
+
+
+def _times(values: np.ndarray) -> list[float]:
+    return np.round(values, TIME_DECIMALS).tolist()
+
+
+def _starts(values: np.ndarray) -> list[float]:
+    """Sorted times as deltas of their rounded values (short numbers; the script adds them up)."""
+    rounded = np.round(values, TIME_DECIMALS)
+    return np.round(np.diff(rounded, prepend=0.0), TIME_DECIMALS).tolist()
+
+
+def _timeline_data(view: TimelineView) -> dict[str, Any]:
+    return {
+        "end": round(view.end_us, TIME_DECIMALS),
+        "strings": [_format.clean(s) for s in view.strings],
+        "steps": [
+            [step.number, round(step.start_us, TIME_DECIMALS), round(step.end_us, TIME_DECIMALS)]
+            for step in view.steps
+        ],
+        "lanes": [
+            {
+                "label": _format.clean(lane.label),
+                "start": _starts(lane.start_us),
+                "dur": _times(lane.dur_us),
+                "busy": _times(lane.busy_us),
+                "count": lane.count.tolist(),
+                "name": lane.name.tolist(),
+                "cat": lane.category.tolist(),
+                "op": lane.op.tolist(),
+                "module": lane.module.tolist(),
+                "phase": lane.phase.tolist(),
+            }
+            for lane in view.lanes
+        ],
+        "idle": {
+            "start": _starts(view.idle.start_us),
+            "dur": _times(view.idle.dur_us),
+            "idle": _times(view.idle.idle_us),
+            "count": view.idle.count.tolist(),
+            "cause": view.idle.cause.tolist(),
+            "one_off": view.idle.one_off.astype(np.int8).tolist(),
+        },
+        "syncs": {
+            "at": _times(view.syncs.at_us),
+            "blocked": _times(view.syncs.blocked_us),
+            "op": view.syncs.op.tolist(),
+            "call": view.syncs.call.tolist(),
+        },
+    }
+
+
+def _flame_data(graph: FlameGraph) -> dict[str, Any]:
+    return {
+        "strings": [_format.clean(s) for s in graph.strings],
+        "parent": graph.parent.tolist(),
+        "name": graph.name.tolist(),
+        "host": np.round(graph.host_us, 1).tolist(),
+        "gpu": np.round(graph.gpu_us, 1).tolist(),
+    }
