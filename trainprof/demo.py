@@ -13,8 +13,11 @@ class DemoUnavailable(RuntimeError):
     """The demo cannot run here (no CUDA for `--device cuda`, or the `hf` extra missing); one line."""
 
 
-def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) -> Session:
-    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session.
+def run_demo(
+    steps: int = 8, log_dir: str = "log", device: str | None = None, console: bool = True
+) -> Session:
+    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session
+    (`console`: print the report; the files are written either way).
 
     Raises `DemoUnavailable` when `device="cuda"` has no GPU or transformers is not installed.
     """
@@ -40,7 +43,7 @@ def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) ->
     model = GPT2LMHeadModel(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     losses = []
-    with session(log_dir=log_dir, wait=1, warmup=1, active=3) as sess:  # a fresh run-... folder
+    with session(log_dir=log_dir, wait=1, warmup=1, active=3, console=console) as sess:  # a fresh run-...
         for _ in range(steps):
             batch = torch.randint(0, config.vocab_size, (batch_size, seq_len))
             ids = batch.to(device)  # habit: a pageable host-to-device copy (blocks the CPU on a GPU)
