@@ -175,7 +175,7 @@ def trace_files(folder: Path) -> list[Path]:
 def newest_run(folder: Path) -> tuple[Path | None, list[Path]]:
     """For a folder of run folders (no `*.pt.trace.json[.gz]` of its own, sub-folders with some):
     the newest run (by its newest trace file's modification time) and every run, oldest first.
-    `(None, [])` for any other folder. Folders named `_...` or `....` are a tool's own, never runs
+    `(None, [])` for any other folder. Folders whose name starts with `_` or `.` are a tool's own, never runs
     (`trainprof ab --log-dir` keeps its prediction's trace in `_prediction`)."""
     if _profiler_files(folder):
         return None, []
