@@ -136,6 +136,7 @@ def _analyze_one(
         peak_memory_bytes=max(known_peaks) if known_peaks else None,
         launch=launch_totals,
         idle=idle,
+        window=trace.window,
     )
     return steps, findings, info
 

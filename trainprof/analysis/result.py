@@ -25,7 +25,8 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows, steady-state,
 and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU work).
 
-trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `device` (the GPU's name), `steps` (step
+trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
+process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`.
@@ -270,6 +271,8 @@ class TraceInfo(msgspec.Struct):
     peak_memory_bytes: int | None
     launch: LaunchTotals
     idle: IdleBreakdown
+    window: int = 0
+    """Which profiling window of its process this trace is (0, 1, ...: `Trace.window`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -277,6 +280,7 @@ class TraceInfo(msgspec.Struct):
             "file": self.file,
             "worker": self.worker,
             "rank": self.rank,
+            "window": self.window,
             "device": self.device,
             "steps": self.step_numbers,
             "has_step_annotations": self.has_step_annotations,

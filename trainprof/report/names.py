@@ -239,11 +239,10 @@ def _distinct(names: Sequence[str], max_chars: int, levels_of: Callable[[str], l
     result = {name: shown(name) for name in unique}
     for group in _collisions(unique, shown):
         texts = _telling_apart(group, levels)
-        for name in group:
-            part = _differing_part(texts[name], [texts[other] for other in group if other != name])
+        for name, part in _differing_parts(group, texts).items():
             room = max(max_chars - len(part) - 3, 1)
             result[name] = f"{cut(levels[name][0], room)} [{part}]"
-    _number_repeats(result)
+    _number_repeats(result, max_chars)
     return [result[name] for name in names]
 
 
@@ -265,6 +264,20 @@ def _telling_apart(group: list[str], levels: dict[str, list[str]]) -> dict[str, 
     return {name: levels[name][-1] for name in group}
 
 
+def _differing_parts(group: list[str], texts: dict[str, str]) -> dict[str, str]:
+    """Per name, the part of its text around where it differs from the closest other; names whose
+    parts still coincide are compared among themselves again, until the parts differ."""
+    parts: dict[str, str] = {}
+    pending = group
+    while True:
+        for name in pending:
+            parts[name] = _differing_part(texts[name], [texts[other] for other in pending if other != name])
+        still = [name for alike in _collisions(group, parts.__getitem__) for name in alike]
+        if not still or set(still) == set(pending):
+            return parts
+        pending = still
+
+
 def _differing_part(text: str, others: list[str]) -> str:
     """The part of `text` around its first difference from the closest of `others`."""
     position = max(_common_prefix(text, other) for other in others)
@@ -280,11 +293,12 @@ def _common_prefix(a: str, b: str) -> int:
     return min(len(a), len(b))
 
 
-def _number_repeats(shown: dict[str, str]) -> None:
+def _number_repeats(shown: dict[str, str], max_chars: int) -> None:
     """The last resort for names that are distinct but display alike (they differ only in characters
     the display drops): `name #2`, `name #3`."""
     seen: dict[str, int] = defaultdict(int)
     for name, text in shown.items():
         seen[text] += 1
         if seen[text] > 1:
-            shown[name] = f"{text} #{seen[text]}"
+            suffix = f" #{seen[text]}"
+            shown[name] = cut(text, max(max_chars - len(suffix), 1)) + suffix

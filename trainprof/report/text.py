@@ -44,6 +44,8 @@ _UNSAFE_IN_JSON = re.compile(
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 ELLIPSIS = "…"
+_WORD_BREAKS = ("/", "::", ".", "_", ",", "(", "<", "-", "=")
+"""Where a word longer than a line is broken, when one of these falls in its second half."""
 
 
 def _replace(match: re.Match[str]) -> str:
@@ -142,8 +144,11 @@ def wrap(text: str, width: int, first_indent: str = "", indent: str = "") -> lis
             lines.append(line)
             line, used, empty = indent, cell_width(indent), True
         room = max(width - used, 1)
-        while size > room:  # a word longer than a whole line: break it
+        while size > room:  # a word longer than a whole line: break it, after a separator if one fits
             piece = _head(word, room) or word[0]
+            breaks = [piece.rfind(mark) + len(mark) for mark in _WORD_BREAKS]
+            if max(breaks) > len(piece) // 2:
+                piece = piece[: max(breaks)]
             lines.append(line + piece)
             word = word[len(piece):]
             size = cell_width(word)
