@@ -70,7 +70,8 @@ def test_wrap_never_exceeds_the_width_and_keeps_every_character():
 # -- kernel names ----------------------------------------------------------------------------------
 
 ELEMENTWISE = (
-    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+    "void at::native::unrolled_elementwise_kernel<"
+    "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
     "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(%s)#1}, std::array<char*, "
     "2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, "
     "at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, %s)"
@@ -103,7 +104,7 @@ def test_kernel_names_by_structure():
 
 
 def test_kernels_that_shorten_alike_are_told_apart():
-    names = [ELEMENTWISE % ("float", "float"), ELEMENTWISE % ("c10::BFloat16", "x"), ELEMENTWISE % ("int", "y")]
+    names = [ELEMENTWISE % (dtype, dtype) for dtype in ("float", "c10::BFloat16", "int")]
     shown = short_kernel_names(names, 60)
     assert len(set(shown)) == 3 and all(len(name) <= 60 for name in shown)
     assert all("unrolled_elementwise_kernel" in name for name in shown)
