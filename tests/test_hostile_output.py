@@ -166,8 +166,8 @@ def _hostile_analysis(name: str) -> Analysis:
         findings=[
             Finding(kind="sync_point", severity="high", title=f"sync in {name}", op=name,
                     where=Where(f"/x/{name}.py", 3, name), count=1, per_step=1.0, cost_ms=1.0, fix=name),
-            Finding(kind="top_kernels", severity="info", title=f"Top GPU time: {name}", op=name, where=Where(),
-                    count=1, per_step=1.0, cost_ms=1.0, fix=None, details=details),
+            Finding(kind="top_kernels", severity="info", title=f"Top GPU time: {name}", op=name,
+                    where=Where(), count=1, per_step=1.0, cost_ms=1.0, fix=None, details=details),
         ],
     )
 
