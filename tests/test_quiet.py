@@ -69,3 +69,26 @@ def test_commands_that_need_torch_say_which_extra(tmp_path):
     assert len(lines) == 2 and all(line.startswith("trainprof: error: ") for line in lines), result.stderr
     assert all("pip install 'trainprof[train]'" in line for line in lines)
     assert "Traceback" not in result.stderr
+
+
+def test_stderr_filter_keeps_other_lines_and_restores_fd2(capfd):
+    """Only torch's lines go; nested or concurrent use never leaves fd 2 redirected."""
+    import threading
+
+    from trainprof.capture.torch_noise import quiet_torch_stderr
+
+    before = os.fstat(2)
+    noise = (b"USDT:2026-11-25 07:15:22 15300:15300 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+             b"[W1125 07:15:22.316796374 CPUAllocator.cpp:245] Memory block of unknown size was allocated "
+             b"before the profiling started, profiler results will not include the deallocation event\n")
+    with quiet_torch_stderr():
+        os.write(2, b"mine 1\n" + noise)
+        with quiet_torch_stderr():  # the redirection is held: the inner block runs unfiltered
+            os.write(2, b"mine 2\n")
+        other = threading.Thread(target=lambda: quiet_torch_stderr().__enter__())
+        other.start()
+        other.join()
+        os.write(2, noise + b"mine 3\n")
+    after = os.fstat(2)
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+    assert capfd.readouterr().err.splitlines() == ["mine 1", "mine 2", "mine 3"]

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -39,13 +40,28 @@ CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 """The text of torch.profiler's once-per-process warning at the start of a second cycle."""
 
 STDERR = 2
+_REDIRECTING = threading.Lock()
+"""Held while fd 2 is redirected: one redirection at a time in the process."""
 
 
 @contextlib.contextmanager
 def quiet_torch_stderr() -> Iterator[None]:
     """Inside the block, fd 2 goes to a temporary file; afterwards every line of it but torch's
     profiler chatter (`NOISE_LINES`) is written to the real stderr. When fd 2 cannot be redirected
-    (closed, no temporary file), the block runs unfiltered."""
+    (closed, no temporary file) or another thread redirects it already, the block runs unfiltered:
+    two redirections at once could leave fd 2 pointing at a temporary file."""
+    if not _REDIRECTING.acquire(blocking=False):
+        yield
+        return
+    try:
+        with _redirected_stderr():
+            yield
+    finally:
+        _REDIRECTING.release()
+
+
+@contextlib.contextmanager
+def _redirected_stderr() -> Iterator[None]:
     try:
         capture = tempfile.TemporaryFile()
     except OSError:
