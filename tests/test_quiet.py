@@ -92,3 +92,26 @@ def test_stderr_filter_keeps_other_lines_and_restores_fd2(capfd):
     after = os.fstat(2)
     assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
     assert capfd.readouterr().err.splitlines() == ["mine 1", "mine 2", "mine 3"]
+
+
+def test_quiet_run_silences_trainprofs_warnings_and_report(tmp_path):
+    """`trainprof run --quiet`: a loop too short to record warns without it, and with it says nothing."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        print("trained")
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "trainprof", "run", *flags, "--log-dir", "log", str(script)]
+        return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
+
+    loud, quiet = run(), run("--quiet")
+    assert loud.returncode == quiet.returncode == 0
+    assert "trainprof: the loop ended" in loud.stderr
+    assert quiet.stderr == "" and quiet.stdout == "trained\n"

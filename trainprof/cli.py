@@ -7,8 +7,11 @@ trace model.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -52,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
     demo.add_argument("--log-dir", default="log", help="where the run folder goes (default log)")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    demo.add_argument("--quiet", action="store_true", help="no report on the terminal (files are written)")
+    demo.add_argument("--quiet", action="store_true",
+                      help="nothing of trainprof's on the terminal but errors (the files are written)")
 
     from trainprof.run import add_run_parser
 
@@ -77,6 +81,23 @@ def error(message: str) -> int:
     """Say what went wrong in one line on stderr (`trainprof: error: ...`); the exit status for it."""
     sys.stderr.write(f"trainprof: error: {safe_text(message, ERROR_CHARS).strip()}\n")
     return EXIT_BAD_INPUT
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """Inside the block nothing of trainprof's reaches the terminal: its warnings are ignored and its
+    logger is off (`--quiet` of `run` and `demo`; the files are written as always)."""
+    logger = logging.getLogger("trainprof")
+    level = logger.level
+    warnings.filterwarnings("ignore", message="trainprof", category=RuntimeWarning)
+    entry = warnings.filters[0]
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if entry in warnings.filters:
+            warnings.filters.remove(entry)
 
 
 def note(message: str) -> None:
@@ -197,7 +218,8 @@ def run_demo(steps: int, log_dir: str, device: str | None, quiet: bool = False) 
     from trainprof.demo import run_demo as demo
 
     try:
-        demo(steps=steps, log_dir=log_dir, device=device, console=not quiet)  # says where files went
+        with silenced() if quiet else contextlib.nullcontext():
+            demo(steps=steps, log_dir=log_dir, device=device, console=not quiet)  # says where files went
     except DemoUnavailable as exc:
         return error(str(exc))
     except ModuleNotFoundError as exc:
