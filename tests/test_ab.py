@@ -209,6 +209,45 @@ def test_variant_parsing_and_median_ci():
     assert REPLACED_RANGE.startswith("trainprof.")
 
 
+def test_analyze_never_takes_the_prediction_folder_for_a_run(tiny_run):
+    """`ab --log-dir` keeps its prediction's trace in `_prediction`, written last: `trainprof analyze
+    DIR` took it for the newest run."""
+    from trainprof.trace import newest_run
+
+    _, log_dir = tiny_run
+    assert (log_dir / "_prediction").is_dir()
+    run, runs = newest_run(log_dir)
+    assert run is not None and sorted(r.name for r in runs) == ["bare", "fused"]
+
+
+def _variant(name: str, low: float, high: float, coverage: float) -> dict:
+    return {"name": name, "notes": [], "median_ms": (low + high) / 2, "ci_low_ms": low, "ci_high_ms": high,
+            "ci_coverage": coverage, "speedup": 1.0, "mfu": None, "tokens_per_s": None,
+            "peak_memory_bytes": None, "parity_ok": None}
+
+
+def test_overlapping_intervals_cannot_be_told_apart(tiny_run):
+    from trainprof.ab.results import VariantResult
+    from trainprof.ab.runner import compare_intervals
+    from trainprof.report.ab import ab_tables
+
+    def result(low: float, high: float) -> VariantResult:
+        return VariantResult(**{**_variant("v", low, high, 0.5), "blocks_ms": [], "losses": [],
+                                "parity_max_rel_diff": None})
+
+    reference = result(10.0, 12.0)
+    assert compare_intervals(reference, result(11.0, 13.0)) == "cannot tell apart"
+    assert compare_intervals(reference, result(7.0, 9.5)) == "faster"
+    assert compare_intervals(reference, result(12.5, 14.0)) == "slower"
+    # the tiny run: 2 timed blocks per variant, so its intervals cover the median with 50%, not 95%
+    data = tiny_run[0].to_dict()
+    assert data["variants"][1]["vs_reference"] in ("faster", "slower", "cannot tell apart")
+    (variants, *_) = ab_tables(data)
+    assert [c.name for c in variants.columns][2:5] == ["CI of the median (coverage)", "speedup", "vs bare"]
+    assert all(row[2].endswith("(50%)") for row in variants.rows)
+    assert variants.rows[1][4] == data["variants"][1]["vs_reference"]
+
+
 def test_cli_unknown_model_is_one_line(capsys):
     assert main(["ab", "--model", "/nonexistent/config-dir", "--steps", "2", "--warmup", "1"]) == 2
     err = capsys.readouterr().err

@@ -284,7 +284,7 @@ def test_reports_render_the_module_table(fixtures_dir):
     assert "| NewGELUActivation | fwd+bwd | 6 |" in table
     assert "module_costs" not in markdown and "GPU time by nn.Module" not in markdown
     text = render_text(result)
-    assert "GPU time by module (forward + backward):" in text
+    assert "\nGPU time by module (forward + backward)\n" in text
     assert "GPT2Attention/Conv1D (fwd+bwd)" in text
 
 

@@ -152,3 +152,27 @@ def test_cli_diff_json_and_bad_input(tmp_path, capsys):
     assert err.startswith("trainprof: error:") and err.count("\n") == 1
     assert main(["diff", str(a), str(b)]) == 0
     assert "aten::gelu" in capsys.readouterr().out
+
+
+def test_diff_names_its_runs_and_shows_change_and_ratio(fixture_diff, capsys):
+    """The two runs are named by their folders (not `a`/`b`), and each figure has its change and ratio."""
+    from trainprof.report.ab import diff_tables, print_diff
+
+    assert (fixture_diff.a.name, fixture_diff.b.name) == ("gpt2_pathologies", "gpt2_clean")
+    headline, ops, *_ = diff_tables(fixture_diff)
+    columns = [c.name for c in headline.columns]
+    assert columns == ["metric", "gpt2_pathologies", "gpt2_clean", "change", "ratio"]
+    kernels = next(row for row in headline.rows if row[0] == "kernels / step")
+    assert kernels[1:] == ("820.00", "591.00", "-229.00", "0.72x")
+    assert {"GPU ms gpt2_clean", "GPU ms change", "GPU ms ratio"} <= {c.name for c in ops.columns}
+    print_diff(fixture_diff, width=120)
+    out = capsys.readouterr().out
+    assert "gpt2_pathologies" in out and "gpt2_clean" in out and "ratio" in out
+
+
+def test_diff_of_two_files_of_one_name_falls_back_to_a_and_b(tmp_path):
+    a, b = _trace(tmp_path / "x", with_gelu=True), _trace(tmp_path / "y", with_gelu=False)
+    assert a.name == b.name
+    result = diff_traces(a, b)
+    assert (result.a.name, result.b.name) == ("a", "b")
+    assert diff_traces(a, b, names=("before", "after")).b.name == "after"

@@ -202,7 +202,7 @@ def test_demo_shows_the_shipped_gpu_run_first(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.startswith("No GPU here: first, trainprof's report on a real GPU run")
     assert "NVIDIA H200" in out and "gpu-bound" in out and ran == [
-        {"steps": 8, "log_dir": str(tmp_path), "device": None}]
+        {"steps": 8, "log_dir": str(tmp_path), "device": None, "console": True}]
     page = (tmp_path / trainprof.demo.SAMPLE_FOLDER / "report.html").read_text()
     assert "NVIDIA H200" in page and 'id="timeline-chart"' in page
 

@@ -8,13 +8,23 @@ trace model.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
+
+from trainprof.report.text import safe_text
 
 EXIT_BAD_INPUT = 2
 ERROR_DETAIL_CHARS = 300
 """Characters of an internal error's message in the one-line error (the traceback is --debug's)."""
+ERROR_CHARS = 2000
+"""Characters of any one-line message on stderr, at most (a path or name in it may be hostile)."""
+PROGRESS_CHARS = 60
+"""Characters of the progress bar's description (`loading <file name>`)."""
 OLDER_RUNS_NAMED = 5
 """Older runs of a log folder named beside the one analysed: the most recent ones."""
 
@@ -39,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                               "trainprof/analysis/thresholds.py")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
+    analyze.add_argument("--quiet", action="store_true",
+                         help="nothing on stderr but errors (no progress bar, no notes)")
 
     report = commands.add_parser("report", help="write report.html for a profiler trace file or folder")
     report.add_argument("path", help="a .pt.trace.json[.gz] file, or a folder of them (one run)")
@@ -50,11 +62,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="override a verdict threshold (repeatable), as for analyze")
     report.add_argument("--debug", action="store_true",
                         help="on an internal error, show the Python traceback instead of one line")
+    report.add_argument("--quiet", action="store_true", help="nothing on stderr but errors")
 
     demo = commands.add_parser("demo", help="profile a small GPT-2-shaped model and print the report")
     demo.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
     demo.add_argument("--log-dir", default="log", help="where the run folder goes (default log)")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    demo.add_argument("--quiet", action="store_true",
+                      help="nothing of trainprof's on the terminal but errors (the files are written)")
 
     from trainprof.run import add_run_parser
 
@@ -75,38 +90,87 @@ def _size(text: str) -> int:
     return size
 
 
-def _error(message: str) -> int:
-    sys.stderr.write(f"trainprof: error: {_one_line(message)}\n")
+def error(message: str) -> int:
+    """Say what went wrong in one line on stderr (`trainprof: error: ...`); the exit status for it."""
+    sys.stderr.write(f"trainprof: error: {safe_text(message, ERROR_CHARS).strip()}\n")
     return EXIT_BAD_INPUT
 
 
-def _one_line(text: str) -> str:
-    """`text` on one line of plain characters: newlines and other control characters (a terminal
-    escape inside a file or kernel name) become spaces."""
-    return "".join(" " if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text).strip()
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """Inside the block nothing of trainprof's reaches the terminal: its warnings are ignored and its
+    logger is off (`--quiet` of `run` and `demo`; the files are written as always)."""
+    logger = logging.getLogger("trainprof")
+    level = logger.level
+    warnings.filterwarnings("ignore", message="trainprof", category=RuntimeWarning)
+    entry = warnings.filters[0]
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if entry in warnings.filters:
+            warnings.filters.remove(entry)
+
+
+def note(message: str) -> None:
+    """One line for the user on stderr (file names in it made safe, `text.safe_text`)."""
+    sys.stderr.write(f"trainprof: {safe_text(message, ERROR_CHARS).strip()}\n")
 
 
 def _load_and_analyze(
-    path: str, progress: IO[str], thresholds: dict | None = None, views: bool = False
+    path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False
 ):  # -> Analysis
+    """`analyze(path)`, with a progress bar on `progress` when it is a terminal."""
     from trainprof.analysis import analyze
 
-    if not progress.isatty():
+    if progress is None or not progress.isatty():
         return analyze(path, thresholds=thresholds, views=views)
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
         return analyze(path, thresholds=thresholds, views=views)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())
-    with Progress(*columns, console=Console(file=progress), transient=True) as bar:
+    # File names are the trace's: never markup, never raw (an escape sequence in a name would reach
+    # the terminal), never longer than a line.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    console = Console(file=progress, markup=False, highlight=False, emoji=False)
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("loading", total=1)
 
         def advance(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
+            bar.update(task, description=safe_text(what, PROGRESS_CHARS), completed=done, total=total)
 
         return analyze(path, on_progress=advance, thresholds=thresholds, views=views)
+
+
+def guarded(path: str, debug: bool, action: Callable[[], int]) -> int:
+    """Run `action` inside the error boundary of every command that reads traces: bad input, a
+    missing file, running out of memory or an internal error is one line on stderr and exit 2
+    (`--debug` raises an internal error with its traceback instead); Ctrl-C exits 130."""
+    from trainprof.trace import TraceLoadError
+
+    try:
+        return action()
+    except TraceLoadError as exc:
+        return error(str(exc) or f"{path}: not a profiler trace")
+    except KeyboardInterrupt:
+        sys.stderr.write("trainprof: interrupted\n")
+        return 130
+    except MemoryError:
+        return error(f"{path}: out of memory while analysing it (try a smaller trace or --max-trace-bytes)")
+    except OSError as exc:
+        if debug:
+            raise
+        return error(f"{path}: {exc.strerror or exc}")
+    except Exception as exc:  # the boundary: a bug must not greet the user with a traceback
+        if debug:
+            raise
+        return error(
+            f"{path}: internal error ({type(exc).__name__}: {str(exc)[:ERROR_DETAIL_CHARS]}); "
+            "run again with --debug for the traceback, and please report it"
+        )
 
 
 def run_analyze(
@@ -115,16 +179,43 @@ def run_analyze(
     debug: bool = False,
     max_trace_bytes: int | None = None,
     thresholds: list[str] | None = None,
+    quiet: bool = False,
 ) -> int:
     """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
 
     `thresholds`: `NAME=VALUE` overrides of `trainprof.analysis.thresholds` (a bad one: exit 2).
+    `quiet`: nothing on stderr but errors.
 
-    Every failure is one line on stderr and exit 2 (the error boundary); with `debug`, an internal
-    error (not bad input) raises with its traceback instead.
+    Every failure is one line on stderr and exit 2 (the error boundary, `guarded`); with `debug`, an
+    internal error (not bad input) raises with its traceback instead.
     """
-    return _guarded(path, debug, thresholds, lambda overrides: _analyze_and_print(
-        path, as_json, max_trace_bytes, overrides))
+    from trainprof.analysis.thresholds import parse_threshold_args
+
+    try:
+        overrides = parse_threshold_args(thresholds or [])
+    except ValueError as exc:
+        return error(str(exc))
+    return guarded(path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet))
+
+
+def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict,
+                       quiet: bool) -> int:
+    from trainprof.trace import trace_size_limit
+
+    if not Path(path).exists():
+        return error(f"{path}: no such file or directory")
+    _which_run(path, quiet)
+    with trace_size_limit(max_trace_bytes):
+        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds)
+    if as_json:
+        from trainprof.report.json import write_json_to
+
+        write_json_to(analysis, sys.stdout)
+    else:
+        from trainprof.report.console import print_report
+
+        print_report(analysis, file=sys.stdout)
+    return 0
 
 
 def run_report(
@@ -133,122 +224,87 @@ def run_report(
     debug: bool = False,
     max_trace_bytes: int | None = None,
     thresholds: list[str] | None = None,
+    quiet: bool = False,
 ) -> int:
     """`trainprof report PATH --html OUT.html`: analyse PATH with its views and write report.html
     (default: `report.html` in the run folder, or beside the trace file). Failures as for analyze."""
-    return _guarded(path, debug, thresholds, lambda overrides: _write_html_report(
-        path, html_path, max_trace_bytes, overrides))
-
-
-def _guarded(path: str, debug: bool, thresholds: list[str] | None, action) -> int:
-    """Run `action(threshold overrides)` inside the CLI's error boundary (see run_analyze)."""
     from trainprof.analysis.thresholds import parse_threshold_args
-    from trainprof.trace import TraceLoadError
 
     try:
         overrides = parse_threshold_args(thresholds or [])
     except ValueError as exc:
-        return _error(str(exc))
-    try:
-        return action(overrides)
-    except TraceLoadError as exc:
-        return _error(str(exc) or f"{path}: not a profiler trace")
-    except KeyboardInterrupt:
-        sys.stderr.write("trainprof: interrupted\n")
-        return 130
-    except MemoryError:
-        return _error(f"{path}: out of memory while analysing it (try a smaller trace or --max-trace-bytes)")
-    except OSError as exc:
-        if debug:
-            raise
-        return _error(f"{path}: {exc.strerror or exc}")
-    except Exception as exc:  # the boundary: a bug must not greet the user with a traceback
-        if debug:
-            raise
-        return _error(
-            f"{path}: internal error ({type(exc).__name__}: {str(exc)[:ERROR_DETAIL_CHARS]}); "
-            "run again with --debug for the traceback, and please report it"
-        )
-
-
-def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict) -> int:
-    from trainprof.trace import trace_size_limit
-
-    if not Path(path).exists():
-        return _error(f"{path}: no such file or directory")
-    _say_which_run(path)
-    with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, sys.stderr, thresholds)
-    if as_json:
-        from trainprof.report.json import dumps
-
-        sys.stdout.write(dumps(analysis) + "\n")
-    else:
-        from trainprof.report.console import print_report
-
-        print_report(analysis, file=sys.stdout)
-    return 0
+        return error(str(exc))
+    return guarded(
+        path, debug, lambda: _write_html_report(path, html_path, max_trace_bytes, overrides, quiet)
+    )
 
 
 def _write_html_report(
-    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict
+    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict, quiet: bool
 ) -> int:
     from trainprof.report.html import write_html
     from trainprof.trace import trace_size_limit
 
-    target = Path(path)
-    if not target.exists():
-        return _error(f"{path}: no such file or directory")
-    run = _say_which_run(path)
+    if not Path(path).exists():
+        return error(f"{path}: no such file or directory")
+    run = _which_run(path, quiet)
     if html_path is None:
         html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
     with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, sys.stderr, thresholds, views=True)
+        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True)
     try:
         Path(html_path).parent.mkdir(parents=True, exist_ok=True)
         written = write_html(analysis, html_path)
     except OSError as exc:
-        return _error(f"{html_path}: cannot write it ({exc.strerror or exc})")
-    size_kib = written.stat().st_size / 1024
-    sys.stdout.write(_one_line(f"trainprof: wrote {written} ({size_kib:,.0f} KiB)") + "\n")
+        return error(f"{html_path}: cannot write it ({exc.strerror or exc})")
+    if not quiet:  # the command's output: where the page went
+        size_kib = written.stat().st_size / 1024
+        sys.stdout.write(safe_text(f"trainprof: wrote {written} ({size_kib:,.0f} KiB)", ERROR_CHARS) + "\n")
     return 0
 
 
-def _say_which_run(path: str) -> Path:
-    """For a log folder holding runs, say on stderr which one is analysed (the newest), and return
-    it; else return `path`."""
+def _which_run(path: str, quiet: bool) -> Path:
+    """For a log folder holding runs, the newest (said on stderr unless `quiet`); else `path`."""
     from trainprof.trace import newest_run
 
     target = Path(path)
     if target.is_dir():
         run, runs = newest_run(target)
         if run is not None:
-            others = ", ".join(r.name for r in runs[:-1][-OLDER_RUNS_NAMED:])
-            sys.stderr.write(_one_line(
-                f"trainprof: {path} holds {len(runs)} run(s); analysing the newest, {run}"
-                + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
-            ) + "\n")
+            if not quiet:
+                others = ", ".join(r.name for r in runs[:-1][-OLDER_RUNS_NAMED:])
+                note(f"{path} holds {len(runs)} run(s); analysing the newest, {run}"
+                     + (f" (older: {others}; give a run's folder to analyse it)" if others else ""))
             return Path(run)
     return target
 
 
-def run_demo(steps: int, log_dir: str, device: str | None) -> int:
-    """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the report.
+def run_demo(steps: int, log_dir: str, device: str | None, quiet: bool = False) -> int:
+    """`trainprof demo`: train a small GPT-2-shaped model under a session; the session prints the
+    report (`quiet`: writes it only).
 
     Without a GPU, first the report of a real GPU run shipped with trainprof (`trainprof.samples`),
     with its report.html, then the CPU run.
     """
     if steps < 6:
-        return _error(f"--steps {steps}: the demo needs at least 6 (wait 1, warmup 1, active 3, then one)")
-    from trainprof.demo import DemoUnavailable, demo_device
+        return error(f"--steps {steps}: the demo needs at least 6 (wait 1, warmup 1, active 3, then one)")
+    from trainprof.demo import DemoUnavailable
     from trainprof.demo import run_demo as demo
 
     try:
-        if demo_device(device) == "cpu" and not _cuda_available():
-            _show_gpu_sample(log_dir)
-        demo(steps=steps, log_dir=log_dir, device=device)  # the session says where its files went
+        with silenced() if quiet else contextlib.nullcontext():
+            from trainprof.demo import demo_device
+
+            if demo_device(device) == "cpu" and not _cuda_available():
+                _show_gpu_sample(log_dir, console=not quiet)
+            demo(steps=steps, log_dir=log_dir, device=device, console=not quiet)  # says where files went
     except DemoUnavailable as exc:
-        return _error(str(exc))
+        return error(str(exc))
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, "trainprof demo")
+        if missing is None:
+            raise
+        return error(missing)
     return 0
 
 
@@ -258,13 +314,15 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _show_gpu_sample(log_dir: str) -> None:
-    """Print the shipped GPU run's report and where its report.html went."""
+def _show_gpu_sample(log_dir: str, console: bool) -> None:
+    """Write the shipped GPU run's report.html and, with `console`, print its report and where it went."""
     from trainprof.demo import gpu_sample_report
     from trainprof.report.console import print_report
     from trainprof.samples import H200_LLAMA_TITLE
 
     analysis, written = gpu_sample_report(log_dir)
+    if not console:
+        return
     sys.stdout.write(f"No GPU here: first, trainprof's report on a real GPU run, {H200_LLAMA_TITLE}.\n\n")
     print_report(analysis, file=sys.stdout)
     sys.stdout.write(
@@ -273,6 +331,21 @@ def _show_gpu_sample(log_dir: str) -> None:
         "Now the demo's own loop, on this CPU (a CPU has no GPU time to report: its verdict is cpu-only):\n\n"
     )
     sys.stdout.flush()
+
+
+# The extra that installs each package a command may need, for the one-line error without it.
+EXTRA_OF_PACKAGE = {"torch": "train", "triton": "train", "transformers": "hf", "accelerate": "hf"}
+
+
+def missing_extra(exc: ModuleNotFoundError, command: str) -> str | None:
+    """The one-line message for a package that is not installed (`pip install 'trainprof[train]'`),
+    or None when `exc` is not about a package of an extra."""
+    package = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_PACKAGE.get(package)
+    if extra is None:
+        return None
+    return (f"{command} needs {package}, which is not installed (this install analyses traces only): "
+            f"pip install 'trainprof[{extra}]'")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             debug=args.debug,
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,
+            quiet=args.quiet,
         )
     if args.command == "report":
         return run_report(
@@ -293,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             debug=args.debug,
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,
+            quiet=args.quiet,
         )
     if args.command == "demo":
-        return run_demo(args.steps, args.log_dir, args.device)
+        return run_demo(args.steps, args.log_dir, args.device, quiet=args.quiet)
     if args.command == "run":
         from trainprof.run import run_command
 

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-EXIT_BAD_INPUT = 2
+from trainprof.cli import error, guarded, missing_extra
 
 
 def add_ab_parsers(commands: argparse._SubParsersAction) -> None:
@@ -54,11 +54,8 @@ def add_ab_parsers(commands: argparse._SubParsersAction) -> None:
     diff.add_argument("b", help="the after trace file or run folder")
     diff.add_argument("--json", action="store_true", help="print the diff as one JSON object")
     diff.add_argument("--markdown", default=None, metavar="FILE", help="also write the diff as Markdown here")
-
-
-def _error(message: str) -> int:
-    sys.stderr.write(f"trainprof: error: {' '.join(message.split())}\n")
-    return EXIT_BAD_INPUT
+    diff.add_argument("--debug", action="store_true",
+                      help="on an internal error, show the Python traceback instead of one line")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +75,11 @@ def run_ab(args: argparse.Namespace) -> int:
         progress.setLevel(logging.INFO)
     try:
         return _run_ab(args, variants)
+    except ModuleNotFoundError as exc:  # the analysis-only install: no torch, no transformers
+        message = missing_extra(exc, "trainprof ab")
+        if message is None:
+            raise
+        return error(message)
     finally:
         progress.removeHandler(handler)
         progress.setLevel(level)
@@ -102,41 +104,42 @@ def _run_ab(args: argparse.Namespace, variants: list[str]) -> int:
             log_dir=args.log_dir,
             profile=not args.no_profile,
         )
-    except ModelNotFound as error:
-        return _error(str(error))
-    except ValueError as error:  # bad variants, steps, ...
-        return _error(str(error))
+    except ModelNotFound as exc:
+        return error(str(exc))
+    except ValueError as exc:  # bad variants, steps, ...
+        return error(str(exc))
     data = result.to_dict()
     if args.markdown:
         Path(args.markdown).write_text(render.render_ab_markdown(data), encoding="utf-8")
     if args.json:
-        from trainprof.report.json import dumps
+        from trainprof.report.json import write_json_to
 
-        sys.stdout.write(dumps(data) + "\n")
+        write_json_to(data, sys.stdout)
     else:
         render.print_ab(data, sys.stdout)
     return 0
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    """`trainprof diff A B`: console tables, or JSON with --json."""
-    from trainprof.analysis.diff import diff_traces
-    from trainprof.report import ab as render
-    from trainprof.trace import TraceLoadError
-
+    """`trainprof diff A B`: console tables, or JSON with --json; Markdown with --markdown. Inside
+    the same error boundary as `trainprof analyze` (`trainprof.cli.guarded`)."""
     for path in (args.a, args.b):
         if not Path(path).exists():
-            return _error(f"{path}: no such file or directory")
-    try:
-        diff = diff_traces(args.a, args.b)
-    except TraceLoadError as error:
-        return _error(str(error) or "not a profiler trace")
+            return error(f"{path}: no such file or directory")
+    return guarded(f"{args.a} {args.b}", args.debug, lambda: _diff_and_print(args))
+
+
+def _diff_and_print(args: argparse.Namespace) -> int:
+    from trainprof.analysis.diff import diff_traces
+    from trainprof.report import ab as render
+
+    diff = diff_traces(args.a, args.b)
     if args.markdown:
         Path(args.markdown).write_text(render.render_diff_markdown(diff), encoding="utf-8")
     if args.json:
-        from trainprof.report.json import dumps
+        from trainprof.report.json import write_json_to
 
-        sys.stdout.write(dumps(diff) + "\n")
+        write_json_to(diff, sys.stdout)
     else:
         render.print_diff(diff, sys.stdout)
     return 0

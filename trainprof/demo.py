@@ -41,8 +41,11 @@ def demo_device(device: str | None = None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) -> Session:
-    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session.
+def run_demo(
+    steps: int = 8, log_dir: str = "log", device: str | None = None, console: bool = True
+) -> Session:
+    """Train for `steps` steps (profiled: wait 1, warmup 1, active 3) and return the finished session
+    (`console`: print the report; the files are written either way).
 
     Raises `DemoUnavailable` as `demo_device` does.
     """
@@ -62,7 +65,7 @@ def run_demo(steps: int = 8, log_dir: str = "log", device: str | None = None) ->
     model = GPT2LMHeadModel(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     losses = []
-    with session(log_dir=log_dir, wait=1, warmup=1, active=3) as sess:  # a fresh run-... folder
+    with session(log_dir=log_dir, wait=1, warmup=1, active=3, console=console) as sess:  # a fresh run-...
         for _ in range(steps):
             batch = torch.randint(0, config.vocab_size, (batch_size, seq_len))
             ids = batch.to(device)  # habit: a pageable host-to-device copy (blocks the CPU on a GPU)

@@ -16,6 +16,7 @@ the same on every node of a job), else from the launcher process that the ranks 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import runpy
@@ -137,7 +138,9 @@ def add_run_parser(commands: Any) -> None:
     for flag, option in (("--no-stack", "with_stack"), ("--no-shapes", "record_shapes"),
                          ("--no-memory", "profile_memory"), ("--no-sync-capture", "capture_syncs")):
         run.add_argument(flag, dest=option, action="store_false", help=f"session option {option}=False")
-    run.add_argument("--quiet", action="store_true", help="no console report (files are written)")
+    run.add_argument("--quiet", action="store_true",
+                     help="nothing of trainprof's on the terminal: no report, notes or warnings "
+                     "(files are written)")
     run.add_argument("script", help="the Python script to run")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
@@ -152,8 +155,11 @@ def run_command(args: Any) -> int:
         # One console report per launch: the other ranks write their files silently.
         "console": not args.quiet and process_rank() in (None, 0),
     }
+    from trainprof.cli import silenced
+
     try:
-        code, _ = run_script(args.script, args.script_args, **options)
+        with silenced() if args.quiet else contextlib.nullcontext():
+            code, _ = run_script(args.script, args.script_args, **options)
     except (FileNotFoundError, ValueError) as error:
         sys.stderr.write(f"trainprof: error: {error}\n")
         return 2

@@ -113,9 +113,6 @@ def worker_name(rank: int | None = None) -> str:
     return f"rank{rank}_{name}" if rank is not None else name
 
 
-# The text of torch.profiler's once-per-process warning at the start of a second cycle.
-_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
-
 _ACTIVE: Session | None = None
 """The session whose profiler runs in this process, if any (torch allows one profiler at a time)."""
 
@@ -171,6 +168,7 @@ class Session:
         self._failure: tuple[str, BaseException] | None = None
         self._user_error = False
         self._cycle_filter: Any = None
+        self._canary: Any = None  # a torch_noise.NoiseCanary until memory profiling starts
         self._unwatch: Any = None
         self._nvtx: Any = None
         self._nvtx_depth = 0
@@ -224,11 +222,14 @@ class Session:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
+        from trainprof.capture import torch_noise
+
         self._export = tensorboard_trace_handler(str(self.run_dir), worker_name=self.worker, use_gzip=True)
         # torch warns that each cycle's events are cleared: the session exports every cycle itself,
         # so the warning would only puzzle the user. Filtered while the session runs.
-        warnings.filterwarnings("ignore", message=_CYCLE_WARNING, category=UserWarning)
-        self._cycle_filter = warnings.filters[0]
+        self._cycle_filter = torch_noise.ignore_cycle_warning()
+        if config.profile_memory:
+            self._canary = torch_noise.NoiseCanary()
         self._profiler = profile(
             activities=activities,
             schedule=_TorchSchedule(config),  # not torch's schedule(): it warns when warmup == 0
@@ -245,7 +246,8 @@ class Session:
         self._running = True
         _ACTIVE = self
         self._unwatch = _watch_other_profilers(self)
-        self._profiler.start()
+        with torch_noise.quiet_torch_stderr():
+            self._profiler.start()
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self._follow_schedule()
 
@@ -315,10 +317,11 @@ class Session:
             hook.remove()
 
     def _remove_cycle_filter(self) -> None:
-        if self._cycle_filter is not None:
-            entry, self._cycle_filter = self._cycle_filter, None
-            if entry in warnings.filters:
-                warnings.filters.remove(entry)
+        entry, self._cycle_filter = self._cycle_filter, None
+        if entry is not None:
+            from trainprof.capture import torch_noise
+
+            torch_noise.restore(entry)
 
     def _remove_watch(self) -> None:
         if self._unwatch is not None:
@@ -331,8 +334,11 @@ class Session:
 
     def _stop_profiler(self) -> None:
         if self._profiler is not None:
+            from trainprof.capture import torch_noise
+
             profiler, self._profiler = self._profiler, None
-            profiler.stop()
+            with torch_noise.quiet_torch_stderr():
+                profiler.stop()
 
     def _step_aside(self, what: str, exc: BaseException | None) -> None:
         """A failure inside trainprof: warn once, stop everything, let the training loop run on.
@@ -389,7 +395,18 @@ class Session:
         if self._capture is not None:
             self._capture.pause()  # the profiler's own syncs (stopping a trace) are not the user's
         try:
-            self._profiler.step()  # may call _on_trace_ready
+            if self._window_edge(self.steps_ended):
+                # torch prints its start/stop lines here (trainprof.capture.torch_noise)
+                from trainprof.capture import torch_noise
+
+                with torch_noise.quiet_torch_stderr():
+                    self._profiler.step()  # may call _on_trace_ready
+                    recording = self.config.action_at(self.steps_ended) in ("record", "save")
+                    if self._canary is not None and recording:
+                        self._canary.release()
+                        self._canary = None
+            else:
+                self._profiler.step()
             if self._failure is None:
                 self._follow_schedule()
         except Exception as exc:
@@ -397,6 +414,11 @@ class Session:
             return
         if self._failure is not None:
             self._step_aside(*self._failure)
+
+    def _window_edge(self, step: int) -> bool:
+        """Whether the profiler step into `step` starts or ends a recorded window (or a warm-up)."""
+        before = self.config.action_at(step - 1)
+        return before == "save" or before != self.config.action_at(step)
 
     def _follow_schedule(self) -> None:
         """Capture sync sites exactly during the recorded steps; NVTX ranges per phase and step."""

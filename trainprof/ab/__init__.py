@@ -23,7 +23,9 @@ How it measures (every choice is stated in the result's ``method``):
   ``warmup`` untimed steps each (torch.compile compiles there). A block is timed between two
   CUDA events with no sync inside (host ``perf_counter`` on a CPU, and ``clock`` says so).
 - ms/step: the median of the blocks' ms/step; its 95% CI is distribution-free (order statistics of
-  the blocks, binomial coverage); with too few blocks for 95% the CI is [min, max] with its coverage.
+  the blocks, binomial coverage); with too few blocks for 95% the CI is [min, max] with its coverage
+  (two blocks: 50%). A variant whose CI overlaps the reference's is reported as `cannot tell apart`
+  (``VariantResult.vs_reference``).
 - Loss parity: every variant's loss at every step against the first variant's (same seed, same
   data); the allowed relative difference is the precision's ``PARITY_RTOL`` or, where training
   compounds rounding further, ten times the drift of the reference run again with its weights moved

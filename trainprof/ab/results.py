@@ -28,6 +28,9 @@ class VariantResult:
     parity_tolerance: float | None = None
     """The allowed relative difference at the last step (PARITY_NOISE_FACTOR's comment)."""
     trace_dir: str | None = None
+    vs_reference: str | None = None
+    """``faster`` or ``slower`` than the reference variant when the two CIs do not overlap, else
+    ``cannot tell apart`` (more steps narrow the intervals); None for the reference itself."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ from trainprof.ab.prediction import PREDICTION_DIR, annotate_swappable, predict
 from trainprof.ab.results import ABResult, VariantResult
 from trainprof.ab.steps import StepFactory, StepFn, VariantRun, build, run_steps
 from trainprof.ab.variants import DEFAULT_VARIANTS, Variant, liger_available
+from trainprof.capture import torch_noise
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,16 @@ def median_ci(samples: Sequence[float], level: float = 0.95) -> tuple[float, flo
         else:
             break
     return ordered[best - 1], ordered[n - best], coverage(best)
+
+
+def compare_intervals(reference: VariantResult, variant: VariantResult) -> str:
+    """`faster`/`slower` when the variant's CI of the median lies wholly below/above the reference's,
+    else `cannot tell apart` (overlapping intervals: the blocks do not show a difference)."""
+    if variant.ci_high_ms < reference.ci_low_ms:
+        return "faster"
+    if variant.ci_low_ms > reference.ci_high_ms:
+        return "slower"
+    return "cannot tell apart"
 
 
 def _resident_bytes(model: torch.nn.Module | None, step: StepFn) -> int:
@@ -197,6 +208,9 @@ def run(
             )
         )
 
+    for result in results[1:]:
+        result.vs_reference = compare_intervals(results[0], result)
+
     diffs_out: dict[str, dict] = {}
     prediction = None
     if profile:
@@ -252,7 +266,11 @@ def _profile_and_diff(
             result.trace_dir = str(root / run.variant.slug) if log_dir is not None else None
         reference = root / runs[0].variant.slug
         diffs = {
-            run.variant.name: _trimmed(diff_traces(reference, root / run.variant.slug).to_dict())
+            run.variant.name: _trimmed(
+                diff_traces(
+                    reference, root / run.variant.slug, names=(runs[0].variant.name, run.variant.name)
+                ).to_dict()
+            )
             for run in runs[1:]
         }
         progress("diffs done")
@@ -289,8 +307,10 @@ def _method(precision: str, cuda: bool) -> dict:
             else "host time.perf_counter around blocks of steps: a CPU run, so host times"
         ),
         "interleaving": "variants run in blocks, the order rotated each round, after untimed warm-up steps",
-        "ci": "95% distribution-free CI of the median of block ms/step (order statistics, binomial "
-        "coverage); fewer than 6 blocks: [min, max] with its coverage",
+        "ci": "distribution-free CI of the median of block ms/step (order statistics, binomial "
+        "coverage), labelled with its coverage: 95% from 6 blocks; fewer blocks: [min, max], whose "
+        "coverage is lower (2 blocks: 50%); variants whose intervals overlap the reference's: "
+        "cannot tell apart",
         "mfu": "FLOPs per step over median step time over the matmul peak measured in this process "
         "(bench.measure_matmul_peak)",
         "flops": "HF models: 6*N*tokens + 12*L*d*T*tokens (PaLM appendix B: N = parameters outside "
@@ -338,14 +358,19 @@ def _profile_step(run: VariantRun, trace_dir: Path, device: torch.device) -> Non
     for old in trace_dir.glob("*.pt.trace.json*"):
         old.unlink()
     handler = tensorboard_trace_handler(str(trace_dir), worker_name=trace_dir.name.strip("_"), use_gzip=True)
-    with profile(
-        activities=activities, schedule=schedule(wait=0, warmup=1, active=1), on_trace_ready=handler
-    ) as prof:
-        run_steps(run, 1)
-        bench.synchronize(device)
-        prof.step()
-        run_steps(run, 1)
-        prof.step()
+    cycle_filter = torch_noise.ignore_cycle_warning()
+    try:
+        # trainprof's own two steps: torch's start/stop lines are filtered (trainprof.capture.torch_noise)
+        with torch_noise.quiet_torch_stderr(), profile(
+            activities=activities, schedule=schedule(wait=0, warmup=1, active=1), on_trace_ready=handler
+        ) as prof:
+            run_steps(run, 1)
+            bench.synchronize(device)
+            prof.step()
+            run_steps(run, 1)
+            prof.step()
+    finally:
+        torch_noise.restore(cycle_filter)
     bench.synchronize(device)
 
 

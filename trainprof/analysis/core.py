@@ -74,6 +74,8 @@ def analyze(
         report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
         with gc_paused():
             steps, trace_findings, info = _analyze_one(trace, sync_sites, limits, views)
+        for finding in trace_findings:
+            finding.window = trace.window
         all_steps.extend(steps)
         findings.extend(trace_findings)
         infos.append(info)
@@ -163,6 +165,7 @@ def _analyze_one(
         compile=compiled,
         memory=memory,
         views=trace_views(timeline, owners, idle.pieces if gpu_work else None, points) if views else None,
+        window=trace.window,
     )
     return steps, findings, info
 
@@ -194,4 +197,19 @@ def _summary(
         peak_memory_bytes=max(peaks) if peaks else None,
         straggler_rank=straggler.rank if straggler is not None else None,
         thresholds_overridden=limits.overridden(),
+        idle_ms_per_step=_idle_ms_per_step(steps),
     )
+
+
+def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
+    """GPU-idle ms per step over every step, by cause key and `one_off` (`Summary.idle_ms_per_step`)."""
+    if all(step.idle is None for step in steps):
+        return {}
+    n = max(len(steps), 1)
+    totals = dict.fromkeys([cause.key for cause in Cause] + ["one_off"], 0.0)
+    for step in steps:
+        if step.idle is not None:
+            for cause, ms in step.idle.costs.items():
+                totals[cause.key] += ms
+            totals["one_off"] += step.idle.one_off_ms
+    return {key: round(ms / n, 4) for key, ms in totals.items()}

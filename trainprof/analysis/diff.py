@@ -6,6 +6,7 @@
     result.kernels    # GpuRow per kernel / memcpy / memset name: count and GPU ms per step
     result.findings   # FindingChange per finding (kind, op, where): removed, added or kept
     result.headline   # HeadlineRow per figure of the two summaries (step ms, GPU busy, ...)
+    result.a.name     # "bare", "fused": the runs' names (folder, worker or variant) for reports
     result.to_dict()  # what `trainprof diff A B --json` prints
 
 Every figure is per profiled step (a run folder with several ranks: per rank-step), so windows of
@@ -28,13 +29,23 @@ from trainprof.analysis.core import analyze
 from trainprof.analysis.kernels import kernel_ops
 from trainprof.analysis.result import Analysis, Finding, Summary
 from trainprof.analysis.timeline import Timeline, _join_correlation, build_timeline
-from trainprof.trace import Trace, load_traces
+from trainprof.trace import Trace, load_traces, worker_of
 from trainprof.trace.model import ThreadFrames
 
 REMOVED, ADDED, CHANGED, SAME = "removed", "added", "changed", "same"
 # Relative change below which a row counts as the same (per-step averages of identical code differ
 # by scheduling noise in host times only; counts are exact).
 SAME_RELATIVE = 0.02
+
+
+def change(before: float | None, after: float | None) -> float | None:
+    """After minus before; None where either is missing."""
+    return None if before is None or after is None else round(after - before, 6)
+
+
+def ratio(before: float | None, after: float | None) -> float | None:
+    """After over before; None where either is missing or before is 0 (nothing to compare with)."""
+    return None if before is None or after is None or before == 0 else round(after / before, 4)
 
 
 @dataclass
@@ -57,6 +68,16 @@ class OpRow:
         """GPU ms per step after minus before."""
         return self.gpu_ms_b - self.gpu_ms_a
 
+    @property
+    def gpu_ms_ratio(self) -> float | None:
+        """GPU ms per step after over before (None: none before)."""
+        return ratio(self.gpu_ms_a, self.gpu_ms_b)
+
+    @property
+    def host_ms_delta(self) -> float:
+        """Host ms per step after minus before."""
+        return round(self.host_ms_b - self.host_ms_a, 6)
+
 
 @dataclass
 class GpuRow:
@@ -69,6 +90,16 @@ class GpuRow:
     count_b: float
     gpu_ms_a: float
     gpu_ms_b: float
+
+    @property
+    def gpu_ms_delta(self) -> float:
+        """GPU ms per step after minus before."""
+        return round(self.gpu_ms_b - self.gpu_ms_a, 6)
+
+    @property
+    def gpu_ms_ratio(self) -> float | None:
+        """GPU ms per step after over before (None: none before)."""
+        return ratio(self.gpu_ms_a, self.gpu_ms_b)
 
 
 @dataclass
@@ -86,18 +117,29 @@ class FindingChange:
     cost_ms_per_step_a: float | None
     cost_ms_per_step_b: float | None
 
+    @property
+    def cost_ms_per_step_delta(self) -> float | None:
+        """Cost ms per step after minus before (None where the finding is in one run only)."""
+        return change(self.cost_ms_per_step_a, self.cost_ms_per_step_b)
+
 
 @dataclass
 class RunSide:
-    """One run of a diff: its trace files, its profiled steps, its analysis's summary."""
+    """One run of a diff: its name, its trace files, its profiled steps, its analysis's summary.
+
+    ``name`` labels the run in reports: the A/B variant, the run folder's name, or the trace file's
+    worker (``a``/``b`` when that does not tell the two runs apart)."""
 
     files: list[str]
     steps: int
     summary: Summary
+    name: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"files", "steps", "summary"}``."""
-        return {"files": self.files, "steps": self.steps, "summary": self.summary.to_dict()}
+        """``{"name", "files", "steps", "summary"}``."""
+        return {
+            "name": self.name, "files": self.files, "steps": self.steps, "summary": self.summary.to_dict()
+        }
 
 
 @dataclass
@@ -107,6 +149,16 @@ class HeadlineRow:
     metric: str
     a: float | None
     b: float | None
+
+    @property
+    def delta(self) -> float | None:
+        """B minus A."""
+        return change(self.a, self.b)
+
+    @property
+    def ratio(self) -> float | None:
+        """B over A (None where A is 0 or missing)."""
+        return ratio(self.a, self.b)
 
 
 @dataclass
@@ -136,12 +188,13 @@ class TraceDiff:
     def from_dict(cls, data: dict[str, Any]) -> TraceDiff:
         """A diff back from its ``to_dict()`` form (e.g. the diffs an A/B result carries)."""
 
-        def side(run: dict[str, Any]) -> RunSide:
-            return RunSide(files=run["files"], steps=run["steps"], summary=Summary(**run["summary"]))
+        def side(run: dict[str, Any], default: str) -> RunSide:
+            return RunSide(files=run["files"], steps=run["steps"], summary=Summary(**run["summary"]),
+                           name=run.get("name") or default)
 
         return cls(
-            a=side(data["a"]),
-            b=side(data["b"]),
+            a=side(data["a"], "a"),
+            b=side(data["b"], "b"),
             headline=[HeadlineRow(**row) for row in data["headline"]],
             ops=[OpRow(**row) for row in data["ops"]],
             kernels=[GpuRow(**row) for row in data["kernels"]],
@@ -327,11 +380,31 @@ def _headline(a: Analysis, b: Analysis, ta: _Totals, tb: _Totals) -> list[Headli
     return [HeadlineRow(metric, va, vb) for metric, va, vb in rows]
 
 
-def diff_traces(run_a: str | Path | Sequence[Trace], run_b: str | Path | Sequence[Trace]) -> TraceDiff:
+def run_names(run_a: str | Path | Sequence[Trace], run_b: str | Path | Sequence[Trace]) -> tuple[str, str]:
+    """Names for two runs: a folder's name, a trace file's worker (``bare``, ``fused`` for
+    ``log/ab/bare log/ab/fused``); ``a`` and ``b`` when they would not tell the runs apart."""
+
+    def name(run: str | Path | Sequence[Trace]) -> str:
+        if not isinstance(run, (str, Path)):
+            return ""
+        path = Path(run)
+        return path.resolve().name if path.is_dir() else worker_of(path)
+
+    a, b = name(run_a), name(run_b)
+    return (a, b) if a and b and a != b else ("a", "b")
+
+
+def diff_traces(
+    run_a: str | Path | Sequence[Trace],
+    run_b: str | Path | Sequence[Trace],
+    names: tuple[str, str] | None = None,
+) -> TraceDiff:
     """Diff run A (before) against run B (after): each a trace file, a run folder or loaded Traces.
 
-    Raises ``trainprof.trace.TraceLoadError`` on unreadable input.
+    ``names`` label the two runs in reports (default ``run_names``). Raises
+    ``trainprof.trace.TraceLoadError`` on unreadable input.
     """
+    names = names or run_names(run_a, run_b)
     traces_a, traces_b = _load(run_a), _load(run_b)
     totals = []
     for traces in (traces_a, traces_b):
@@ -341,12 +414,13 @@ def diff_traces(run_a: str | Path | Sequence[Trace], run_b: str | Path | Sequenc
         totals.append(run_totals)
     analysis_a, analysis_b = analyze(traces_a), analyze(traces_b)
 
-    def side(traces: list[Trace], analysis: Analysis, run_totals: _Totals) -> RunSide:
-        return RunSide(files=[str(t.path) for t in traces], steps=run_totals.steps, summary=analysis.summary)
+    def side(traces: list[Trace], analysis: Analysis, run_totals: _Totals, name: str) -> RunSide:
+        return RunSide(files=[str(t.path) for t in traces], steps=run_totals.steps, summary=analysis.summary,
+                       name=name)
 
     return TraceDiff(
-        a=side(traces_a, analysis_a, totals[0]),
-        b=side(traces_b, analysis_b, totals[1]),
+        a=side(traces_a, analysis_a, totals[0], names[0]),
+        b=side(traces_b, analysis_b, totals[1], names[1]),
         headline=_headline(analysis_a, analysis_b, totals[0], totals[1]),
         ops=_op_rows(totals[0], totals[1]),
         kernels=_gpu_rows(totals[0], totals[1]),

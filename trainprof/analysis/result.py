@@ -21,9 +21,12 @@ trace: `files` (the trace files analysed), `traces` (one per file: one window of
 trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `straggler: rank R`),
 `verdict_by_trace` (`rank R`, else the worker -> its verdict), `mean_step_ms`, `gpu_busy_pct`
 (time-weighted: GPU busy time over step time), `syncs_per_step`, `kernels_per_step`,
-`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set).
+`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set),
+`idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows, steady-state,
+and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU work).
 
-trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `device` (the GPU's name), `steps` (step
+trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
+process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
@@ -80,8 +83,9 @@ the most GPU time at stake, then the most cost (`severity.finding_order`): `kind
 `cause` (in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`,
 `gpu_ms_per_step` (the GPU time per step the fix could win back, which sets the severity: high from
 20% of the step, medium from 5%; 0 for one-off, profiler-overhead and memory findings; null where not
-estimated, the info kinds), `details`, by kind (a `verdict` there is its trace's verdict, as in
-`traces[].verdict`):
+estimated, the info kinds), `window` (which profiling window of its process it is from: 0, 1, ...;
+null for findings over all traces), `details`, by kind (a `verdict` there is its trace's verdict, as
+in `traces[].verdict`):
 - sync_point (`syncs.SyncDetails`): `sync_kind`, `cause` (a `syncs.CAUSES` key), `catalog_site`,
   `why`, `op_chain`, `runtime_calls`, `copies`, `gpu_idle_after_ms`, `cost_pct_of_step_time`,
   `occurrences` (`[{step, at_ms, blocked_ms, gpu_idle_after_ms}]`).
@@ -201,6 +205,9 @@ class Finding(msgspec.Struct):
     via: Via | None = None
     cause: str | None = None
     gpu_ms_per_step: float | None = None
+    window: int | None = None
+    """Which profiling window of its process the finding is from (0, 1, ...: `Trace.window`), so the
+    findings of two windows of one process are told apart; None for findings over all traces."""
 
     def __post_init__(self) -> None:
         self.count, self.per_step, self.cost_ms = plain((self.count, self.per_step, self.cost_ms))
@@ -223,6 +230,7 @@ class Finding(msgspec.Struct):
             "rank": self.rank,
             "details": self.details.to_dict() if self.details is not None else {},
             "gpu_ms_per_step": self.gpu_ms_per_step,
+            "window": self.window,
         }
 
 
@@ -295,6 +303,8 @@ class TraceInfo(msgspec.Struct):
     """The memory peak's breakdown and the memory over time (`memory`); None without `profile_memory`."""
     views: TraceViews | None = None
     """What report.html draws (`analyze(..., views=True)`); not in the JSON form."""
+    window: int = 0
+    """Which profiling window of its process this trace is (0, 1, ...: `Trace.window`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -302,6 +312,7 @@ class TraceInfo(msgspec.Struct):
             "file": self.file,
             "worker": self.worker,
             "rank": self.rank,
+            "window": self.window,
             "device": self.device,
             "steps": self.step_numbers,
             "has_step_annotations": self.has_step_annotations,
@@ -338,6 +349,9 @@ class Summary(Record, frozen=True):
     straggler_rank: int | str | None = None
     thresholds_overridden: dict[str, float] = {}
     """The cut-offs the caller set, by name (`trainprof.analysis.thresholds`)."""
+    idle_ms_per_step: dict[str, float] = {}
+    """GPU-idle ms per step over every step: steady-state by cause key (`launch`, `sync`, ...), and
+    `one_off`; they add up to the GPU-idle time. Empty when no trace has GPU work."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 

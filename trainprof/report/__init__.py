@@ -1,14 +1,16 @@
 """Renderers of the typed `Analysis`: console, json, markdown, html, tensorboard (scalars, text, tab).
 
 A report never computes a metric; it renders what the analysis holds. Every string that comes from
-a trace (kernel, op, function and file names) is cleaned of control characters before display, and
-escaped for the format it lands in (rich markup on the console, Markdown/HTML in report.md).
+a trace (kernel, op, function and file names) passes through one sanitiser,
+`trainprof.report.text.safe_text` (control and format characters out, cut to a length), and is
+escaped for the format it lands in (Markdown/HTML in report.md; `\\uXXXX` in JSON).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +34,12 @@ def output_names(rank: int | None) -> dict[str, str]:
 
 
 def write_text_atomically(path: str | Path, text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`.
+    """Write `text` (UTF-8) to `path` atomically (`write_atomically`)."""
+    return write_atomically(path, [text.encode("utf-8")])
+
+
+def write_atomically(path: str | Path, chunks: Iterable[bytes]) -> Path:
+    """Write `chunks` to a temporary file beside `path`, then rename it over `path`.
 
     A failure (a full disk) removes the temporary file and raises: `path` is either the old file or
     the whole new one, never empty or cut short.
@@ -40,8 +47,9 @@ def write_text_atomically(path: str | Path, text: str) -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -1,18 +1,28 @@
-"""Shared wording of the reports: turns values the analysis computed into display strings.
+"""Shared wording of the reports: turns values the analysis computed into display strings and tables.
 
 Nothing here computes a metric; it reads fields of the typed `Analysis` and formats them. Every
-trace-derived string passes through `clean()`. How much of the analysis a report shows is set here,
-in one place (`summary.json` holds all of it).
+trace-derived string passes through `trainprof.report.text.safe_text` (cut to a limit: a
+multi-megabyte name costs no more than a short one). How much of the analysis a report shows is set
+here, in one place (`summary.json` holds all of it).
+
+A report is: a title, the "where the step went" line, the headline rows, the findings (each one
+rendered the same way, whatever its kind), then tables. A table is a `Table` of `Column`s and rows
+of display strings; `TABLES` lists the functions that build them from an analysis, so a new table
+is one function added there: the console lays it out at any width (`trainprof.report.layout`) and
+report.md writes it (`trainprof.report.markdown`).
 """
 
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainprof.analysis.kernels import TopKernelsDetails
 from trainprof.analysis.modules import ModuleCostsDetails
+from trainprof.report.names import short_kernel_names, short_names
+from trainprof.report.text import safe_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.compile import CompileStats
@@ -29,7 +39,11 @@ KERNEL_ROWS = 5
 MODULE_ROWS = 10
 """Rows of the GPU-time-by-module table."""
 KERNEL_NAME_CHARS = 60
-"""A kernel's name without its template and argument lists, cut to this."""
+"""A kernel's short name (trainprof.report.names), at most."""
+NAME_CHARS = 120
+"""An op, module, file or function name in a table cell or a finding's evidence."""
+TEXT_CHARS = 2000
+"""A finding's title, cause or fix: whole in any real report, bounded for a hostile trace."""
 DIFF_ROWS = 20
 """Rows of each table of `trainprof diff` (changed ops, changed kernels)."""
 AB_DIFF_ROWS = 12
@@ -38,10 +52,37 @@ OP_NAME_CHARS = 70
 """An op's name in a diff table."""
 FINDING_TITLE_CHARS = 90
 """A finding's title in a diff table (the title, not the finding's whole text)."""
+RUN_NAME_CHARS = 24
+"""A run's name (a diff's side, an A/B variant) where it heads a column."""
+CONSOLE_TABLES_PER_KIND = 1
+"""Tables of each kind on the console (the first trace's); report.md has one per trace."""
 PIPE_WIDTH = 160
 """Columns of console output that goes to a log or a pipe: paths and fixes are not folded."""
 PLAIN_TEXT_WIDTH = 80
-"""Columns of the plain-text report (rich not installed)."""
+"""Columns of the plain-text report when the width is not known."""
+STEP_SPLIT_MIN_PCT = 0.5
+"""A GPU-idle cause under this share of the step is left out of "where the step went" (noise)."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a report table. `drop`: 0 keeps it at any width; on a narrow terminal the
+    columns with the highest `drop` go first (and the console says which went)."""
+
+    name: str
+    numeric: bool = False
+    drop: int = 0
+
+
+@dataclass
+class Table:
+    """A report table: title, columns, rows of display strings (already safe: `text.safe_text`).
+    The first column names the row (it wraps rather than being cut, so names stay distinct)."""
+
+    title: str
+    columns: tuple[Column, ...]
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+
 
 # Each headline row: (label, `Summary` field, unit suffix, decimals).
 HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
@@ -52,15 +93,24 @@ HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("kernels / step", "kernels_per_step", "", 0),
 )
 
-# C0 and C1 control characters (ESC starts terminal sequences, CR rewrites a line) and the Unicode
-# bidirectional overrides that reorder what a reader sees. Tabs and newlines become spaces.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# The GPU-idle causes of `Summary.idle_ms_per_step` in words, in the order they are named.
+IDLE_CAUSE_WORDS: dict[str, str] = {
+    "launch": "launch",
+    "sync": "sync",
+    "blocking": "blocking calls",
+    "warmup": "warm-up",
+    "input": "input",
+    "host": "host code",
+    "comm": "communication",
+    "unknown": "unattributed",
+    "profiler": "profiler",
+    "one_off": "one-off",
+}
 
 
-def clean(text: Any) -> str:
-    """`text` as one display line: control characters removed, whitespace runs kept as spaces."""
-    text = str(text)
-    return _CONTROL.sub(lambda m: " " if m.group() in "\t\n\r\v\f" else "", text)
+def clean(value: Any, max_chars: int = TEXT_CHARS) -> str:
+    """Trace-derived text for display (`text.safe_text`), at most `max_chars` characters."""
+    return safe_text(value, max_chars)
 
 
 def number(value: Any, decimals: int = 1, unit: str = "") -> str:
@@ -68,8 +118,18 @@ def number(value: Any, decimals: int = 1, unit: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{clean(value)}{unit}"
+        return f"{clean(value, NAME_CHARS)}{unit}"
     return f"{value:,.{decimals}f}{unit}"
+
+
+def ratio(value: float | None) -> str:
+    """A ratio for display (`1.23x`); '-' when missing (nothing to divide by)."""
+    return "-" if value is None else f"{value:,.2f}x"
+
+
+def signed(value: float | None, decimals: int = 2) -> str:
+    """A change for display with its sign (`+1.25`, `-0.50`); '-' when missing."""
+    return "-" if value is None else f"{value:+,.{decimals}f}"
 
 
 def headline(analysis: Analysis) -> list[tuple[str, str]]:
@@ -120,6 +180,24 @@ def compile_line(compiled: CompileStats) -> str:
     return f"{head}; {compiled.compiled_regions_per_step:g} compiled regions/step; graph breaks {breaks}"
 
 
+def step_split(analysis: Analysis) -> str | None:
+    """Where the step went, in one line: GPU busy, then GPU idle by cause, largest first, as shares
+    of the step (`Summary.gpu_busy_pct`, `Summary.idle_ms_per_step` over `mean_step_ms`)."""
+    summary = analysis.summary
+    if summary.gpu_busy_pct is None or not summary.mean_step_ms:
+        return None
+    if not summary.idle_ms_per_step:
+        return f"where the step went: {summary.mean_step_ms:,.1f} ms of host time, no GPU work recorded"
+    shares = sorted(
+        ((100 * ms / summary.mean_step_ms, cause) for cause, ms in summary.idle_ms_per_step.items()),
+        key=lambda share: -share[0],
+    )
+    idle = [f"{IDLE_CAUSE_WORDS.get(cause, cause)} {pct:.1f}%" for pct, cause in shares
+            if pct >= STEP_SPLIT_MIN_PCT]
+    text = f"where the step went: GPU busy {summary.gpu_busy_pct:.1f}%"
+    return text + (f"; GPU idle: {', '.join(idle)}" if idle else "")
+
+
 def size(num_bytes: float) -> str:
     """Bytes in binary units: `1.82 GiB`."""
     value = float(num_bytes)
@@ -135,36 +213,50 @@ def where(finding: Finding) -> str:
     file, line, function = finding.where.file, finding.where.line, finding.where.function
     if not file and not function:
         return "-"
-    text = os.path.basename(str(file)) if file else "?"
+    text = os.path.basename(clean(file, NAME_CHARS)) if file else "?"
     if line is not None:
         text += f":{line}"
     if function:
-        text += f" {function}"
-    return clean(text)
+        text += f" {clean(function, NAME_CHARS)}"
+    return text
 
 
 FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "cost ms", "fix")
 TOP_KERNELS_KIND = "top_kernels"  # rendered as its own table, not as a findings row
 MODULE_COSTS_KIND = "module_costs"  # likewise
-_TABLE_KINDS = (TOP_KERNELS_KIND, MODULE_COSTS_KIND)
 
 
-def has_ranks(findings: list[Finding]) -> bool:
-    """Whether the findings come from more than one rank: the reports then show each one's rank."""
-    return len({f.rank for f in findings}) > 1
+def source_labels(findings: list[Finding]) -> bool:
+    """Whether the findings come from more than one rank or window: the reports then say whose each is."""
+    return len({(f.rank, f.window) for f in findings}) > 1
 
 
-def rank_of(finding: Finding) -> str:
-    """The finding's rank for display ('-' for findings over all ranks)."""
-    return "-" if finding.rank is None else str(finding.rank)
+def source_column(findings: list[Finding]) -> str:
+    """The header of the column that says whose each finding is: `rank`, `window` or `rank, window`."""
+    ranks = len({f.rank for f in findings}) > 1
+    windows = len({f.window for f in findings if f.window is not None}) > 1
+    return "rank, window" if ranks and windows else "rank" if ranks else "window"
+
+
+def source_of(finding: Finding, findings: list[Finding]) -> str:
+    """`rank 1`, `window 2` or `rank 1 window 2`: what tells the finding's trace apart among
+    `findings`' (windows counted from 1); '-' for a finding over all traces."""
+    ranks = {f.rank for f in findings}
+    windows = {f.window for f in findings if f.window is not None}
+    parts = []
+    if len(ranks) > 1 and finding.rank is not None:
+        parts.append(f"rank {finding.rank}")
+    if len(windows) > 1 and finding.window is not None:
+        parts.append(f"window {finding.window + 1}")
+    return " ".join(parts) or "-"
 
 
 def finding_row(finding: Finding) -> tuple[str, ...]:
     """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts)."""
     return (
-        clean(finding.severity or "-"),
+        clean(finding.severity or "-", NAME_CHARS),
         clean(finding.title or finding.kind or "-"),
-        clean(finding.op or "-"),
+        clean(finding.op or "-", NAME_CHARS),
         where(finding),
         number(finding.per_step, 1),
         number(finding.cost_ms, 2),
@@ -172,60 +264,119 @@ def finding_row(finding: Finding) -> tuple[str, ...]:
     )
 
 
+def finding_facts(finding: Finding) -> list[str]:
+    """The evidence of a finding as short facts (`op ...`, `at ...`, `2.0 per step`, `cost ... ms`),
+    those the finding has: any kind of finding renders the same way."""
+    _, _, op, at, per_step, cost, _ = finding_row(finding)
+    facts = []
+    if op != "-":
+        facts.append(f"op {op}")
+    if at != "-":
+        facts.append(f"at {at}")
+    if finding.cause and finding.cause not in finding.title:  # a sync's title names its cause
+        facts.append(f"cause {clean(finding.cause, NAME_CHARS)}")
+    if per_step != "-":
+        facts.append(f"{per_step} per step")
+    if cost != "-":
+        facts.append(f"cost {cost} ms")
+    return facts
+
+
 def top_findings(analysis: Analysis, limit: int) -> list[Finding]:
-    """The findings in the analysis's order (it ranks them), at most `limit`."""
-    return [f for f in analysis.findings if f.kind not in _TABLE_KINDS][:limit]
+    """The findings in the analysis's order (it ranks them), at most `limit`; those a table shows
+    (`TABLES`) are left out."""
+    shown_as_tables = {kind for kind, _ in TABLES if kind is not None}
+    return [f for f in analysis.findings if f.kind not in shown_as_tables][:limit]
 
 
-KERNEL_COLUMNS = ("kernel", "calls", "total ms", "mean us", "% GPU time")
+def finding_count(analysis: Analysis) -> int:
+    """How many findings `top_findings` chooses from."""
+    shown_as_tables = {kind for kind, _ in TABLES if kind is not None}
+    return sum(f.kind not in shown_as_tables for f in analysis.findings)
 
 
-def kernel_name(name: str, limit: int = KERNEL_NAME_CHARS) -> str:
-    """A demangled kernel name without `void ` and its argument list, cut to `limit`."""
-    name = clean(name).removeprefix("void ")
-    for bracket in ("<", "("):
-        if bracket in name and name.index(bracket) > 0:
-            name = name[: name.index(bracket)]
-            break
-    return name if len(name) <= limit else name[: limit - 1] + "…"
+def _details_of(analysis: Analysis, kind: type) -> list[tuple[Finding, Any]]:
+    return [(f, f.details) for f in analysis.findings if isinstance(f.details, kind)]
 
 
-def top_kernels(analysis: Analysis) -> list[tuple[str, ...]]:
-    """Rows of the top-kernels table (over all profiled steps), from the first top-kernels finding."""
-    details = next((f.details for f in analysis.findings if isinstance(f.details, TopKernelsDetails)), None)
-    kernels = details.kernels if details is not None else []
-    return [
-        (
-            kernel_name(kernel.name),
-            number(kernel.count, 0),
-            number(kernel.total_ms, 2),
-            number(kernel.mean_us, 1),
-            number(kernel.pct, 1),
-        )
-        for kernel in kernels[:KERNEL_ROWS]
-    ]
+def _titled(title: str, finding: Finding, findings: list[Finding]) -> str:
+    source = source_of(finding, findings)
+    return title if source == "-" else f"{title}: {source}"
 
 
-MODULE_COLUMNS = ("module", "phases", "instances", "kernels / step", "GPU ms / step", "% tiny", "top tiny op")
+def top_kernels_tables(analysis: Analysis) -> list[Table]:
+    """The kernels with the most GPU time (over all profiled steps), one table per trace."""
+    found = _details_of(analysis, TopKernelsDetails)
+    tables = []
+    for finding, details in found:
+        kernels = details.kernels[:KERNEL_ROWS]
+        names = short_kernel_names([kernel.name for kernel in kernels], KERNEL_NAME_CHARS)
+        rows = [
+            (name, number(kernel.count, 0), number(kernel.total_ms, 2), number(kernel.mean_us, 1),
+             number(kernel.pct, 1))
+            for name, kernel in zip(names, kernels, strict=True)
+        ]
+        tables.append(Table(_titled("Top kernels", finding, [f for f, _ in found]), KERNEL_COLUMNS, rows))
+    return tables
 
 
-def module_costs(analysis: Analysis) -> list[tuple[str, ...]]:
-    """Rows of the per-module cost table (`nn.Module` class paths by GPU time, forward + backward),
-    from the first module-costs finding; `% tiny`: kernels shorter than their launch."""
-    details = next((f.details for f in analysis.findings if isinstance(f.details, ModuleCostsDetails)), None)
-    modules = details.modules if details is not None else []
-    return [
-        (
-            clean(row.module or "-"),
-            clean(row.phases or "-"),
-            number(row.instances, 0),
-            number(row.kernels_per_step, 0),
-            number(row.gpu_ms_per_step, 2),
-            number(row.tiny_kernel_pct, 0),
-            clean((row.top_ops[0].op if row.top_ops else None) or "-"),
-        )
-        for row in modules[:MODULE_ROWS]
-    ]
+KERNEL_COLUMNS = (
+    Column("kernel"),
+    Column("calls", numeric=True, drop=2),
+    Column("total ms", numeric=True),
+    Column("mean us", numeric=True, drop=1),
+    Column("% GPU time", numeric=True),
+)
+
+
+MODULE_COLUMNS = (
+    Column("module"),
+    Column("phases", drop=3),
+    Column("instances", numeric=True, drop=5),
+    Column("kernels / step", numeric=True, drop=2),
+    Column("GPU ms / step", numeric=True),
+    Column("% tiny", numeric=True, drop=1),
+    Column("top tiny op", drop=4),
+)
+
+
+def module_costs_tables(analysis: Analysis) -> list[Table]:
+    """The per-module cost table (`nn.Module` class paths by GPU time, forward + backward), one per
+    trace; `% tiny`: kernels shorter than their launch."""
+    found = _details_of(analysis, ModuleCostsDetails)
+    tables = []
+    for finding, details in found:
+        modules = details.modules[:MODULE_ROWS]
+        names = short_names([row.module or "-" for row in modules], NAME_CHARS)
+        rows = [
+            (
+                name,
+                clean(row.phases or "-", NAME_CHARS),
+                number(row.instances, 0),
+                number(row.kernels_per_step, 0),
+                number(row.gpu_ms_per_step, 2),
+                number(row.tiny_kernel_pct, 0),
+                clean((row.top_ops[0].op if row.top_ops else None) or "-", NAME_CHARS),
+            )
+            for name, row in zip(names, modules, strict=True)
+        ]
+        title = _titled("GPU time by module (forward + backward)", finding, [f for f, _ in found])
+        tables.append(Table(title, MODULE_COLUMNS, rows))
+    return tables
+
+
+TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
+    (TOP_KERNELS_KIND, top_kernels_tables),
+    (MODULE_COSTS_KIND, module_costs_tables),
+)
+"""The tables of a report, in order: (the finding kind a table shows instead of a findings entry,
+or None; the function that builds its tables from an analysis)."""
+
+
+def tables(analysis: Analysis, per_kind: int | None = None) -> list[Table]:
+    """The tables of the report of `analysis`, in `TABLES` order: every one, or the first `per_kind`
+    of each kind (a run of eight ranks has eight top-kernel tables; the console shows one)."""
+    return [table for _, build in TABLES for table in build(analysis)[:per_kind]]
 
 
 def trace_name(analysis: Analysis) -> str:
@@ -233,6 +384,6 @@ def trace_name(analysis: Analysis) -> str:
     files = analysis.files
     if not files:
         return "trace"
-    names = [os.path.basename(str(f)) for f in files]
-    text = names[0] if len(names) == 1 else f"{len(names)} traces in {os.path.dirname(str(files[0]))}"
-    return clean(text)
+    names = [os.path.basename(clean(f, NAME_CHARS)) for f in files]
+    text = names[0] if len(names) == 1 else f"{len(names)} traces in {os.path.dirname(clean(files[0]))}"
+    return clean(text, NAME_CHARS)

@@ -1,7 +1,10 @@
 """Render an A/B run (``ABResult.to_dict()``) and a trace diff (a ``TraceDiff``).
 
-Console tables (rich when installed, plain text otherwise) and Markdown sections; nothing here
-computes a metric: every figure is a field of the result, only formatted.
+Console tables (laid out at the terminal's width, `trainprof.report.layout`) and Markdown sections
+(`trainprof.report.markdown.table`, which escapes every cell); nothing here computes a metric:
+every figure is a field of the result, only formatted. The two runs of a diff are named by their
+names (the variants, the run folders), never `a` and `b` unless nothing better is known. Every
+string from a trace, a path or a result passes through `trainprof.report.text.safe_text`.
 """
 
 from __future__ import annotations
@@ -10,23 +13,18 @@ import sys
 from typing import IO, TYPE_CHECKING, Any
 
 from trainprof.report import _format
+from trainprof.report._format import Column, Table
+from trainprof.report.names import short_kernel_names, short_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.diff import RunSide, TraceDiff
 
 _number = _format.number
-
-
-def _short(text: str, limit: int) -> str:
-    text = _format.clean(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-AB_COLUMNS = ("variant", "ms/step", "95% CI", "speedup", "tokens/s", "MFU %", "peak memory", "loss parity")
-OP_COLUMNS = ("op", "status", "calls a", "calls b", "host ms a", "host ms b", "GPU ms a", "GPU ms b")
-GPU_COLUMNS = ("kernel / copy", "kind", "status", "count a", "count b", "GPU ms a", "GPU ms b")
-FINDING_COLUMNS = ("finding", "status", "per step a", "per step b", "cost ms/step a", "cost ms/step b")
 _AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
+def _name(text: Any) -> str:
+    return _format.clean(text, _format.RUN_NAME_CHARS)
 
 
 def _parity(variant: dict) -> str:
@@ -38,21 +36,36 @@ def _parity(variant: dict) -> str:
     return f"{verdict} (max rel diff {_number(variant.get('parity_max_rel_diff'), 6)}{allowed})"
 
 
-def ab_tables(
-    result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS
-) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]]]]:
-    """(title, columns, rows) of every table of an A/B report: variants, then each diff."""
+def _ab_columns(reference: str) -> tuple[Column, ...]:
+    return (
+        Column("variant"),
+        Column("ms/step", numeric=True),
+        Column("CI of the median (coverage)", numeric=True, drop=2),
+        Column("speedup", numeric=True),
+        Column(f"vs {reference}"),
+        Column("tokens/s", numeric=True, drop=4),
+        Column("MFU %", numeric=True, drop=3),
+        Column("peak memory", numeric=True, drop=5),
+        Column("loss parity", drop=1),
+    )
+
+
+def ab_tables(result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS) -> list[Table]:
+    """Every table of an A/B report: variants, then each variant's diff against the first."""
+    variants = result["variants"]
+    reference = _name(variants[0]["name"]) if variants else "reference"
     rows = []
-    for v in result["variants"]:
+    for v in variants:
         mfu = v.get("mfu")
         coverage = _number(100 * v["ci_coverage"], 0)
         ci = f"{_number(v['ci_low_ms'], 2)}-{_number(v['ci_high_ms'], 2)} ({coverage}%)"
         rows.append(
             (
-                v["name"],
+                _name(v["name"]),
                 _number(v["median_ms"], 2),
                 ci,
                 _number(v.get("speedup"), 2, "x"),
+                _format.clean(v.get("vs_reference") or "-", _format.NAME_CHARS),
                 _number(v.get("tokens_per_s"), 0),
                 _number(100 * mfu, 1) if mfu is not None else "-",
                 _format.size(v["peak_memory_bytes"]) if v.get("peak_memory_bytes") is not None else "-",
@@ -61,68 +74,93 @@ def ab_tables(
         )
     from trainprof.analysis.diff import TraceDiff  # the diffs come as JSON, inside the result
 
-    tables = [("Variants", AB_COLUMNS, rows)]
+    tables = [Table("Variants", _ab_columns(reference), rows)]
     for name, diff in (result.get("diffs") or {}).items():
-        reference = result["variants"][0]["name"]
-        tables += [
-            (f"{reference} -> {name}: {title}", columns, table_rows)
-            for title, columns, table_rows in diff_tables(TraceDiff.from_dict(diff), limit)
-        ]
+        diff = TraceDiff.from_dict(diff)
+        diff.a.name, diff.b.name = variants[0]["name"], name  # older results carry no names
+        for table in diff_tables(diff, limit):
+            table.title = f"{reference} -> {_name(name)}: {table.title}"
+            tables.append(table)
     return tables
 
 
-def _op_name(name: str) -> str:
-    return _short(name.replace(_AUTOGRAD_NODE, "backward of "), _format.OP_NAME_CHARS)
+def _op_names(names: list[str]) -> list[str]:
+    readable = [name.replace(_AUTOGRAD_NODE, "backward of ") for name in names]
+    return short_names(readable, _format.OP_NAME_CHARS)
 
 
-def diff_tables(
-    diff: TraceDiff, limit: int = _format.DIFF_ROWS
-) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]]]]:
-    """(title, columns, rows) of a trace diff: headline, changed ops, changed kernels, findings."""
-    headline = [(row.metric, _value(row.metric, row.a), _value(row.metric, row.b)) for row in diff.headline]
+def diff_tables(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> list[Table]:
+    """The tables of a trace diff: headline, changed ops, changed kernels, findings; each figure of
+    the two runs under the run's name, then the change and the ratio."""
+    a, b = _name(diff.a.name or "a"), _name(diff.b.name or "b")
+    headline = [
+        (row.metric, _value(row.metric, row.a), _value(row.metric, row.b), _change(row.metric, row.delta),
+         _format.ratio(row.ratio))
+        for row in diff.headline
+    ]
+    changed_ops = [r for r in diff.ops if r.status != "same"][:limit]
     ops = [
         (
-            _op_name(r.name),
-            r.status,
-            _number(r.calls_a, 1),
-            _number(r.calls_b, 1),
-            _number(r.host_ms_a, 3),
-            _number(r.host_ms_b, 3),
-            _number(r.gpu_ms_a, 3),
-            _number(r.gpu_ms_b, 3),
+            name, r.status,
+            _number(r.gpu_ms_a, 3), _number(r.gpu_ms_b, 3), _format.signed(r.gpu_ms_delta, 3),
+            _format.ratio(r.gpu_ms_ratio),
+            _number(r.host_ms_a, 3), _number(r.host_ms_b, 3), _format.signed(r.host_ms_delta, 3),
+            _number(r.calls_a, 1), _number(r.calls_b, 1),
         )
-        for r in diff.ops
-        if r.status != "same"
-    ][:limit]
+        for name, r in zip(_op_names([r.name for r in changed_ops]), changed_ops, strict=True)
+    ]
+    changed_kernels = [r for r in diff.kernels if r.status != "same"][:limit]
     kernels = [
         (
-            _format.kernel_name(r.name),
-            r.kind,
-            r.status,
-            _number(r.count_a, 1),
-            _number(r.count_b, 1),
-            _number(r.gpu_ms_a, 3),
-            _number(r.gpu_ms_b, 3),
+            name, r.kind, r.status,
+            _number(r.gpu_ms_a, 3), _number(r.gpu_ms_b, 3), _format.signed(r.gpu_ms_delta, 3),
+            _format.ratio(r.gpu_ms_ratio),
+            _number(r.count_a, 1), _number(r.count_b, 1),
         )
-        for r in diff.kernels
-        if r.status != "same"
-    ][:limit]
+        for name, r in zip(
+            short_kernel_names([r.name for r in changed_kernels], _format.KERNEL_NAME_CHARS), changed_kernels,
+            strict=True,
+        )
+    ]
+    titles = short_names(
+        [c.title_b or c.title_a or c.kind for c in diff.findings], _format.FINDING_TITLE_CHARS
+    )
     findings = [
         (
-            _short(c.title_b or c.title_a or c.kind, _format.FINDING_TITLE_CHARS),
-            c.status,
-            _number(c.per_step_a, 1),
-            _number(c.per_step_b, 1),
-            _number(c.cost_ms_per_step_a, 2),
-            _number(c.cost_ms_per_step_b, 2),
+            title, c.status,
+            _number(c.cost_ms_per_step_a, 2), _number(c.cost_ms_per_step_b, 2),
+            _format.signed(c.cost_ms_per_step_delta, 2),
+            _number(c.per_step_a, 1), _number(c.per_step_b, 1),
         )
-        for c in diff.findings
+        for title, c in zip(titles, diff.findings, strict=True)
     ]
-    tables = [("per step", ("metric", "a", "b"), headline), ("ops that changed (per step)", OP_COLUMNS, ops)]
+    tables = [
+        Table("per step", (Column("metric"), Column(a, numeric=True), Column(b, numeric=True),
+                           Column("change", numeric=True), Column("ratio", numeric=True, drop=1)), headline),
+        Table("ops that changed (per step)", (
+            Column("op"), Column("status", drop=1),
+            Column(f"GPU ms {a}", numeric=True, drop=3), Column(f"GPU ms {b}", numeric=True, drop=3),
+            Column("GPU ms change", numeric=True), Column("GPU ms ratio", numeric=True, drop=2),
+            Column(f"host ms {a}", numeric=True, drop=5), Column(f"host ms {b}", numeric=True, drop=5),
+            Column("host ms change", numeric=True, drop=4),
+            Column(f"calls {a}", numeric=True, drop=6), Column(f"calls {b}", numeric=True, drop=6),
+        ), ops),
+    ]
     if kernels:
-        tables.append(("kernels and copies that changed (per step)", GPU_COLUMNS, kernels))
+        tables.append(Table("kernels and copies that changed (per step)", (
+            Column("kernel / copy"), Column("kind", drop=4), Column("status", drop=1),
+            Column(f"GPU ms {a}", numeric=True, drop=3), Column(f"GPU ms {b}", numeric=True, drop=3),
+            Column("GPU ms change", numeric=True), Column("GPU ms ratio", numeric=True, drop=2),
+            Column(f"count {a}", numeric=True, drop=5), Column(f"count {b}", numeric=True, drop=5),
+        ), kernels))
     if findings:
-        tables.append(("findings", FINDING_COLUMNS, findings))
+        tables.append(Table("findings", (
+            Column("finding"), Column("status"),
+            Column(f"cost ms/step {a}", numeric=True, drop=2),
+            Column(f"cost ms/step {b}", numeric=True, drop=2),
+            Column("cost change", numeric=True),
+            Column(f"per step {a}", numeric=True, drop=1), Column(f"per step {b}", numeric=True, drop=1),
+        ), findings))
     return tables
 
 
@@ -130,6 +168,12 @@ def _value(metric: str, value: Any) -> str:
     if value is not None and "bytes" in metric:
         return _format.size(value)
     return _number(value, 2)
+
+
+def _change(metric: str, value: float | None) -> str:
+    if value is not None and "bytes" in metric:
+        return ("+" if value >= 0 else "-") + _format.size(abs(value))
+    return _format.signed(value)
 
 
 def _header_lines(result: dict[str, Any]) -> list[str]:
@@ -162,7 +206,7 @@ def _header_lines(result: dict[str, Any]) -> list[str]:
     for variant in result["variants"]:
         for note in variant.get("notes") or []:
             lines.append(f"{variant['name']}: {note}")
-    return lines
+    return [_format.clean(line) for line in lines]
 
 
 def _prediction_lines(result: dict[str, Any]) -> list[str]:
@@ -170,7 +214,7 @@ def _prediction_lines(result: dict[str, Any]) -> list[str]:
     if not prediction:
         return []
     if "replaced_modules" not in prediction:  # the annotated step itself failed
-        return [f"no fused prediction: {prediction.get('reason')}"]
+        return [_format.clean(f"no fused prediction: {prediction.get('reason')}")]
     lines = [
         f"fused prediction from the {result['variants'][0]['name']} trace: {prediction['replaced_modules']} "
         f"modules swap replaces, {_number(prediction['kernels_per_step'], 0)} kernels / "
@@ -188,71 +232,77 @@ def _prediction_lines(result: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"no prediction: {prediction.get('reason')}")
     lines.append(f"model: {prediction['model']}")
-    return lines
+    return [_format.clean(line) for line in lines]
 
 
 def render_ab_markdown(result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS) -> str:
     """An A/B run as a Markdown section (``## A/B: <model>``)."""
-    lines = [f"## A/B: {result['model']}", ""]
-    lines += [f"- {line}" for line in _header_lines(result)]
-    lines += [f"- {line}" for line in _prediction_lines(result)]
-    for title, columns, rows in ab_tables(result, limit):
-        lines += ["", f"### {title}", ""] + _markdown_table(columns, rows)
+    from trainprof.report.markdown import escape
+
+    lines = [f"## A/B: {escape(result['model'])}", ""]
+    lines += [f"- {escape(line)}" for line in _header_lines(result) + _prediction_lines(result)]
+    lines += _markdown_tables(ab_tables(result, limit))
     lines += ["", "How measured:", ""] + [
-        f"- {key}: {text}" for key, text in (result.get("method") or {}).items()
+        f"- {escape(key)}: {escape(text)}" for key, text in (result.get("method") or {}).items()
     ]
     return "\n".join(lines) + "\n"
 
 
 def render_diff_markdown(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> str:
     """A trace diff as a Markdown section."""
-    lines = ["## Diff", "", f"- a: {_run_line(diff.a)}", f"- b: {_run_line(diff.b)}"]
-    for title, columns, rows in diff_tables(diff, limit):
-        lines += ["", f"### {title}", ""] + _markdown_table(columns, rows)
-    return "\n".join(lines) + "\n"
+    from trainprof.report.markdown import escape
+
+    lines = ["## Diff", ""] + [f"- {escape(line)}" for line in _run_lines(diff)]
+    return "\n".join(lines + _markdown_tables(diff_tables(diff, limit))) + "\n"
 
 
-def _markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    def cell(text: str) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
+def _markdown_tables(tables: list[Table]) -> list[str]:
+    from trainprof.report.markdown import escape, table
 
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
-        "| " + " | ".join(cell(c) for c in row) + " |" for row in rows
-    ]
-
-
-def print_ab(result: dict[str, Any], file: IO[str] | None = None, limit: int = _format.AB_DIFF_ROWS) -> None:
-    """An A/B run as console tables."""
-    _print(_header_lines(result) + _prediction_lines(result), ab_tables(result, limit), file)
+    lines = []
+    for report_table in tables:
+        lines += ["", f"### {escape(report_table.title)}", ""]
+        lines += table(report_table.columns, report_table.rows)
+    return lines
 
 
-def print_diff(diff: TraceDiff, file: IO[str] | None = None, limit: int = _format.DIFF_ROWS) -> None:
-    """A trace diff as console tables."""
-    _print([f"a: {_run_line(diff.a)}", f"b: {_run_line(diff.b)}"], diff_tables(diff, limit), file)
+def print_ab(
+    result: dict[str, Any],
+    file: IO[str] | None = None,
+    limit: int = _format.AB_DIFF_ROWS,
+    width: int | None = None,
+) -> None:
+    """An A/B run as console tables, laid out at `width` (default: the terminal's)."""
+    _print(_header_lines(result) + _prediction_lines(result), ab_tables(result, limit), file, width)
+
+
+def print_diff(
+    diff: TraceDiff, file: IO[str] | None = None, limit: int = _format.DIFF_ROWS, width: int | None = None
+) -> None:
+    """A trace diff as console tables, laid out at `width` (default: the terminal's)."""
+    _print(_run_lines(diff), diff_tables(diff, limit), file, width)
+
+
+def _run_lines(diff: TraceDiff) -> list[str]:
+    return [_run_line(side) for side in (diff.a, diff.b)]
 
 
 def _run_line(run: RunSide) -> str:
-    return f"{', '.join(run.files)} ({run.steps} steps)"
+    files = ", ".join(_format.clean(file, _format.NAME_CHARS) for file in run.files[:_format.KERNEL_ROWS])
+    more = f" and {len(run.files) - _format.KERNEL_ROWS} more" if len(run.files) > _format.KERNEL_ROWS else ""
+    return f"{_name(run.name or '-')}: {files}{more} ({run.steps} steps)"
 
 
-def _print(lines: list[str], tables: list, file: IO[str] | None) -> None:
+def _print(lines: list[str], tables: list[Table], file: IO[str] | None, width: int | None) -> None:
+    from trainprof.report.console import terminal_width, write_lines
+    from trainprof.report.layout import block, table_lines
+
     file = file or sys.stdout
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        file.write("\n".join(lines) + "\n")
-        for title, columns, rows in tables:
-            file.write(f"\n{title}\n" + "\n".join("  ".join(row) for row in [columns, *rows]) + "\n")
-        return
-    width = None if (hasattr(file, "isatty") and file.isatty()) else _format.PIPE_WIDTH
-    console = Console(file=file, highlight=False, soft_wrap=False, width=width)
+    width = terminal_width(file, width)
+    out: list[tuple[str, bool]] = []
     for line in lines:
-        console.print(line)
-    for title, columns, rows in tables:
-        table = Table(title=title, title_justify="left")
-        for index, column in enumerate(columns):
-            table.add_column(column, justify="left" if index == 0 else "right", overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        out += [(text, False) for text in block("", line, width)]
+    for report_table in tables:
+        rendered = table_lines(report_table, width)
+        out += [(rendered[0], True)] + [(text, False) for text in rendered[1:]]
+    write_lines(out, file)

@@ -1,29 +1,40 @@
-"""Render an analysis to the terminal: headline, top findings, top kernels (rich if installed).
+"""Render an analysis to the terminal: title, where the step went, headline, findings, tables.
 
-Findings are blocks, not table rows, so that a title or a fix wraps at word boundaries on any
-terminal width (80 columns included) instead of being cut or broken mid-word. Trace-derived text
-goes to rich as `Text` (never as markup), so a name like `gemm[/x]` or `[link=...]` shows as written.
+The report is laid out as lines of text at the terminal's width (`trainprof.report.layout`: no line
+wider than the terminal, names never cut into each other); rich, when installed and writing to a
+terminal, only adds bold to the titles. Trace-derived text is never parsed as markup: a name like
+`gemm[/x]` or `[link=...]` shows as written, and control characters never reach the terminal
+(`trainprof.report.text`).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
-import textwrap
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from trainprof.report import _format
+from trainprof.report.layout import block, items, table_lines
+from trainprof.report.text import safe_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.result import Analysis, Finding
 
+MIN_WIDTH = 40
+"""Narrower terminals are laid out at this width (a line may then wrap in the terminal itself)."""
 
-def _console(file: IO[str], width: int | None) -> Any:
-    from rich.console import Console
 
-    if width is None and not (hasattr(file, "isatty") and file.isatty()):
-        width = _format.PIPE_WIDTH
-    return Console(file=file, highlight=False, markup=False, emoji=False, width=width)
+def terminal_width(file: IO[str], width: int | None = None) -> int:
+    """The width to lay out at: `width` if given; the terminal's when `file` is one; else `PIPE_WIDTH`
+    (logs and pipes: long paths and fixes stay on one line)."""
+    if width is None:
+        if hasattr(file, "isatty") and file.isatty():
+            width = shutil.get_terminal_size((_format.PLAIN_TEXT_WIDTH, 24)).columns
+        else:
+            width = _format.PIPE_WIDTH
+    return max(width, MIN_WIDTH)
 
 
 def print_report(
@@ -32,110 +43,86 @@ def print_report(
     limit: int = _format.CONSOLE_FINDINGS,
     width: int | None = None,
 ) -> None:
-    """Print an analysis to `file` (default stdout).
-
-    Width: the terminal's; `PIPE_WIDTH` columns when `file` is not a terminal (logs, pipes).
-    """
+    """Print an analysis to `file` (default stdout), laid out at `width` (default `terminal_width`)."""
     file = file or sys.stdout
-    try:
-        console = _console(file, width)
-    except ImportError:
-        file.write(render_text(analysis, limit, width or _format.PLAIN_TEXT_WIDTH))
-        return
-    _print_rich(analysis, console, limit)
-
-
-def _finding_lines(finding: Finding, index: int, show_rank: bool) -> tuple[str, str, str]:
-    """The three lines of a finding block: headline, evidence, fix."""
-    severity, title, op, where, per_step, cost, fix = _format.finding_row(finding)
-    rank = f"rank {_format.rank_of(finding)}  " if show_rank else ""
-    head = f"{index:>2}. [{severity}] {rank}{title}"
-    evidence = f"op {op}   at {where}   {per_step} per step   cost {cost} ms"
-    return head, evidence, f"fix: {fix}"
-
-
-def _print_rich(analysis: Analysis, console: Any, limit: int) -> None:
-    from rich.padding import Padding
-    from rich.table import Table
-    from rich.text import Text
-
-    console.print(Text.assemble(("trainprof", "bold"), f": {_format.trace_name(analysis)}"))
-    head = Table(show_header=False, box=None)
-    head.add_column(style="bold", no_wrap=True)
-    head.add_column()
-    for label, value in _format.headline(analysis):
-        head.add_row(label, Text(value))
-    console.print(head)
-
-    findings = _format.top_findings(analysis, limit)
-    if findings:
-        console.print(Text("Top findings", style="italic"))
-        show_rank = _format.has_ranks(findings)
-        for index, finding in enumerate(findings, 1):
-            first, evidence, fix = _finding_lines(finding, index, show_rank)
-            console.print(Text(first, style="bold"))
-            console.print(Padding(Text(evidence), (0, 0, 0, 4)))
-            console.print(Padding(Text(fix), (0, 0, 0, 4)))
-    else:
-        console.print("No findings.")
-
-    kernels = _format.top_kernels(analysis)
-    if kernels:
-        table = Table(title="Top kernels", title_justify="left")
-        for column in _format.KERNEL_COLUMNS:
-            if column == "kernel":
-                table.add_column(column, overflow="ellipsis", no_wrap=True, ratio=1)
-            else:
-                table.add_column(column, justify="right", no_wrap=True)
-        for row in kernels:
-            table.add_row(*(Text(cell) for cell in row))
-        console.print(table)
-
-    modules = _format.module_costs(analysis)
-    if modules:
-        table = Table(title="GPU time by module (forward + backward)", title_justify="left")
-        for column in _format.MODULE_COLUMNS:
-            numeric = column not in ("module", "phases", "top tiny op")
-            table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
-        for row in modules:
-            table.add_row(*(Text(cell) for cell in row))
-        console.print(table)
+    width = terminal_width(file, width)
+    write_lines(render_lines(analysis, limit, width), file)
 
 
 def render_text(
     analysis: Analysis, limit: int = _format.CONSOLE_FINDINGS, width: int = _format.PLAIN_TEXT_WIDTH
 ) -> str:
-    """Plain-text form of the same report (used when rich is not installed), wrapped at `width`."""
-    lines = [f"trainprof: {_format.trace_name(analysis)}"]
-    lines += [f"  {label:<15} {value}" for label, value in _format.headline(analysis)]
+    """The console report as plain text at `width` columns."""
+    return "".join(f"{line}\n" for line, _ in render_lines(analysis, limit, width))
+
+
+def render_lines(analysis: Analysis, limit: int, width: int) -> list[tuple[str, bool]]:
+    """The report's lines, each with whether it is a title (bold on a terminal)."""
+    out: list[tuple[str, bool]] = []
+
+    def add(lines: list[str], title: bool = False) -> None:
+        out.extend((line, title) for line in lines)
+
+    add(block("trainprof: ", _format.trace_name(analysis), width), title=True)
+    split = _format.step_split(analysis)
+    if split is not None:
+        add(block("", split, width))
+    for label, value in _format.headline(analysis):
+        add(block(f"  {label:<15} ", value, width))
+
     findings = _format.top_findings(analysis, limit)
-    lines.append("Top findings:" if findings else "No findings.")
-    show_rank = _format.has_ranks(findings)
-    for index, finding in enumerate(findings, 1):
-        first, evidence, fix = _finding_lines(finding, index, show_rank)
-        lines += textwrap.wrap(first, width, subsequent_indent="    ", break_long_words=False)
-        for line in (evidence, fix):
-            lines += textwrap.wrap(line, width, initial_indent="    ", subsequent_indent="    ",
-                                   break_long_words=False)
-    kernels = _format.top_kernels(analysis)
-    if kernels:
-        lines.append("Top kernels:")
-        lines += [f"  {name}  calls={calls}  total={ms} ms  mean={mean} us  {pct}%"
-                  for name, calls, ms, mean, pct in kernels]
-    modules = _format.module_costs(analysis)
-    if modules:
-        lines.append("GPU time by module (forward + backward):")
-        lines += [f"  {name} ({phases})  x{instances}  kernels/step={count}  GPU={ms} ms/step  "
-                  f"tiny={tiny}%  op={op}" for name, phases, instances, count, ms, tiny, op in modules]
-    return "\n".join(lines) + "\n"
+    total = _format.finding_count(analysis)
+    if findings:
+        more = f" ({len(findings)} of {total})" if total > len(findings) else ""
+        add([f"Top findings{more}"], title=True)
+        for index, finding in enumerate(findings, 1):
+            add(finding_lines(finding, index, findings, width))
+    else:
+        add(["No findings."])
+
+    for table in _format.tables(analysis, per_kind=_format.CONSOLE_TABLES_PER_KIND):
+        lines = table_lines(table, width)
+        add(lines[:1], title=True)
+        add(lines[1:])
+    return out
+
+
+def finding_lines(finding: Finding, index: int, findings: list[Finding], width: int) -> list[str]:
+    """One finding as a block: `N. [severity] source title` (wrapped under the title's first word),
+    its facts, and its fix. Every kind of finding renders this way."""
+    severity, title, *_, fix = _format.finding_row(finding)
+    source = _format.source_of(finding, findings) if _format.source_labels(findings) else "-"
+    label = f"{index:>2}. [{severity}] " + (f"{source}: " if source != "-" else "")
+    lines = block(label, title, width)
+    lines += items(_format.finding_facts(finding), width, "    ")
+    if fix != "-":
+        lines += block("fix: ", fix, width, indent="    ")
+    return lines
+
+
+def write_lines(lines: list[tuple[str, bool]], file: IO[str]) -> None:
+    """Write report lines to `file`: titles bold through rich on a terminal, else plain text."""
+    if hasattr(file, "isatty") and file.isatty() and not os.environ.get("NO_COLOR"):
+        try:
+            from rich.console import Console
+            from rich.text import Text
+        except ImportError:
+            pass
+        else:
+            console = Console(file=file, highlight=False, markup=False, emoji=False, soft_wrap=True)
+            for line, title in lines:
+                console.print(Text(line, style="bold" if title else ""))
+            return
+    file.write("".join(f"{line}\n" for line, _ in lines))
 
 
 def print_written(run_dir: str | Path, names: list[str], windows: int, file: IO[str] | None = None) -> None:
     """Say where a session's files went: the run folder, what is in it, how to look at it again."""
     file = file or sys.stdout
-    run_dir = Path(run_dir)
-    message = (
-        f"trainprof: wrote {run_dir}/ ({windows} trace window(s); {', '.join(names)})\n"
-        f"  browse: tensorboard --logdir {run_dir.parent}   re-analyse: trainprof analyze {run_dir}\n"
+    run_dir = safe_text(str(run_dir), _format.TEXT_CHARS)
+    parent = safe_text(str(Path(run_dir).parent), _format.TEXT_CHARS)
+    listed = ", ".join(safe_text(name, _format.NAME_CHARS) for name in names)
+    file.write(
+        f"trainprof: wrote {run_dir}/ ({windows} trace window(s); {listed})\n"
+        f"  browse: tensorboard --logdir {parent}   re-analyse: trainprof analyze {run_dir}\n"
     )
-    file.write(message)

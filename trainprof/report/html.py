@@ -182,15 +182,17 @@ def _findings(analysis: Analysis) -> str:
     findings = _format.top_findings(analysis, HTML_FINDINGS)
     if not findings:
         return '<p class="empty">No findings.</p>'
-    show_rank = _format.has_ranks(findings)
-    return "".join(_finding(f, show_rank) for f in findings)
+    labelled = _format.source_labels(findings)
+    return "".join(_finding(f, findings if labelled else None) for f in findings)
 
 
-def _finding(finding: Finding, show_rank: bool) -> str:
+def _finding(finding: Finding, among: list[Finding] | None) -> str:
+    """One finding's block; `among`, when given, are the findings it must be told apart from (its
+    rank or window is shown)."""
     severity = finding.severity if finding.severity in ("high", "medium", "low", "info") else "info"
     facts: list[tuple[str, str]] = []
-    if show_rank:
-        facts.append(("rank", _format.rank_of(finding)))
+    if among is not None:
+        facts.append(("from", _format.source_of(finding, among)))
     if finding.gpu_ms_per_step is not None:
         facts.append(("GPU time to win back", f"{finding.gpu_ms_per_step:,.2f} ms per step"))
     if finding.cause:

@@ -1,8 +1,9 @@
-"""Render an analysis as report.md: the same headline, findings and kernels as the console.
+"""Render an analysis as report.md: the same headline, findings and tables as the console.
 
 Trace-derived text is escaped: HTML (`<script>`, `<img onerror=...>`) shows as text, and Markdown
 syntax (links, emphasis, table pipes) is backslash-escaped, so a name cannot inject a link, a
-`javascript:` URL or markup into a viewer that renders the report.
+`javascript:` URL or markup into a viewer that renders the report. `table()` is the one table writer
+of every Markdown output (report.md, `trainprof diff --markdown`, `trainprof ab --markdown`).
 """
 
 from __future__ import annotations
@@ -23,44 +24,41 @@ if TYPE_CHECKING:  # pragma: no cover
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
-def escape(text: Any) -> str:
-    """`text` as literal Markdown: control characters dropped, HTML and Markdown syntax escaped."""
-    text = html.escape(_format.clean(text), quote=False)  # & < > first: escapes below add none
+def escape(text: Any, max_chars: int = _format.TEXT_CHARS) -> str:
+    """`text` as literal Markdown: unsafe characters dropped and cut to `max_chars`
+    (`text.safe_text`), HTML and Markdown syntax escaped."""
+    text = html.escape(_format.clean(text, max_chars), quote=False)  # & < > first: escapes below add none
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
-def _cell(text: str) -> str:
-    return escape(text)
-
-
-def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+def table(columns: tuple[str | _format.Column, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table; every header and cell escaped."""
+    names = [column.name if isinstance(column, _format.Column) else column for column in columns]
+    lines = ["| " + " | ".join(escape(name) for name in names) + " |", "|" + "---|" * len(names)]
+    lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
     return lines
 
 
 def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) -> str:
     """An analysis as a Markdown document."""
     lines = [f"# trainprof report: {escape(_format.trace_name(analysis))}", ""]
+    split = _format.step_split(analysis)
+    if split is not None:
+        lines += [escape(split), ""]
     lines += [f"- **{label}**: {escape(value)}" for label, value in _format.headline(analysis)]
     lines += ["", "## Top findings", ""]
     findings = _format.top_findings(analysis, limit)
     if findings:
-        if _format.has_ranks(findings):
-            rows = [(_format.rank_of(f), *_format.finding_row(f)) for f in findings]
-            lines += _table(("rank", *_format.FINDING_COLUMNS), rows)
+        if _format.source_labels(findings):
+            rows = [(_format.source_of(f, findings), *_format.finding_row(f)) for f in findings]
+            lines += table((_format.source_column(findings), *_format.FINDING_COLUMNS), rows)
         else:
-            lines += _table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
+            lines += table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
     else:
         lines.append("No findings.")
-    kernels = _format.top_kernels(analysis)
-    if kernels:
-        lines += ["", "## Top kernels", ""]
-        lines += _table(_format.KERNEL_COLUMNS, kernels)
-    modules = _format.module_costs(analysis)
-    if modules:
-        lines += ["", "## GPU time by module (forward + backward)", ""]
-        lines += _table(_format.MODULE_COLUMNS, modules)
+    for report_table in _format.tables(analysis):
+        lines += ["", f"## {escape(report_table.title)}", ""]
+        lines += table(report_table.columns, report_table.rows)
     if analysis.steps:
         lines += ["", "## Steps", ""]
         rows = [
@@ -73,7 +71,7 @@ def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) 
             )
             for step in analysis.steps
         ]
-        lines += _table(("step", "duration ms", "GPU busy %", "kernels", "syncs"), rows)
+        lines += table(("step", "duration ms", "GPU busy %", "kernels", "syncs"), rows)
     return "\n".join(lines) + "\n"
 
 

@@ -44,9 +44,10 @@ def findings_markdown(analysis: Analysis) -> str:
     if not findings:
         return f"**{escape(analysis.summary.verdict)}**: no findings."
     lines = [f"**{escape(analysis.summary.verdict)}**", ""]
+    labelled = _format.source_labels(findings)
     for finding in findings:
-        rank = f" (rank {finding.rank})" if _format.has_ranks(findings) and finding.rank is not None else ""
-        lines.append(f"- **{escape(finding.severity)}**{escape(rank)}: {escape(finding.title)}")
+        source = f" ({_format.source_of(finding, findings)})" if labelled else ""
+        lines.append(f"- **{escape(finding.severity)}**{escape(source)}: {escape(finding.title)}")
         if finding.fix:
             lines.append(f"  - fix: {escape(finding.fix)}")
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 Matching rules, exactly:
 - A folder is searched (not recursively) for `*.pt.trace.json` and `*.pt.trace.json.gz`. If it has
   none but holds run folders that do (e.g. a session's `log_dir`), the newest run is loaded: the one
-  whose newest trace file is newest (`newest_run`). Otherwise every other `*.json` / `*.json.gz` in
+  whose newest trace file is newest (`newest_run`; folders named `_...` are a tool's own, never a
+  run). Otherwise every other `*.json` / `*.json.gz` in
   it except `*.syncsites.json` that parses as a trace.
 - A trace's worker is its file name less `.pt.trace.json[.gz]` (or `.json[.gz]`) and less the
   `.<timestamp>` that `tensorboard_trace_handler(dir, worker_name=W)` puts before it: it writes
@@ -174,12 +175,13 @@ def trace_files(folder: Path) -> list[Path]:
 def newest_run(folder: Path) -> tuple[Path | None, list[Path]]:
     """For a folder of run folders (no `*.pt.trace.json[.gz]` of its own, sub-folders with some):
     the newest run (by its newest trace file's modification time) and every run, oldest first.
-    `(None, [])` for any other folder."""
+    `(None, [])` for any other folder. Folders whose name starts with `_` or `.` are a tool's own, never runs
+    (`trainprof ab --log-dir` keeps its prediction's trace in `_prediction`)."""
     if _profiler_files(folder):
         return None, []
     runs = []
     for sub in folder.iterdir():
-        if sub.is_dir():
+        if sub.is_dir() and not sub.name.startswith(("_", ".")):
             with contextlib.suppress(OSError):
                 files = _profiler_files(sub)
                 if files:
