@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                          help="override a verdict threshold (repeatable); names and reasons: "
                               "trainprof/analysis/thresholds.py")
+    analyze.add_argument("--workers", type=int, default=None, metavar="N",
+                         help="processes that analyse a folder's traces, one trace each at a time "
+                              "(default: one per core from 4 files on)")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
 
@@ -74,16 +77,18 @@ def _one_line(text: str) -> str:
     return "".join(" " if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text).strip()
 
 
-def _load_and_analyze(path: str, progress: IO[str], thresholds: dict | None = None):  # -> Analysis
+def _load_and_analyze(
+    path: str, progress: IO[str], thresholds: dict | None = None, workers: int | None = None
+):  # -> Analysis
     from trainprof.analysis import analyze
 
     if not progress.isatty():
-        return analyze(path, thresholds=thresholds)
+        return analyze(path, thresholds=thresholds, workers=workers)
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return analyze(path, thresholds=thresholds)
+        return analyze(path, thresholds=thresholds, workers=workers)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, console=Console(file=progress), transient=True) as bar:
@@ -92,7 +97,7 @@ def _load_and_analyze(path: str, progress: IO[str], thresholds: dict | None = No
         def advance(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total)
 
-        return analyze(path, on_progress=advance, thresholds=thresholds)
+        return analyze(path, on_progress=advance, thresholds=thresholds, workers=workers)
 
 
 def run_analyze(
@@ -101,10 +106,12 @@ def run_analyze(
     debug: bool = False,
     max_trace_bytes: int | None = None,
     thresholds: list[str] | None = None,
+    workers: int | None = None,
 ) -> int:
     """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
 
     `thresholds`: `NAME=VALUE` overrides of `trainprof.analysis.thresholds` (a bad one: exit 2).
+    `workers`: processes for a folder's traces (`trainprof.analysis.folder`; below 1: exit 2).
 
     Every failure is one line on stderr and exit 2 (the error boundary); with `debug`, an internal
     error (not bad input) raises with its traceback instead.
@@ -116,8 +123,10 @@ def run_analyze(
         overrides = parse_threshold_args(thresholds or [])
     except ValueError as exc:
         return _error(str(exc))
+    if workers is not None and workers < 1:
+        return _error(f"--workers {workers}: needs at least 1")
     try:
-        return _analyze_and_print(path, as_json, max_trace_bytes, overrides)
+        return _analyze_and_print(path, as_json, max_trace_bytes, overrides, workers)
     except TraceLoadError as exc:
         return _error(str(exc) or f"{path}: not a profiler trace")
     except KeyboardInterrupt:
@@ -138,7 +147,9 @@ def run_analyze(
         )
 
 
-def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict) -> int:
+def _analyze_and_print(
+    path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict, workers: int | None = None
+) -> int:
     from trainprof.trace import newest_run, trace_size_limit
 
     target = Path(path)
@@ -153,7 +164,7 @@ def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, th
                 + (f" (older: {others}; give a run's folder to analyse it)" if others else "")
             ) + "\n")
     with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, sys.stderr, thresholds)
+        analysis = _load_and_analyze(path, sys.stderr, thresholds, workers)
     if as_json:
         from trainprof.report.json import dumps
 
@@ -189,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             debug=args.debug,
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,
+            workers=args.workers,
         )
     if args.command == "demo":
         return run_demo(args.steps, args.log_dir, args.device)

@@ -64,6 +64,11 @@ class SessionConfig:
     tensorboard_scalars: bool = True
     """Write per-step scalars (step time, GPU busy, syncs, kernels) for TensorBoard, if installed."""
 
+    gather_timeout_s: float = 120.0
+    """Under a process group of several ranks: how long rank 0 waits at exit for the other ranks'
+    summaries to write the cross-rank report (`trainprof.gather`; the other ranks never wait); 0
+    turns the cross-rank report off."""
+
     def __post_init__(self) -> None:
         for name in ("wait", "warmup", "active", "repeat", "skip_first"):
             value = getattr(self, name)
@@ -71,6 +76,10 @@ class SessionConfig:
                 raise ValueError(f"SessionConfig.{name} must be an int, got {value!r}")
             if value < 0:
                 raise ValueError(f"SessionConfig.{name} must be >= 0, got {value}")
+        timeout = self.gather_timeout_s
+        is_number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if not is_number or not 0 <= timeout < float("inf"):
+            raise ValueError(f"SessionConfig.gather_timeout_s must be a number >= 0, got {timeout!r}")
         if self.active < 1:
             raise ValueError(f"SessionConfig.active must be >= 1, got {self.active}")
         if self.run_name is not None and not _is_plain_name(self.run_name):

@@ -98,9 +98,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainprof.analysis.distributed import RankRow
+    from trainprof.analysis.collectives import CommTotals
+    from trainprof.analysis.distributed import CrossRank, RankRow
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
+    from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -235,13 +237,18 @@ class Step(msgspec.Struct):
     """GPU-idle time by cause (`idle`)."""
     peak_memory_bytes: int | None
     """The largest allocated total inside the step (`memory`)."""
+    comm: StepComm | None = None
+    """Exposed communication and the hidden share (`overlap`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The flat JSON row: the parts' fields in this order, then `peak_memory_bytes`."""
+        """The flat JSON row: the parts' fields in this order, then `peak_memory_bytes`, then the
+        communication's."""
         row = {**self.times.to_dict(), **self.syncs.to_dict(), **self.launch.to_dict()}
         if self.idle is not None:
             row.update(self.idle.to_dict())
         row["peak_memory_bytes"] = self.peak_memory_bytes
+        if self.comm is not None:
+            row.update(self.comm.to_dict())
         return row
 
 
@@ -263,6 +270,8 @@ class TraceInfo(msgspec.Struct):
     peak_memory_bytes: int | None
     launch: LaunchTotals
     idle: IdleBreakdown
+    comm: CommTotals | None = None
+    """Its communication and collectives (`collectives`); None when it has none."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -281,6 +290,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_idle_holders": [holder.to_dict() for holder in self.idle.holders],
             "gpu_idle_host_functions": [function.to_dict() for function in self.idle.host_functions],
             "gpu_idle_one_off": [holder.to_dict() for holder in self.idle.one_off],
+            "communication": self.comm.to_dict() if self.comm is not None else None,
         }
 
 
@@ -302,6 +312,13 @@ class Summary(Record, frozen=True):
     kernels_per_step: float | None = None
     peak_memory_bytes: int | None = None
     straggler_rank: int | str | None = None
+    comm_ms_per_step: float | None = None
+    """Communication time per step (collective kernels; gloo on the host without GPU work); None
+    when no trace communicates."""
+    comm_exposed_ms_per_step: float | None = None
+    """The part of it no compute hides (`overlap`)."""
+    comm_hidden_pct: float | None = None
+    """The hidden share of the communication time."""
     thresholds_overridden: dict[str, float] = {}
     """The cut-offs the caller set, by name (`trainprof.analysis.thresholds`)."""
     reason: str | None = None
@@ -327,6 +344,8 @@ class Analysis(msgspec.Struct):
     traces: list[TraceInfo] = []
     ranks: list[RankRow] = []
     """Per rank (or worker), step and communication time: only with more than one rank."""
+    cross_rank: CrossRank | None = None
+    """The cross-rank report (`distributed.CrossRank`): only with more than one rank."""
 
     @property
     def step_count(self) -> int:
@@ -343,6 +362,7 @@ class Analysis(msgspec.Struct):
                 "ranks": [rank.to_dict() for rank in self.ranks],
                 "step_count": self.step_count,
                 "summary": self.summary.to_dict(),
+                "cross_rank": self.cross_rank.to_dict() if self.cross_rank is not None else None,
             },
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],

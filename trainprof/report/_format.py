@@ -48,6 +48,8 @@ HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("GPU busy", "gpu_busy_pct", " %", 1),
     ("syncs / step", "syncs_per_step", "", 1),
     ("kernels / step", "kernels_per_step", "", 0),
+    ("comm / step", "comm_ms_per_step", " ms", 1),
+    ("exposed comm / step", "comm_exposed_ms_per_step", " ms", 1),
 )
 
 # C0 and C1 control characters (ESC starts terminal sequences, CR rewrites a line) and the Unicode

@@ -101,6 +101,18 @@ def _print_rich(analysis: Analysis, console: Any, limit: int) -> None:
             table.add_row(*(Text(cell) for cell in row))
         console.print(table)
 
+    if analysis.cross_rank is not None:
+        from trainprof.report import ranks
+
+        table = Table(title="Ranks", title_justify="left")
+        for column in ranks.RANK_COLUMNS:
+            table.add_column(column, justify="left" if column == "verdict" else "right", no_wrap=True)
+        for row in ranks.rank_rows(analysis.cross_rank):
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+        for label, value in ranks.headline(analysis.cross_rank):
+            console.print(Text(f"{label}: {value}"))
+
 
 def render_text(
     analysis: Analysis, limit: int = _format.CONSOLE_FINDINGS, width: int = _format.PLAIN_TEXT_WIDTH
@@ -127,6 +139,14 @@ def render_text(
         lines.append("GPU time by module (forward + backward):")
         lines += [f"  {name} ({phases})  x{instances}  kernels/step={count}  GPU={ms} ms/step  "
                   f"tiny={tiny}%  op={op}" for name, phases, instances, count, ms, tiny, op in modules]
+    if analysis.cross_rank is not None:
+        from trainprof.report import ranks
+
+        lines.append("Ranks:")
+        for row in ranks.rank_rows(analysis.cross_rank):
+            cells = zip(ranks.RANK_COLUMNS, row, strict=True)
+            lines.append("  " + "  ".join(f"{column}={cell}" for column, cell in cells))
+        lines += [f"  {label}: {value}" for label, value in ranks.headline(analysis.cross_rank)]
     return "\n".join(lines) + "\n"
 
 

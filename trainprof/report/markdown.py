@@ -33,7 +33,8 @@ def _cell(text: str) -> str:
     return escape(text)
 
 
-def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table's lines; every cell escaped."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
     return lines
@@ -48,19 +49,19 @@ def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) 
     if findings:
         if _format.has_ranks(findings):
             rows = [(_format.rank_of(f), *_format.finding_row(f)) for f in findings]
-            lines += _table(("rank", *_format.FINDING_COLUMNS), rows)
+            lines += table(("rank", *_format.FINDING_COLUMNS), rows)
         else:
-            lines += _table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
+            lines += table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
     else:
         lines.append("No findings.")
     kernels = _format.top_kernels(analysis)
     if kernels:
         lines += ["", "## Top kernels", ""]
-        lines += _table(_format.KERNEL_COLUMNS, kernels)
+        lines += table(_format.KERNEL_COLUMNS, kernels)
     modules = _format.module_costs(analysis)
     if modules:
         lines += ["", "## GPU time by module (forward + backward)", ""]
-        lines += _table(_format.MODULE_COLUMNS, modules)
+        lines += table(_format.MODULE_COLUMNS, modules)
     if analysis.steps:
         lines += ["", "## Steps", ""]
         rows = [
@@ -73,7 +74,11 @@ def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) 
             )
             for step in analysis.steps
         ]
-        lines += _table(("step", "duration ms", "GPU busy %", "kernels", "syncs"), rows)
+        lines += table(("step", "duration ms", "GPU busy %", "kernels", "syncs"), rows)
+    if analysis.cross_rank is not None:
+        from trainprof.report.ranks import markdown_sections
+
+        lines += ["", *markdown_sections(analysis.cross_rank)]
     return "\n".join(lines) + "\n"
 
 
