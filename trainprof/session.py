@@ -147,8 +147,16 @@ class Session:
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config or SessionConfig()
-        self.run_dir = Path(self.config.log_dir) / self.config.resolved_run_name()
-        """This run's folder; a default name gets `-2`, `-3`... when taken (decided at start)."""
+        from trainprof.run import shared_run_name
+
+        # Under a launcher every rank's default is the launch's shared name (`trainprof.run`): one
+        # folder for the job, as `trainprof analyze` and the cross-rank report expect.
+        shared = shared_run_name() if self.config.run_name is None else None
+        self._named_run = self.config.run_name is not None or shared is not None
+        self.run_dir = Path(self.config.log_dir) / (shared or self.config.resolved_run_name())
+        """This run's folder: `run_name`, else the launch's shared name under torchrun (or another
+        launcher, `trainprof.run.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
+        taken (decided at start)."""
         self.rank = process_rank()
         self.worker = worker_name(self.rank)
         self.analysis: Analysis | None = None
@@ -259,7 +267,7 @@ class Session:
 
     def _claim_run_dir(self) -> None:
         """Create the run folder; a default name that is taken becomes `<name>-2`, `-3`, ..."""
-        if self.config.run_name is not None:
+        if self._named_run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             return
         base = self.run_dir

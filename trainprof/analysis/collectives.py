@@ -255,6 +255,8 @@ class Collective(Record, frozen=True):
     exposed_us: float
     launch_offset_us: float
     """When the host launched it (for gloo: when it began), from its step's start."""
+    start_offset_us: float
+    """When it began to run, from its step's start (on its rank's clock)."""
 
 
 def collectives(timeline: Timeline, compute: Coverage) -> list[Collective]:
@@ -297,6 +299,7 @@ def collectives(timeline: Timeline, compute: Coverage) -> list[Collective]:
                 duration_us=round(float(spans.end_us[row] - spans.start_us[row]), 3),
                 exposed_us=round(max(float(exposed[row]), 0.0), 3),
                 launch_offset_us=round(float(launched_at[row]) - window.start_us, 3),
+                start_offset_us=round(float(spans.start_us[row]) - window.start_us, 3),
             )
         )
         index_in_step[(window.number, group)] += 1

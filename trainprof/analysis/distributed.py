@@ -121,7 +121,8 @@ class RankRow(Record, frozen=True):
     """One rank (or worker name, for traces without a rank): mean step, communication and
     non-communication ms per step, exposed communication ms per step, each step's duration, its
     verdict, how often it arrived last at a collective (% of the matched collectives it took part
-    in) and how long it waited inside collectives for later ranks (ms per step)."""
+    in) and how long it waited inside collectives for later ranks (ms per step: the union over
+    its collectives of the time from each one's start until the last rank joined)."""
 
     rank: int | str
     step_ms: float
@@ -245,7 +246,7 @@ def _match(summaries: list[RankSummary]) -> tuple[
         for call in summary.collectives:
             by_key[(call.step, call.group_size, call.index)].append((summary.rank, call))
     matched, transfer = [], []
-    waited_us: dict[int | str, float] = defaultdict(float)
+    waits: dict[int | str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     last_count: dict[int | str, int] = defaultdict(int)
     present: dict[int | str, int] = defaultdict(int)
     for (step, _, index), members in by_key.items():
@@ -257,7 +258,8 @@ def _match(summaries: list[RankSummary]) -> tuple[
         shortest = last_call.duration_us
         for rank, call in members:
             present[rank] += 1
-            waited_us[rank] += call.duration_us - shortest
+            # A rank waits from its kernel's start until the last rank joins, then transfers.
+            waits[rank][step].append((call.start_offset_us, call.start_offset_us + call.duration_us - shortest))
         last_count[last_rank] += 1
         longest = max(call.duration_us for _, call in members)
         matched.append(
@@ -274,7 +276,18 @@ def _match(summaries: list[RankSummary]) -> tuple[
             )
         )
         transfer.append((members[0][1], shortest))
-    return matched, waited_us, last_count, present, transfer
+    waited_us = {rank: sum(_union_us(spans) for spans in by_step.values()) for rank, by_step in waits.items()}
+    return matched, defaultdict(float, waited_us), last_count, present, transfer
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of `spans` (collectives on several streams wait at the same time)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def _rounded(value: float | None) -> float | None:
