@@ -62,7 +62,7 @@ class Trace:
 # ---- an independent computation of exposure --------------------------------------------------------
 
 
-def _exposure_by_sweep(comm: list[tuple], compute: list[tuple], steps: list[tuple]) -> list[tuple[float, float]]:
+def _exposure_by_sweep(comm: list[tuple], compute: list[tuple], steps: list[tuple]) -> list[tuple]:
     """Per step window: (communication µs, exposed µs), by a sweep over every interval's start and end
     (clipped to the window) that counts the communication and compute intervals open in between."""
     out = []
@@ -142,7 +142,9 @@ def test_fully_hidden_and_fully_exposed_communication(tmp_path):
 
 # ---- fixtures against an independent reading of their JSON -----------------------------------------
 
-COMM_FIXTURES = ("traces/ddp_straggler", "thirdparty/tl_mi300_resnet_act_ckpt", "thirdparty/hta_trace_diff_control")
+COMM_FIXTURES = (
+    "traces/ddp_straggler", "thirdparty/tl_mi300_resnet_act_ckpt", "thirdparty/hta_trace_diff_control"
+)
 
 
 @pytest.fixture(scope="module")
@@ -167,16 +169,17 @@ def _fixture_exposure(file: Path) -> list[tuple[float, float]]:
 @pytest.mark.parametrize("name", COMM_FIXTURES)
 def test_exposure_agrees_with_a_sweep_on_fixture_traces(fixture_results, name):
     result = fixture_results[name]
-    for file in result.files:
-        steps = [s for s in result.steps if s.times.rank == next(t.rank for t in result.traces if t.file == file)]
-        expected = _fixture_exposure(Path(file))
+    for trace in result.traces:
+        steps = [s for s in result.steps if s.times.rank == trace.rank]
+        expected = _fixture_exposure(Path(trace.file))
         assert len(steps) == len(expected)
         comm_us = sum(c for c, _ in expected)
         exposed_us = sum(x for _, x in expected)
         step_us = sum(s.times.duration_ms for s in steps) * 1e3
-        assert sum(s.comm.comm_exposed_ms for s in steps) * 1e3 == pytest.approx(exposed_us, abs=0.01 * step_us)
-        hidden = 100 * (1 - sum(s.comm.comm_exposed_ms for s in steps) / sum(s.times.comm_ms for s in steps))
-        assert hidden == pytest.approx(100 * (1 - exposed_us / comm_us), abs=1.0)
+        exposed_ms = sum(s.comm.comm_exposed_ms for s in steps)
+        assert exposed_ms * 1e3 == pytest.approx(exposed_us, abs=0.01 * step_us)  # within 1% of the steps
+        hidden = 100 * (1 - exposed_ms / sum(s.times.comm_ms for s in steps))
+        assert hidden == pytest.approx(100 * (1 - exposed_us / comm_us), abs=1.0)  # within 1 point
 
 
 def test_every_communication_bound_fixture_has_a_finding_with_a_fix(fixture_results):
@@ -184,8 +187,8 @@ def test_every_communication_bound_fixture_has_a_finding_with_a_fix(fixture_resu
         for trace in result.traces:
             if trace.verdict.label != "communication-bound":
                 continue
-            mine = [f for f in result.findings if f.rank == trace.rank and f.fix
-                    and f.kind in ("exposed_communication", "communication_wait", "straggler", "slow_collective")]
+            kinds = ("exposed_communication", "communication_wait", "straggler", "slow_collective")
+            mine = [f for f in result.findings if f.rank == trace.rank and f.fix and f.kind in kinds]
             assert mine, name
 
 
@@ -262,9 +265,9 @@ def test_collective_ops_by_name(name, op):
 def test_a_kernel_launched_by_a_collective_op_is_communication_whatever_its_name(tmp_path):
     trace = Trace()
     trace.step(1, 0, 10_000)
-    trace.host("cpu_op", "record_param_comms", 100, 50, **{"Collective name": "allreduce", "In msg nelems": 1 << 20,
-                                                           "Out msg nelems": 1 << 20, "dtype": "BFloat16",
-                                                           "Group size": 8})
+    record = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
+              "dtype": "BFloat16", "Group size": 8}
+    trace.host("cpu_op", "record_param_comms", 100, 50, **record)
     trace.kernel("my_custom_two_shot_kernel", 110, 200, 1_000, stream=COMM)
     trace.host("cpu_op", "aten::mm", 300, 20)
     trace.kernel("sm90_gemm", 305, 1_300, 500)
@@ -310,7 +313,8 @@ def _expert_parallel_trace(path: Path) -> Path:
                          call_cat="cuda_driver")
             trace.host("python_function", "deep_gemm/jit_kernels/m_grouped_gemm.py(130): "
                        "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", t + 1_450, 40)
-            trace.kernel(GROUPED_GEMM, t + 1_460, t + 1_500, 2_000, call="cuLaunchKernelEx", call_cat="cuda_driver")
+            trace.kernel(GROUPED_GEMM, t + 1_460, t + 1_500, 2_000, call="cuLaunchKernelEx",
+                         call_cat="cuda_driver")
             trace.host("python_function", "deep_ep/buffer.py(470): combine", t + 3_550, 60)
             trace.kernel(COMBINE, t + 3_560, t + 3_600, 800, stream=COMM, call="cuLaunchKernelEx",
                          call_cat="cuda_driver")
@@ -332,7 +336,8 @@ def test_deepep_is_communication_and_no_op_kernels_are_named_by_their_python_cal
     (top,) = [f for f in result.findings if f.kind == "top_kernels"]
     ops = {row.op: row.pct for row in top.details.ops}
     assert "(no op)" not in ops
-    assert ops["deep_gemm/jit_kernels/m_grouped_gemm.py(130): m_grouped_gemm_fp8_fp8_bf16_nt_contiguous"] == 50.0
+    gemm = "deep_gemm/jit_kernels/m_grouped_gemm.py(130): m_grouped_gemm_fp8_fp8_bf16_nt_contiguous"
+    assert ops[gemm] == 50.0
     assert {"deep_ep/buffer.py(283): dispatch", "deep_ep/buffer.py(470): combine"} <= set(ops)
     (exposed,) = [f for f in result.findings if f.kind == "exposed_communication"]
     assert exposed.op in ("ep_dispatch", "ep_combine") and "DeepEP" in exposed.fix
@@ -377,16 +382,17 @@ def test_gradient_accumulation_without_no_sync_is_found_with_its_fix(tmp_path):
 # ---- slow collectives -----------------------------------------------------------------------------
 
 
-def _summary(rank: int, durations_us: list[float], step_ms: float = 20.0, nbytes: int = 64 << 20) -> RankSummary:
+def _summary(rank: int, durations_us: list[float], step_ms: float = 20.0, nbytes: int = 64 << 20):
     from trainprof.analysis.collectives import Collective
 
     calls = [Collective(step=1, index=i, op="all_reduce", library="NCCL", group_size=4, bytes=nbytes,
                         duration_us=d, exposed_us=d, launch_offset_us=100.0 * i,
                         start_offset_us=100.0 * i + 10) for i, d in enumerate(durations_us)]
     comm_ms = sum(durations_us) / 1e3
-    return RankSummary(rank=rank, worker=f"rank{rank}", device="NVIDIA H200", visible_gpus=8, step_numbers=[1],
-                       step_ms_by_step=[step_ms], comm_ms_by_step=[comm_ms], exposed_comm_ms_by_step=[comm_ms],
-                       verdict="gpu-bound", doing="gpu-bound", collectives=calls)
+    return RankSummary(rank=rank, worker=f"rank{rank}", device="NVIDIA H200", visible_gpus=8,
+                       step_numbers=[1], step_ms_by_step=[step_ms], comm_ms_by_step=[comm_ms],
+                       exposed_comm_ms_by_step=[comm_ms], verdict="gpu-bound", doing="gpu-bound",
+                       collectives=calls)
 
 
 def test_a_collective_far_below_its_link_across_ranks_is_slow():
@@ -403,3 +409,10 @@ def test_a_collective_far_below_its_link_across_ranks_is_slow():
 def test_a_rank_summary_round_trips_as_bytes():
     summary = _summary(3, [1.5, 2.5])
     assert RankSummary.from_bytes(summary.to_bytes()) == summary
+
+
+def test_the_cli_takes_a_worker_count_and_refuses_zero(fixtures_dir, capsys):
+    from trainprof.cli import main
+
+    assert main(["analyze", str(fixtures_dir / "traces/ddp_straggler"), "--workers", "0"]) == 2
+    assert "--workers 0" in capsys.readouterr().err

@@ -59,7 +59,7 @@ def test_ddp_cross_rank_report_is_written_by_rank_0_from_the_gathered_summaries(
     assert [results[r]["ddp"]["cross_rank"] for r in range(WORLD)] == [True, False, False, False]
     assert all((job / "ddp" / f"summary.rank{r}.json").exists() for r in range(WORLD))
     report = _gathered(job, "ddp")
-    assert report["ranks_reported"] == WORLD and report["world_size"] == WORLD and report["missing_ranks"] == []
+    assert (report["ranks_reported"], report["world_size"], report["missing_ranks"]) == (WORLD, WORLD, [])
     cross = report["cross_rank"]
     rows = {row["rank"]: row for row in cross["ranks"]}
     # rank 3 sleeps 30 ms before each step: it arrives last, the others wait for it inside gloo's all-reduce

@@ -259,7 +259,8 @@ def _match(summaries: list[RankSummary]) -> tuple[
         for rank, call in members:
             present[rank] += 1
             # A rank waits from its kernel's start until the last rank joins, then transfers.
-            waits[rank][step].append((call.start_offset_us, call.start_offset_us + call.duration_us - shortest))
+            start = call.start_offset_us
+            waits[rank][step].append((start, start + call.duration_us - shortest))
         last_count[last_rank] += 1
         longest = max(call.duration_us for _, call in members)
         matched.append(

@@ -15,13 +15,25 @@ removed or changes meaning; new fields may appear without it.
     {"schema_version": 1, "trace": {...}, "steps": [...], "findings": [...]}
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
-`ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step and
-`step_ms_by_step`; `distributed.RankRow`), `step_count` (distinct step numbers), `summary`.
+`ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
+`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`;
+`distributed.RankRow`), `step_count` (distinct step numbers), `summary`, `cross_rank` (null with one
+rank).
+
+trace.cross_rank (`distributed.CrossRank`): `ranks` (as trace.ranks), `step_skew_ms`,
+`step_skew_pct`, `straggler_rank`, `straggler_doing` (its verdict and largest GPU-idle holder in
+words), `collectives` (by op across ranks, bus bandwidth from transfer times: as
+communication.ops), `matched` (`[{step, index, op, bytes, ranks, transfer_us, busbw_gbps,
+last_rank, max_wait_us}]`, the longest waits first). A session's rank 0 writes the same object from
+the ranks' gathered summaries into `summary.ranks.json`: `{schema_version, ranks_reported,
+world_size, missing_ranks, cross_rank, findings}`.
 
 trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `straggler: rank R`),
 `verdict_by_trace` (`rank R`, else the worker -> its verdict), `mean_step_ms`, `gpu_busy_pct`
 (time-weighted: GPU busy time over step time), `syncs_per_step`, `kernels_per_step`,
-`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set).
+`peak_memory_bytes`, `straggler_rank`, `comm_ms_per_step`, `comm_exposed_ms_per_step`,
+`comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
+caller set).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
@@ -46,6 +58,12 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   one-off holders also have `steps`.
 - gpu_idle_host_functions (`idle.HostFunction`): `[{file, function, code, idle_ms_per_step,
   called_from, stack}]`, `code` user or library.
+- communication (`collectives.CommTotals`, null without any): `on_host` (gloo on a trace with no
+  GPU work), `comm_ms_per_step`, `exposed_ms_per_step`, `hidden_pct`, `collectives_per_step`,
+  `visible_gpus`, `framework` (DDP, FSDP2, FSDP, DeepSpeed, Megatron, DeepEP or null), `ops`
+  (`[{op, library, group_size, calls_per_step, median_bytes, ms_per_step, exposed_ms_per_step,
+  busbw_gbps, link: {kind, gbps, source, assumed}, link_pct}]`; one rank's bus bandwidth is its
+  best call's, `collectives.collective_stats`).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -58,7 +76,8 @@ steps[] (`Step`): one flat row per step of each trace, in this order:
 - `idle_<cause>_ms` for each `causes.Cause` in order (launch, sync, blocking, warmup, input, host,
   comm, unknown, profiler: steady-state), `idle_one_off_ms`, `idle_gap_count`; absent when the
   trace has no GPU work; the causes and one-off add up to `gpu_idle_ms` (`idle.StepIdle`);
-- `peak_memory_bytes` (null without `profile_memory`).
+- `peak_memory_bytes` (null without `profile_memory`);
+- `comm_exposed_ms`, `comm_hidden_pct` (null without communication) (`overlap.StepComm`).
 
 findings[] (`Finding`), most severe first, then most costly: `kind`, `title`, `severity` (high,
 medium, low, info), `op`, `where` (`{file, line, function}` of the user's code), `via` (`{file,
@@ -88,7 +107,13 @@ by kind (a `verdict` there is its trace's verdict, as in `traces[].verdict`):
 - cpu_only (`host_ops.CpuOnlyDetails`): `top_host_ops` (`[{op, count, total_ms, pct_of_step}]`),
   `step_ms`.
 - straggler (`distributed.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
-  `others_comm_wait_ms_per_step`, `ranks` (as trace.ranks).
+  `others_comm_wait_ms_per_step`, `last_arrival_pct`, `doing`, `ranks` (as trace.ranks).
+- exposed_communication (`comm_findings.ExposedCommDetails`): `comm_ms_per_step`,
+  `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`.
+- no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
+  `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
+- slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
+  `across_ranks`.
 """
 
 from __future__ import annotations
