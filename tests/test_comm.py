@@ -416,3 +416,15 @@ def test_the_cli_takes_a_worker_count_and_refuses_zero(fixtures_dir, capsys):
 
     assert main(["analyze", str(fixtures_dir / "traces/ddp_straggler"), "--workers", "0"]) == 2
     assert "--workers 0" in capsys.readouterr().err
+
+
+def test_communication_bound_comes_with_its_finding_even_when_all_of_it_is_hidden(tmp_path):
+    trace = Trace()
+    trace.step(1, 0, 10_000)
+    trace.kernel("gemm", 10, 50, 9_900)  # the GPU busy all step; the collectives all under it
+    trace.kernel(ALL_REDUCE, 20, 1_000, 4_000, stream=COMM)
+    result = analyze(trace.write(tmp_path / "t.json"))
+    assert result.traces[0].verdict.label == "communication-bound"
+    (finding,) = [f for f in result.findings if f.kind == "exposed_communication"]
+    assert finding.fix and finding.gpu_ms_per_step == 0 and finding.severity == "low"
+    assert finding.details.hidden_pct == 100.0

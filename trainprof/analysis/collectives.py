@@ -375,16 +375,16 @@ def collective_stats(
     calls: list[Collective],
     steps: int,
     link_of: Callable[[int | None], Link | None],
-    transfer_us: list[float] | None = None,
+    across_ranks: bool = False,
 ) -> list[CollectiveStats]:
     """Per (op, library, group size), the `CollectiveStats` of `calls` over `steps` steps, most time
     first.
 
-    Bus bandwidth: with `transfer_us` (one per call: the time the data took, measured across ranks)
-    the median over the calls; from one rank's durations, which include its waits for later ranks,
-    the best call's (the one it waited least in), an upper bound on the transfer time.
+    Bus bandwidth: `across_ranks`, each call's duration is its transfer time (measured across ranks:
+    `distributed.cross_rank`) and the median over the calls is taken; from one rank's durations,
+    which include its waits for later ranks, the best call's (the one it waited least in), an upper
+    bound on the transfer time.
     """
-    durations = transfer_us if transfer_us is not None else [c.duration_us for c in calls]
     groups: dict[tuple, list[int]] = defaultdict(list)
     for position, call in enumerate(calls):
         groups[(call.op, call.library, call.group_size)].append(position)
@@ -394,12 +394,12 @@ def collective_stats(
         sizes = [calls[i].bytes for i in members if calls[i].bytes]
         bandwidths = [
             bw for i in members
-            if (bw := bus_bandwidth_gbps(op, calls[i].bytes, durations[i], group)) is not None
+            if (bw := bus_bandwidth_gbps(op, calls[i].bytes, calls[i].duration_us, group)) is not None
         ]
         link = link_of(group)
         busbw = None
         if bandwidths:
-            busbw = round(median(bandwidths) if transfer_us is not None else max(bandwidths), 2)
+            busbw = round(median(bandwidths) if across_ranks else max(bandwidths), 2)
         rows.append(
             CollectiveStats(
                 op=op,

@@ -143,10 +143,11 @@ def exposed_comm_finding(
     comm: CommTotals, step_ms: float, comm_bound: bool, rank: int | None, steps: int, thresholds: Thresholds
 ) -> Finding | None:
     """Communication no compute hides, with the knob that hides it: from `exposed_comm_min_share`
-    of the step, or whenever the trace is `communication-bound` (`comm_bound`)."""
+    of the step, or whenever the trace is `communication-bound` (`comm_bound`: then even when all of
+    it is hidden, so that the verdict never stands without its finding)."""
     exposed_ms_per_step, comm_ms_per_step = comm.exposed_ms_per_step, comm.comm_ms_per_step
     hidden_pct, framework, stats = comm.hidden_pct, comm.framework, comm.ops
-    if exposed_ms_per_step <= 0 or step_ms <= 0:
+    if step_ms <= 0 or (exposed_ms_per_step <= 0 and not comm_bound):
         return None
     share = exposed_ms_per_step / step_ms
     if share < thresholds.exposed_comm_min_share and not comm_bound:

@@ -214,12 +214,11 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
     if straggler is not None:
         findings.append(straggler)
     first = summaries[0]
-    calls = [call for call, _ in transfer]
     stats = collective_stats(
-        calls,
+        transfer,
         len(first.step_ms_by_step),
         lambda group: link_for(first.device, first.visible_gpus, group),
-        [us for _, us in transfer],
+        across_ranks=True,
     )
     median_step = median(row.step_ms for row in rows) if rows else 0.0
     findings += slow_collective_findings(stats, median_step, True, None, thresholds)
@@ -235,12 +234,10 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
     return report, findings
 
 
-def _match(summaries: list[RankSummary]) -> tuple[
-    list[CollectiveMatch], dict, dict, dict, list[tuple[Collective, float]]
-]:
+def _match(summaries: list[RankSummary]) -> tuple[list[CollectiveMatch], dict, dict, dict, list[Collective]]:
     """Match the ranks' collectives (module docstring). Returns the matches, per rank its wait (µs)
-    and how often it arrived last and took part, and per match (its first rank's record, its
-    transfer µs)."""
+    and how often it arrived last and took part, and per match the last arriver's record: its
+    duration is the transfer time, its exposed time the transfer's."""
     by_key: dict[tuple, list[tuple[int | str, Collective]]] = defaultdict(list)
     for summary in summaries:
         for call in summary.collectives:
@@ -276,7 +273,7 @@ def _match(summaries: list[RankSummary]) -> tuple[
                 max_wait_us=round(longest - shortest, 3),
             )
         )
-        transfer.append((members[0][1], shortest))
+        transfer.append(last_call)
     waited_us = {rank: sum(_union_us(spans) for spans in by_step.values()) for rank, by_step in waits.items()}
     return matched, defaultdict(float, waited_us), last_count, present, transfer
 
