@@ -2,13 +2,17 @@
 
     python examples/accelerate_loop.py            # pinned batches, accelerate's default copies
     python examples/accelerate_loop.py --fixed    # the same with non-blocking copies
+    accelerate launch --multi_gpu --num_processes=2 examples/accelerate_loop.py   # DDP on two GPUs
+    torchrun --nproc_per_node=2 examples/accelerate_loop.py                       # the same; gloo on a CPU
 
 Steps are optimizer steps: accelerate's optimizer wrapper calls the real `optimizer.step()` only
 on the last micro-batch of each accumulation, and trainprof counts the real ones. The plain run
 pins the DataLoader's memory but keeps accelerate's default `non_blocking=False`, so every batch
 copy waits for the GPU (`send_to_device`); `--fixed` sets
 `DataLoaderConfiguration(non_blocking=True)`. bf16 on a GPU. It prints where trainprof's summary
-went and each sync it found.
+went and each sync it found. On several processes accelerate wraps the model in DDP, and
+`accelerator.accumulate` skips the gradient all-reduce on all but the last micro-batch (`no_sync`);
+the ranks share one run folder and rank 0 writes the cross-rank report (`report.ranks.md`).
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
     python examples/hf_trainer.py            # bf16, gradient accumulation 2, logging_steps=1
     python examples/hf_trainer.py --fixed    # the same with the trainprof catalog's fixes
+    torchrun --nproc_per_node=2 examples/hf_trainer.py   # DDP: one GPU per rank (gloo on a CPU)
 
 The plain run is the setup people start from (and issue #7's): bf16, `gradient_accumulation_steps=2`,
 `logging_steps=1`, the default pinned DataLoader. `--fixed` applies the catalog's settings:
 `logging_nan_inf_filter=False` (no `isnan(loss) or isinf(loss)` per micro-batch), a `logging_steps`
 larger than the run (no `.item()` of loss and grad-norm per step), and pinned batches copied with
 `non_blocking` (accelerate's `send_to_device`). It prints where trainprof's summary went and each
-sync it found.
+sync it found. Under torchrun the ranks share one run folder, and rank 0 writes the cross-rank
+report (`report.ranks.md`) from every rank's summary.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     python examples/lightning_gpt2.py            # self.log(..., prog_bar=True) every step
     python examples/lightning_gpt2.py --fixed    # the same with the trainprof catalog's fixes
+    torchrun --nproc_per_node=2 examples/lightning_gpt2.py   # DDP: one GPU per rank (gloo on a CPU)
 
 The plain run logs the loss with `self.log("train_loss", loss, prog_bar=True)`, as Lightning's
 examples do: the progress bar reads it with `.item()` after every batch. `--fixed` logs it with
@@ -12,6 +13,8 @@ sync it found.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from _gpt2 import ACCUMULATION, SCHEDULE, gpt2, parser, print_outcome, token_samples
@@ -49,11 +52,13 @@ def main() -> None:
     samples = token_samples(args, module.model.config.vocab_size)
     loader = torch.utils.data.DataLoader(samples, batch_size=args.batch_size, pin_memory=args.fixed and cuda)
     callback = TrainprofCallback(log_dir=args.log_dir, run_name=args.run_name, **SCHEDULE)
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this node
     trainer = pl.Trainer(
         max_steps=args.steps,
         accumulate_grad_batches=ACCUMULATION,
         accelerator="gpu" if cuda else "cpu",
-        devices=1,
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
         precision="bf16-mixed" if cuda else "32-true",
         log_every_n_steps=10 * args.steps if args.fixed else 50,  # 50: Lightning's default
         enable_checkpointing=False,

@@ -187,3 +187,15 @@ def test_kernels_queued_before_the_trace_are_not_the_steps(tmp_path, early_corre
     assert step.times.kernel_count == own
     assert step.times.kernels_launched_before_trace == before
     assert step.times.gpu_busy_ms == pytest.approx(0.5)  # both kernels' time: 1005-1205 and 1210-1510 µs
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_folder_numbers_each_process_windows_as_load_traces_does(fixtures_dir, workers):
+    """analyze(folder) loads each file alone (in this process or in workers), yet its traces and
+    findings carry the window numbers `load_traces` gives: two windows of one process, by start."""
+    folder = fixtures_dir / "thirdparty/kineto_resnet50_num_workers_4"
+    loaded = {trace.path.name: trace.window for trace in load_traces(folder)}
+    assert sorted(loaded.values()) == [0, 1]
+    analysis = analyze(folder, workers=workers)
+    assert {Path(trace.file).name: trace.window for trace in analysis.traces} == loaded
+    assert {finding.window for finding in analysis.findings} == {0, 1}  # each window has findings

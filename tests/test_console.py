@@ -113,18 +113,7 @@ def test_no_finding_reads_like_another(analyses, folder):
     assert len(set(heads)) == len(heads), heads
 
 
-_COMMUNICATION_FINDING = pytest.mark.xfail(
-    strict=True,
-    reason="communication-bound with only the kernel and module tables: the distributed helper adds a "
-    "communication finding (issue 19 item 5); flip this mark when that work is merged",
-)
-
-
-@pytest.mark.parametrize(
-    "folder",
-    [pytest.param(f, marks=_COMMUNICATION_FINDING) if f.endswith("tl_mi300_resnet_act_ckpt") else f
-     for f in FOLDERS],
-)
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_every_verdict_but_gpu_bound_comes_with_a_finding(analyses, folder):
     analysis = analyses(folder)
     findings = _format.top_findings(analysis, limit=len(analysis.findings))

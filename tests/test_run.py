@@ -59,7 +59,8 @@ def script(tmp_path) -> Path:
 
 
 def _summaries(run_dir: Path) -> list[Path]:
-    return sorted(run_dir.rglob("summary*.json"))
+    """Each process's own summary (not rank 0's cross-rank `summary.ranks.json`)."""
+    return sorted(p for p in run_dir.rglob("summary*.json") if p.name != "summary.ranks.json")
 
 
 def test_script_runs_as_main_with_its_argv_and_exit_code(tmp_path, script, monkeypatch):
@@ -170,6 +171,7 @@ def test_real_torchrun_of_a_ddp_script(tmp_path):
     assert sorted(p.name.split("_")[0] for p in run_dir.glob("*.pt.trace.json.gz")) == ["rank0", "rank1"]
     assert len(_summaries(run_dir)) == 2, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("trainprof: wrote") == 1  # rank 0 alone reports
+    assert (run_dir / "report.ranks.md").exists()  # from both ranks' summaries, gathered by rank 0
     analysed = subprocess.run([sys.executable, "-m", "trainprof", "analyze", str(run_dir), "--json"],
                               capture_output=True, text=True, timeout=300)
     assert analysed.returncode == 0, analysed.stderr[-2000:]

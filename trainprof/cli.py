@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                          help="override a verdict threshold (repeatable); names and reasons: "
                               "trainprof/analysis/thresholds.py")
+    analyze.add_argument("--workers", type=int, default=None, metavar="N",
+                         help="processes that analyse a folder's traces, one trace each at a time "
+                              "(default: one per core from 4 files on)")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
     analyze.add_argument("--quiet", action="store_true",
@@ -119,18 +122,19 @@ def note(message: str) -> None:
 
 
 def _load_and_analyze(
-    path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False
+    path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False,
+    workers: int | None = None,
 ):  # -> Analysis
     """`analyze(path)`, with a progress bar on `progress` when it is a terminal."""
     from trainprof.analysis import analyze
 
     if progress is None or not progress.isatty():
-        return analyze(path, thresholds=thresholds, views=views)
+        return analyze(path, thresholds=thresholds, views=views, workers=workers)
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return analyze(path, thresholds=thresholds, views=views)
+        return analyze(path, thresholds=thresholds, views=views, workers=workers)
     # File names are the trace's: never markup, never raw (an escape sequence in a name would reach
     # the terminal), never longer than a line.
     columns = (TextColumn("{task.description}", markup=False), BarColumn(),
@@ -142,7 +146,7 @@ def _load_and_analyze(
         def advance(what: str, done: int, total: int) -> None:
             bar.update(task, description=safe_text(what, PROGRESS_CHARS), completed=done, total=total)
 
-        return analyze(path, on_progress=advance, thresholds=thresholds, views=views)
+        return analyze(path, on_progress=advance, thresholds=thresholds, views=views, workers=workers)
 
 
 def guarded(path: str, debug: bool, action: Callable[[], int]) -> int:
@@ -180,11 +184,13 @@ def run_analyze(
     max_trace_bytes: int | None = None,
     thresholds: list[str] | None = None,
     quiet: bool = False,
+    workers: int | None = None,
 ) -> int:
     """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
 
     `thresholds`: `NAME=VALUE` overrides of `trainprof.analysis.thresholds` (a bad one: exit 2).
     `quiet`: nothing on stderr but errors.
+    `workers`: processes for a folder's traces (`trainprof.analysis.folder`; below 1: exit 2).
 
     Every failure is one line on stderr and exit 2 (the error boundary, `guarded`); with `debug`, an
     internal error (not bad input) raises with its traceback instead.
@@ -195,18 +201,22 @@ def run_analyze(
         overrides = parse_threshold_args(thresholds or [])
     except ValueError as exc:
         return error(str(exc))
-    return guarded(path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet))
+    if workers is not None and workers < 1:
+        return error(f"--workers {workers}: needs at least 1")
+    return guarded(
+        path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet, workers)
+    )
 
 
 def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict,
-                       quiet: bool) -> int:
+                       quiet: bool, workers: int | None = None) -> int:
     from trainprof.trace import trace_size_limit
 
     if not Path(path).exists():
         return error(f"{path}: no such file or directory")
     _which_run(path, quiet)
     with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds)
+        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, workers=workers)
     if as_json:
         from trainprof.report.json import write_json_to
 
@@ -359,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,
             quiet=args.quiet,
+            workers=args.workers,
         )
     if args.command == "report":
         return run_report(

@@ -25,8 +25,9 @@ class SessionConfig:
     run_name: str | None = None
     """Subfolder of `log_dir` for this run: a plain folder name (no separator, not `.` or `..`).
 
-    Default `run-YYYYmmdd-HHMMSS` (local time at start), with `-2`, `-3`... appended when that
-    folder exists already, so two sessions never share a default folder."""
+    Default: under torchrun (or another launcher) the name all ranks of the launch share
+    (`trainprof.run.shared_run_name`); else `run-YYYYmmdd-HHMMSS` (local time at start), with `-2`,
+    `-3`... appended when that folder exists already, so two sessions never share a default folder."""
 
     wait: int = 1
     """Steps per cycle with the profiler off, before warmup (the first steps are often atypical)."""
@@ -65,6 +66,11 @@ class SessionConfig:
     """Write per-step scalars (step time, GPU busy, syncs, kernels, GPU idle by cause) and the findings
     and report as text for TensorBoard, if installed."""
 
+    gather_timeout_s: float = 120.0
+    """Under a process group of several ranks: how long rank 0 waits at exit for the other ranks'
+    summaries to write the cross-rank report (`trainprof.gather`; the other ranks never wait); 0
+    turns the cross-rank report off."""
+
     def __post_init__(self) -> None:
         for name in ("wait", "warmup", "active", "repeat", "skip_first"):
             value = getattr(self, name)
@@ -72,6 +78,10 @@ class SessionConfig:
                 raise ValueError(f"SessionConfig.{name} must be an int, got {value!r}")
             if value < 0:
                 raise ValueError(f"SessionConfig.{name} must be >= 0, got {value}")
+        timeout = self.gather_timeout_s
+        is_number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if not is_number or not 0 <= timeout < float("inf"):
+            raise ValueError(f"SessionConfig.gather_timeout_s must be a number >= 0, got {timeout!r}")
         if self.active < 1:
             raise ValueError(f"SessionConfig.active must be >= 1, got {self.active}")
         if self.run_name is not None and not _is_plain_name(self.run_name):

@@ -13,7 +13,9 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
   (checked after export; a failed or truncated export is removed, never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md);
 - at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
-  process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars.
+  process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars;
+  with a process group of several ranks, rank 0 also writes the cross-rank report from every rank's
+  gathered summary (`summary.ranks.json`, `report.ranks.md`; `trainprof.gather`).
   Every file is written to a temporary name and renamed: a full disk leaves no half-written file.
 
 The step path stays cheap: at a window's end only torch's export runs (inside the step that ends
@@ -45,8 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainprof.config import SessionConfig
 from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIX
+from trainprof.gather import GroupHandle
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.distributed import CrossRank
     from trainprof.analysis.result import Analysis, Finding, Summary
     from trainprof.capture.syncs import SyncCapture
 
@@ -140,15 +144,26 @@ class Session:
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config or SessionConfig()
-        self.run_dir = Path(self.config.log_dir) / self.config.resolved_run_name()
-        """This run's folder; a default name gets `-2`, `-3`... when taken (decided at start)."""
+        from trainprof.run import shared_run_name
+
+        # Under a launcher every rank's default is the launch's shared name (`trainprof.run`): one
+        # folder for the job, as `trainprof analyze` and the cross-rank report expect.
+        shared = shared_run_name() if self.config.run_name is None else None
+        self._named_run = self.config.run_name is not None or shared is not None
+        self.run_dir = Path(self.config.log_dir) / (shared or self.config.resolved_run_name())
+        """This run's folder: `run_name`, else the launch's shared name under torchrun (or another
+        launcher, `trainprof.run.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
+        taken (decided at start)."""
         self.rank = process_rank()
         self.worker = worker_name(self.rank)
         self.analysis: Analysis | None = None
         self.findings: list[Finding] = []
         self.summary: Summary = _not_profiled("the session has not ended")
         self.written: dict[str, Path] = {}
-        """The files written at exit: `summary`, `report` (per-rank names when the process has a rank)."""
+        """The files written at exit: `summary`, `report` (per-rank names when the process has a rank);
+        on rank 0 of a process group, `ranks_summary` and `ranks_report` (the cross-rank report)."""
+        self.cross_rank: CrossRank | None = None
+        """On rank 0 of a process group: the cross-rank report from the ranks' gathered summaries."""
         self.windows_written = 0
         """Recorded windows exported so far (each one trace file)."""
         self.steps_ended = 0
@@ -173,6 +188,7 @@ class Session:
         self._nvtx: Any = None
         self._nvtx_depth = 0
         self._nvtx_phase: str | None = None
+        self._group = GroupHandle.new()
 
     @property
     def trace_files(self) -> list[Path]:
@@ -248,12 +264,13 @@ class Session:
         self._unwatch = _watch_other_profilers(self)
         with torch_noise.quiet_torch_stderr():
             self._profiler.start()
+        self._group.capture()
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self._follow_schedule()
 
     def _claim_run_dir(self) -> None:
         """Create the run folder; a default name that is taken becomes `<name>-2`, `-3`, ..."""
-        if self.config.run_name is not None:
+        if self._named_run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             return
         base = self.run_dir
@@ -274,6 +291,12 @@ class Session:
             logger.debug("trainprof: removing the optimizer step hook failed", exc_info=True)
         if not self._running:
             return
+        try:
+            self._stop_and_report(user_error)
+        finally:
+            self._across_ranks()
+
+    def _stop_and_report(self, user_error: bool) -> None:
         self._user_error = user_error
         try:
             self._shutdown()  # flushes a partly recorded window through _on_trace_ready
@@ -290,6 +313,44 @@ class Session:
             self._finish()
         except Exception as exc:
             self._step_aside("writing the report", exc)
+
+    def _across_ranks(self) -> None:
+        """Hand this rank's summary to rank 0 (none when it has no analysis, so that rank 0 need not
+        wait for it); on rank 0, write the cross-rank report. Never raises (`trainprof.gather`)."""
+        try:
+            self._group.capture()
+            if not self._group.ready or self.config.gather_timeout_s <= 0:
+                return
+            from trainprof.analysis.distributed import analysis_summary
+            from trainprof.gather import gather_summaries
+
+            rank = self._group.rank
+            summary = analysis_summary(self.analysis, rank) if self.analysis is not None else None
+            if rank == 0 and summary is None:
+                return  # no report of its own to set the others beside
+            gathered = gather_summaries(self._group, summary, self.config.gather_timeout_s)
+            if gathered is not None:
+                self._write_cross_rank(*gathered)
+        except Exception as exc:  # the cross-rank report must never end the run
+            logger.debug("trainprof: the cross-rank report failed", exc_info=True)
+            warn(f"trainprof: the cross-rank report failed ({type(exc).__name__}: {exc}); each rank's "
+                 "own report is written")
+
+    def _write_cross_rank(self, summaries: list[Any], missing: list[int]) -> None:
+        """On rank 0: merge the gathered summaries, write and announce the cross-rank report."""
+        if len(summaries) < 2:
+            warn(f"trainprof: no other rank reported within gather_timeout_s={self.config.gather_timeout_s:g}"
+                 " s; no cross-rank report (trainprof analyze on the run folder makes one from the traces)")
+            return
+        from trainprof.analysis.distributed import cross_rank
+        from trainprof.analysis.thresholds import Thresholds
+        from trainprof.report.ranks import print_cross_rank, write_cross_rank
+
+        self.cross_rank, findings = cross_rank(summaries, Thresholds())
+        written = write_cross_rank(self.cross_rank, findings, self.run_dir, self._group.world_size, missing)
+        self.written["ranks_summary"], self.written["ranks_report"] = written["summary"], written["report"]
+        if self.config.console:
+            print_cross_rank(self.cross_rank, written["report"])
 
     def _shutdown(self) -> None:
         """Stop capturing and profiling; every part is attempted, the first error is raised.
@@ -391,6 +452,7 @@ class Session:
     def _advance(self) -> None:
         if not self._running:
             return
+        self._group.capture()  # a script may create its process group after the session started
         self.steps_ended += 1
         if self._capture is not None:
             self._capture.pause()  # the profiler's own syncs (stopping a trace) are not the user's

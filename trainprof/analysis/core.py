@@ -11,26 +11,43 @@ from trainprof.analysis.allocator import allocator_calls
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import AttributionIndex, attribute_kernels
 from trainprof.analysis.causes import INFERENCE_FIXES, Cause
+from trainprof.analysis.collectives import (
+    CommTotals,
+    collective_stats,
+    collectives,
+    comm_totals,
+    compute_spans,
+)
+from trainprof.analysis.comm_findings import (
+    exposed_comm_finding,
+    framework_of,
+    no_sync_finding,
+    slow_collective_findings,
+)
 from trainprof.analysis.compile import compile_findings, compile_stats
-from trainprof.analysis.distributed import rank_table, straggler_finding
+from trainprof.analysis.distributed import RankSummary, cross_rank, rank_summary
+from trainprof.analysis.folder import analyze_files
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
+from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
+from trainprof.analysis.links import link_for
 from trainprof.analysis.memory import memory_finding, memory_profile, peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
+from trainprof.analysis.overlap import step_exposure
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
 from trainprof.analysis.thresholds import Thresholds
-from trainprof.analysis.timeline import build_timeline
-from trainprof.analysis.verdict import verdict
+from trainprof.analysis.timeline import Timeline, build_timeline
+from trainprof.analysis.verdict import Verdict, verdict
 from trainprof.analysis.views import trace_views
 from trainprof.analysis.workload import is_inference
-from trainprof.trace import Trace, load_traces
-from trainprof.trace.load import gc_paused
+from trainprof.trace import Trace
+from trainprof.trace.load import first_event_us, gc_paused, trace_paths
 
 
 def analyze(
@@ -38,6 +55,7 @@ def analyze(
     sync_sites: list[dict] | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
     thresholds: Mapping[str, float] | None = None,
+    workers: int | None = None,
     views: bool = False,
 ) -> Analysis:
     """Answer why the profiled steps are slow.
@@ -49,6 +67,8 @@ def analyze(
     analysed (two units a file), for a progress bar.
     `thresholds` overrides the cut-offs of `trainprof.analysis.thresholds.THRESHOLDS` by name
     (ValueError for an unknown name).
+    `workers`: how many processes analyse a folder's files, each holding one trace at a time
+    (default: one per core from `folder.PARALLEL_MIN_FILES` files on, else this process alone).
     `views`: also build what report.html draws of each trace (`TraceInfo.views`: timeline, op and
     kernel tables, flame graph, memory curve).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
@@ -56,45 +76,91 @@ def analyze(
     limits = Thresholds(thresholds)
     report = on_progress or (lambda what, done, total: None)
     if isinstance(path_or_traces, (str, Path)):
-
-        def on_file(file: Path, index: int, count: int) -> None:
-            report(f"loading {file.name}", index, 2 * count)
-
-        traces = load_traces(path_or_traces, on_file=on_file)
+        files = trace_paths(path_or_traces)
+        in_folder = Path(path_or_traces).is_dir()
+        results = analyze_files(files, in_folder, sync_sites, limits, workers, report, views)
     else:
         traces = list(path_or_traces)
         if not traces or not all(isinstance(t, Trace) for t in traces):
             raise TypeError("analyze() takes a path or a non-empty list of trainprof.trace.Trace")
+        results = []
+        for position, trace in enumerate(traces):
+            report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
+            results.append(analyze_trace(trace, sync_sites, limits, views))
+    report("done", 2 * len(results), 2 * len(results))
+    return compose(results, limits)
 
+
+def compose(results: list[TraceResult], limits: Thresholds) -> Analysis:
+    """One `Analysis` from the traces' results (in order): the steps and findings of each, and across
+    processes (the windows of one process are one rank) the cross-rank report and its findings."""
     all_steps: list[Step] = []
     findings: list[Finding] = []
     infos: list[TraceInfo] = []
-    steps_by_rank: dict[int | str, list[Step]] = {}  # by process: the windows of one run are one rank
-    for position, trace in enumerate(traces):
-        report(f"analysing {trace.path.name}", len(traces) + position, 2 * len(traces))
-        with gc_paused():
-            steps, trace_findings, info = _analyze_one(trace, sync_sites, limits, views)
-        for finding in trace_findings:
-            finding.window = trace.window
-        all_steps.extend(steps)
-        findings.extend(trace_findings)
-        infos.append(info)
-        steps_by_rank.setdefault(trace.process, []).extend(steps)
-
-    ranks = rank_table(steps_by_rank) if len(steps_by_rank) > 1 else []
-    straggler = straggler_finding(ranks, limits) if ranks else None
-    if straggler is not None:
-        findings.append(straggler)
-    report("done", 2 * len(traces), 2 * len(traces))
+    by_process: dict[int | str, tuple[list[Step], list[TraceInfo]]] = {}
+    for result in results:
+        all_steps.extend(result.steps)
+        findings.extend(result.findings)
+        infos.append(result.info)
+        steps, windows = by_process.setdefault(result.process, ([], []))
+        steps.extend(result.steps)
+        windows.append(result.info)
+    summaries = [rank_summary(process, steps, windows) for process, (steps, windows) in by_process.items()]
+    cross = None
+    if len(summaries) > 1:
+        cross, cross_findings = cross_rank(summaries, limits)
+        findings.extend(cross_findings)
+    else:
+        findings.extend(_slow_on_one_rank(summaries[0], limits))
+    straggler = next((f for f in findings if f.kind == "straggler"), None)
     findings.sort(key=finding_order)
     return Analysis(
         summary=_summary(all_steps, infos, straggler, limits),
         steps=all_steps,
         findings=findings,
-        files=[str(t.path) for t in traces],
+        files=[result.info.file for result in results],
         traces=infos,
-        ranks=ranks,
+        ranks=cross.ranks if cross is not None else [],
+        cross_rank=cross,
     )
+
+
+def _slow_on_one_rank(summary: RankSummary, limits: Thresholds) -> list[Finding]:
+    """Collectives far below their link, from one process's own durations (no other rank's to tell
+    its waits from its transfers)."""
+    if not summary.collectives:
+        return []
+    stats = collective_stats(
+        summary.collectives,
+        len(summary.step_ms_by_step),
+        lambda group: link_for(summary.device, summary.visible_gpus, group),
+    )
+    step_ms = sum(summary.step_ms_by_step) / max(len(summary.step_ms_by_step), 1)
+    rank = summary.rank if isinstance(summary.rank, int) else None
+    return slow_collective_findings(stats, step_ms, False, rank, limits)
+
+
+class TraceResult(msgspec.Struct):
+    """What the analysis of one trace gives `compose`: its steps, findings and `TraceInfo`, the
+    process that recorded it (its rank, else its worker name) and when its first event is (µs: a
+    folder's windows of one process are numbered by it, `folder.analyze_files`)."""
+
+    process: int | str
+    steps: list[Step]
+    findings: list[Finding]
+    info: TraceInfo
+    first_event_us: float = 0.0
+
+
+def analyze_trace(
+    trace: Trace, sync_sites: list[dict] | None, limits: Thresholds, views: bool = False
+) -> TraceResult:
+    """Run every question's module over one trace (`views`: as `analyze`'s)."""
+    with gc_paused():
+        steps, findings, info = _analyze_one(trace, sync_sites, limits, views)
+    for finding in findings:
+        finding.window = trace.window
+    return TraceResult(trace.process, steps, findings, info, first_event_us(trace))
 
 
 def _analyze_one(
@@ -118,11 +184,15 @@ def _analyze_one(
     memory = memory_profile(timeline, sites)
     device = trace.device_properties[0] if trace.device_properties else {}
     device_memory = device.get("totalGlobalMem") if isinstance(device.get("totalGlobalMem"), int) else None
+    device_name = device.get("name") if isinstance(device.get("name"), str) else None
     gpu_work = has_gpu_work(times)  # else no GPU-idle time to split by cause
-    parts = zip(times, syncs, launch_per_step, idle.per_step, peaks, strict=True)
+    compute = Coverage(*compute_spans(timeline))
+    exposure = step_exposure(timeline, compute)
+    parts = zip(times, syncs, launch_per_step, idle.per_step, peaks, exposure, strict=True)
     steps = [
-        Step(times=t, syncs=sync, launch=launch, idle=row if gpu_work else None, peak_memory_bytes=peak)
-        for t, sync, launch, row, peak in parts
+        Step(times=t, syncs=sync, launch=launch, idle=row if gpu_work else None, peak_memory_bytes=peak,
+             comm=comm)
+        for t, sync, launch, row, peak, comm in parts
     ]
 
     tiny_pct = 100.0 * launch_totals.tiny_kernel_count / max(launch_totals.kernel_count, 1)
@@ -148,12 +218,13 @@ def _analyze_one(
     ):
         if maybe is not None:
             findings.append(maybe)
+    comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
     known_peaks = [p for p in peaks if p is not None]
     info = TraceInfo(
         file=str(trace.path),
         worker=trace.worker,
         rank=trace.rank,
-        device=trace.device_properties[0].get("name") if trace.device_properties else None,
+        device=device_name,
         step_numbers=[t.number for t in times],
         has_step_annotations=timeline.has_step_annotations,
         sync_sites_file=str(trace.sync_sites_path) if trace.sync_sites_path else None,
@@ -166,8 +237,45 @@ def _analyze_one(
         memory=memory,
         views=trace_views(timeline, owners, idle.pieces if gpu_work else None, points) if views else None,
         window=trace.window,
+        comm=comm,
     )
     return steps, findings, info
+
+
+def _communication(
+    timeline: Timeline,
+    steps: list[Step],
+    compute: Coverage,
+    trace_verdict: Verdict,
+    findings: list[Finding],
+    device: str | None,
+    limits: Thresholds,
+) -> CommTotals | None:
+    """The trace's `CommTotals` (None without communication); its communication findings are
+    appended to `findings`: exposed communication, gradients synced on every micro-batch."""
+    if not len(timeline.comm):
+        return None
+    trace = timeline.trace
+    calls = collectives(timeline, compute)
+    framework = framework_of(trace)
+    comm = comm_totals(
+        timeline.comm.on_host,
+        [s.times.comm_ms for s in steps],
+        [s.comm.comm_exposed_ms if s.comm is not None else 0.0 for s in steps],
+        calls,
+        device,
+        len(trace.device_properties),
+        framework.name if framework is not None else None,
+    )
+    step_ms = trace_verdict.step_ms
+    comm_bound = trace_verdict.label == "communication-bound"
+    for maybe in (
+        exposed_comm_finding(comm, step_ms, comm_bound, trace.rank, len(steps), limits),
+        no_sync_finding(timeline, calls, framework, step_ms, trace.rank, limits),
+    ):
+        if maybe is not None:
+            findings.append(maybe)
+    return comm
 
 
 def _summary(
@@ -181,6 +289,9 @@ def _summary(
     else:
         headline = max(set(verdicts), key=verdicts.count) if verdicts else "unknown"
     peaks = [t.peak_memory_bytes for t in traces if t.peak_memory_bytes is not None]
+    comm_ms = sum(s.times.comm_ms for s in steps)
+    exposed_ms = sum(s.comm.comm_exposed_ms for s in steps if s.comm is not None)
+    communicates = any(t.comm is not None for t in traces)
     return Summary(
         verdict=headline,
         verdict_by_trace={
@@ -196,6 +307,9 @@ def _summary(
         kernels_per_step=round(sum(s.times.kernel_count for s in steps) / n, 1),
         peak_memory_bytes=max(peaks) if peaks else None,
         straggler_rank=straggler.rank if straggler is not None else None,
+        comm_ms_per_step=round(comm_ms / n, 4) if communicates else None,
+        comm_exposed_ms_per_step=round(exposed_ms / n, 4) if communicates else None,
+        comm_hidden_pct=round(100 * (1 - exposed_ms / comm_ms), 2) if communicates and comm_ms > 0 else None,
         thresholds_overridden=limits.overridden(),
         idle_ms_per_step=_idle_ms_per_step(steps),
     )

@@ -1,98 +1,378 @@
-"""Question 6: with several ranks, is one of them the straggler the others wait for in collectives?"""
+"""Question 6: across ranks, who holds whom back: step times and their skew, the straggler and what
+it was doing, the rank that arrived last at each collective, and each collective's transfer time.
+
+Each rank's analysis is boiled down to a `RankSummary` (a few kB: per-step times, its verdict and
+what held its GPU, its collectives' durations); `cross_rank` merges any number of them. The same
+summaries come from a session's ranks, gathered by rank 0 over the job's process group
+(`trainprof.gather`), and from `trainprof analyze DIR`, whose worker processes analyse one trace
+each (`trainprof.analysis.folder`): no trace ever crosses a process.
+
+Arrival, without comparing clocks (the ranks' clocks differ by more than a collective lasts): a
+collective ends on every rank at about the same time, once the last rank has joined, so the rank
+whose kernel was shortest arrived last, and every other rank waited the difference:
+
+    rank 0   |==== wait ====|= transfer =|        duration 0 = wait 0 + transfer
+    rank 1            |wait |= transfer =|
+    rank 2                  |= transfer =|        shortest: rank 2 arrived last
+
+The shortest duration is the collective's transfer time, which its bus bandwidth is computed
+from. Collectives match across ranks by (step, group size, index among the step's collectives of
+that group size); a rank without the collective, or with another op there, is left out of it.
+"""
 
 from __future__ import annotations
 
+import os
+from collections import defaultdict
 from statistics import median
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from trainprof.analysis.arrays import numpy_round
+from trainprof.analysis.collectives import Collective, CollectiveStats, bus_bandwidth_gbps, collective_stats
+from trainprof.analysis.comm_findings import slow_collective_findings
+from trainprof.analysis.links import link_for
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
-from trainprof.analysis.thresholds import Thresholds
+from trainprof.analysis.thresholds import CROSS_RANK_COLLECTIVES_KEPT, Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainprof.analysis.result import Step
+    from trainprof.analysis.result import Analysis, Step, TraceInfo
+
+
+class RankSummary(msgspec.Struct, frozen=True):
+    """What one rank's analysis contributes to the cross-rank report: per step its duration,
+    communication and exposed communication (ms); its verdict and what held its GPU (`doing`);
+    its device and collectives. Small (kilobytes) and JSON/msgpack-serialisable: it is what a rank
+    sends to rank 0 (`to_bytes`, `from_bytes`)."""
+
+    rank: int | str
+    worker: str
+    device: str | None
+    visible_gpus: int
+    step_numbers: list[int]
+    step_ms_by_step: list[float]
+    comm_ms_by_step: list[float]
+    exposed_comm_ms_by_step: list[float]
+    verdict: str
+    doing: str
+    collectives: list[Collective]
+
+    def to_bytes(self) -> bytes:
+        """The summary as msgpack bytes."""
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RankSummary:
+        """A summary from `to_bytes`' output (msgspec.ValidationError on anything else)."""
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+def rank_summary(process: int | str, steps: list[Step], infos: list[TraceInfo]) -> RankSummary:
+    """The `RankSummary` of one process from its windows' steps and trace infos (in order)."""
+    calls = [call for info in infos if info.comm is not None for call in info.comm.calls]
+    return RankSummary(
+        rank=process,
+        worker=infos[0].worker,
+        device=infos[0].device,
+        visible_gpus=max((info.comm.visible_gpus for info in infos if info.comm is not None), default=0),
+        step_numbers=[s.times.number for s in steps],
+        step_ms_by_step=[s.times.duration_ms for s in steps],
+        comm_ms_by_step=[s.times.comm_ms for s in steps],
+        exposed_comm_ms_by_step=[s.comm.comm_exposed_ms if s.comm is not None else 0.0 for s in steps],
+        verdict=infos[0].verdict.label if len(infos) == 1 else _most_common([i.verdict.label for i in infos]),
+        doing=what_it_did(infos),
+        collectives=calls,
+    )
+
+
+def analysis_summary(analysis: Analysis, rank: int | str) -> RankSummary:
+    """The `RankSummary` of one process's own analysis (a session's), as rank `rank`."""
+    return rank_summary(rank, analysis.steps, analysis.traces)
+
+
+def _most_common(labels: list[str]) -> str:
+    return max(labels, key=labels.count)
+
+
+def what_it_did(infos: list[TraceInfo]) -> str:
+    """In words, what a rank's steps spent their time on: its verdict and why, and the largest holder
+    of its GPU-idle time (the Python function, else the event)."""
+    info = max(infos, key=lambda i: i.verdict.step_ms)
+    text = f"{info.verdict.label} ({info.verdict.why})"
+    if info.verdict.idle is None:  # cpu-only: no GPU to be idle
+        return text
+    functions, holders = info.idle.host_functions, info.idle.holders
+    if functions and (not holders or functions[0].idle_ms_per_step >= holders[0].idle_ms_per_step):
+        function = functions[0]
+        place = f" ({os.path.basename(function.file)})" if function.file else ""
+        text += f"; its GPU idle {function.idle_ms_per_step:.1f} ms/step in {function.function}{place}"
+    elif holders:
+        holder = holders[0]
+        where = holder.event or "code the trace does not record"
+        inside = f" under {holder.op}" if holder.op and holder.op != holder.event else ""
+        text += f"; its GPU idle {holder.idle_ms_per_step:.1f} ms/step ({holder.cause.key}) in {where}"
+        text += inside
+    return text
 
 
 class RankRow(Record, frozen=True):
-    """One rank (or worker name, for traces without a rank): mean step, communication (NCCL kernel)
-    and non-communication ms per step, and each step's duration."""
+    """One rank (or worker name, for traces without a rank): mean step, communication and
+    non-communication ms per step, exposed communication ms per step, each step's duration, its
+    verdict, how often it arrived last at a collective (% of the matched collectives it took part
+    in) and how long it waited inside collectives for later ranks (ms per step: the union over
+    its collectives of the time from each one's start until the last rank joined)."""
 
     rank: int | str
     step_ms: float
     comm_ms: float
     non_comm_ms: float
     step_ms_by_step: list[float]
+    comm_exposed_ms: float
+    verdict: str
+    last_arrival_pct: float | None
+    waited_ms_per_step: float
 
 
-def rank_table(steps_by_rank: dict[int | str, list[Step]]) -> list[RankRow]:
-    """Per rank, ranks first in order, then workers by name."""
-    table = []
-    for rank, steps in sorted(steps_by_rank.items(), key=lambda item: (isinstance(item[0], str), item[0])):
-        n = max(len(steps), 1)
-        step_ms = sum(s.times.duration_ms for s in steps) / n
-        comm_ms = sum(s.times.comm_ms for s in steps) / n
-        table.append(
+class CollectiveMatch(Record, frozen=True):
+    """One collective matched across ranks: where, which op and message, on how many ranks; its
+    transfer time (the shortest duration) and bus bandwidth, the rank that arrived last, and the
+    longest wait a rank spent in it."""
+
+    step: int
+    index: int
+    op: str
+    bytes: int | None
+    ranks: int
+    transfer_us: float
+    busbw_gbps: float | None
+    last_rank: int | str
+    max_wait_us: float
+
+
+class CrossRank(msgspec.Struct):
+    """The cross-rank report: the ranks' rows, the step skew (mean over steps of the slowest rank's
+    step less the fastest's, ms and % of the median step), the straggler (rank and what it was
+    doing), the collectives by op with their transfer-time bus bandwidth, and the matched
+    collectives with the longest waits (at most `CROSS_RANK_COLLECTIVES_KEPT`)."""
+
+    ranks: list[RankRow]
+    step_skew_ms: float
+    step_skew_pct: float
+    straggler_rank: int | str | None
+    straggler_doing: str | None
+    collectives: list[CollectiveStats]
+    matched: list[CollectiveMatch]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `trace.cross_rank` object (`trainprof.analysis.result`)."""
+        return {
+            "ranks": [row.to_dict() for row in self.ranks],
+            "step_skew_ms": self.step_skew_ms,
+            "step_skew_pct": self.step_skew_pct,
+            "straggler_rank": self.straggler_rank,
+            "straggler_doing": self.straggler_doing,
+            "collectives": [row.to_dict() for row in self.collectives],
+            "matched": [row.to_dict() for row in self.matched],
+        }
+
+
+def _ordered(summaries: list[RankSummary]) -> list[RankSummary]:
+    """Ranks first in order, then workers by name."""
+    return sorted(summaries, key=lambda s: (isinstance(s.rank, str), s.rank))
+
+
+def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[CrossRank, list[Finding]]:
+    """Merge the ranks' summaries (module docstring) into the cross-rank report and its findings:
+    the straggler, and collectives far below their link (from transfer times)."""
+    summaries = _ordered(summaries)
+    matched, waited_us, last_count, present, transfer = _match(summaries)
+    rows = []
+    for summary in summaries:
+        n = max(len(summary.step_ms_by_step), 1)
+        step_ms = sum(summary.step_ms_by_step) / n
+        comm_ms = sum(summary.comm_ms_by_step) / n
+        rows.append(
             RankRow(
-                rank=rank,
+                rank=summary.rank,
                 step_ms=numpy_round(step_ms, 4),
                 comm_ms=numpy_round(comm_ms, 4),
                 non_comm_ms=numpy_round(step_ms - comm_ms, 4),
-                step_ms_by_step=[s.times.duration_ms for s in steps],
+                step_ms_by_step=summary.step_ms_by_step,
+                comm_exposed_ms=round(sum(summary.exposed_comm_ms_by_step) / n, 4),
+                verdict=summary.verdict,
+                last_arrival_pct=round(100 * last_count[summary.rank] / present[summary.rank], 1)
+                if present[summary.rank]
+                else None,
+                waited_ms_per_step=round(waited_us[summary.rank] / 1e3 / n, 4),
             )
         )
-    return table
+    skew_ms, skew_pct = _skew(summaries)
+    findings: list[Finding] = []
+    straggler = straggler_finding(rows, summaries, thresholds)
+    if straggler is not None:
+        findings.append(straggler)
+    first = summaries[0]
+    stats = collective_stats(
+        transfer,
+        len(first.step_ms_by_step),
+        lambda group: link_for(first.device, first.visible_gpus, group),
+        across_ranks=True,
+    )
+    median_step = median(row.step_ms for row in rows) if rows else 0.0
+    findings += slow_collective_findings(stats, median_step, True, None, thresholds)
+    report = CrossRank(
+        ranks=rows,
+        step_skew_ms=skew_ms,
+        step_skew_pct=skew_pct,
+        straggler_rank=straggler.rank if straggler is not None else None,
+        straggler_doing=straggler.details.doing if straggler is not None else None,
+        collectives=stats,
+        matched=sorted(matched, key=lambda m: -m.max_wait_us)[:CROSS_RANK_COLLECTIVES_KEPT],
+    )
+    return report, findings
+
+
+def _match(summaries: list[RankSummary]) -> tuple[list[CollectiveMatch], dict, dict, dict, list[Collective]]:
+    """Match the ranks' collectives (module docstring). Returns the matches, per rank its wait (µs)
+    and how often it arrived last and took part, and per match the last arriver's record: its
+    duration is the transfer time, its exposed time the transfer's."""
+    by_key: dict[tuple, list[tuple[int | str, Collective]]] = defaultdict(list)
+    for summary in summaries:
+        for call in summary.collectives:
+            by_key[(call.step, call.group_size, call.index)].append((summary.rank, call))
+    matched, transfer = [], []
+    waits: dict[int | str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    last_count: dict[int | str, int] = defaultdict(int)
+    present: dict[int | str, int] = defaultdict(int)
+    for (step, _, index), members in by_key.items():
+        op = members[0][1].op
+        members = [(rank, call) for rank, call in members if call.op == op]
+        if len(members) < 2:
+            continue
+        last_rank, last_call = min(members, key=lambda member: member[1].duration_us)
+        shortest = last_call.duration_us
+        for rank, call in members:
+            present[rank] += 1
+            # A rank waits from its kernel's start until the last rank joins, then transfers.
+            start = call.start_offset_us
+            waits[rank][step].append((start, start + call.duration_us - shortest))
+        last_count[last_rank] += 1
+        longest = max(call.duration_us for _, call in members)
+        matched.append(
+            CollectiveMatch(
+                step=step,
+                index=index,
+                op=op,
+                bytes=last_call.bytes,
+                ranks=len(members),
+                transfer_us=shortest,
+                busbw_gbps=_rounded(bus_bandwidth_gbps(op, last_call.bytes, shortest, last_call.group_size)),
+                last_rank=last_rank,
+                max_wait_us=round(longest - shortest, 3),
+            )
+        )
+        transfer.append(last_call)
+    waited_us = {rank: sum(_union_us(spans) for spans in by_step.values()) for rank, by_step in waits.items()}
+    return matched, defaultdict(float, waited_us), last_count, present, transfer
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of `spans` (collectives on several streams wait at the same time)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
+
+
+def _skew(summaries: list[RankSummary]) -> tuple[float, float]:
+    """Mean over the step numbers all ranks recorded of (slowest - fastest) step ms, and that as %
+    of the median step."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for summary in summaries:
+        for number, ms in zip(summary.step_numbers, summary.step_ms_by_step, strict=True):
+            by_step[number].append(ms)
+    spans = [max(times) - min(times) for times in by_step.values() if len(times) == len(summaries)]
+    steps = [ms for times in by_step.values() for ms in times]
+    if not spans or not steps:
+        return 0.0, 0.0
+    skew = sum(spans) / len(spans)
+    return round(skew, 4), round(100 * skew / max(median(steps), 1e-9), 2)
 
 
 class StragglerDetails(Record, frozen=True):
     """The straggler finding's evidence: the rank, its excess non-communication ms per step, the
-    others' median communication wait, and the rank table."""
+    others' median communication wait, how often it arrived last at a collective, what it was
+    doing, and the rank table."""
 
     straggler_rank: int | str
     excess_ms_per_step: float
     others_comm_wait_ms_per_step: float
+    last_arrival_pct: float | None
+    doing: str
     ranks: list[RankRow]
 
 
-def straggler_finding(table: list[RankRow], thresholds: Thresholds) -> Finding | None:
-    """The rank whose non-communication time is much longer than the others' (they wait for it in
-    NCCL): by `straggler_min_excess_ms` and `straggler_min_excess_fraction` of the median step."""
+def straggler_finding(
+    table: list[RankRow], summaries: list[RankSummary], thresholds: Thresholds
+) -> Finding | None:
+    """The rank whose non-communication time is much longer than the others' (they wait for it
+    inside collectives): by `straggler_min_excess_ms` and `straggler_min_excess_fraction` of the
+    median step. Its severity is the others' wait for it against the median step."""
     if len(table) < 2:
         return None
     slowest = max(table, key=lambda r: r.non_comm_ms)
     others = [r for r in table if r is not slowest]
     others_non_comm = median(r.non_comm_ms for r in others)
     excess = slowest.non_comm_ms - others_non_comm
+    median_step = median(r.step_ms for r in table)
     min_excess = max(
-        thresholds.straggler_min_excess_ms,
-        thresholds.straggler_min_excess_fraction * median(r.step_ms for r in table),
+        thresholds.straggler_min_excess_ms, thresholds.straggler_min_excess_fraction * median_step
     )
     if excess < min_excess:
         return None
     others_comm = median(r.comm_ms for r in others)
-    # The others' GPUs wait for the straggler each step: that is what balancing the work wins back.
+    # What balancing it wins back: the others' wait for it, at most its excess.
+    won_ms = min(excess, others_comm) if others_comm > 0 else excess
+    doing = next(s.doing for s in summaries if s.rank == slowest.rank)
+    arrived = (
+        f"; it arrived last at {slowest.last_arrival_pct:.0f}% of the collectives"
+        if slowest.last_arrival_pct is not None
+        else ""
+    )
     return Finding(
         kind="straggler",
         title=(
             f"Rank {slowest.rank} is the straggler: {excess:.1f} ms/step more non-communication work than "
-            f"the other ranks, which wait {others_comm:.1f} ms/step in NCCL"
+            f"the other ranks, which wait {others_comm:.1f} ms/step in collectives{arrived}; "
+            f"rank {slowest.rank} was {doing}"
         ),
-        severity=severity_for(excess, median(r.step_ms for r in table), thresholds),
+        severity=severity_for(won_ms, median_step, thresholds),
         op=None,
         where=Where(),
         count=1,
         per_step=1.0,
         cost_ms=numpy_round(excess, 4),
-        gpu_ms_per_step=numpy_round(excess, 4),
         fix=(
-            f"Find what rank {slowest.rank} does that the others do not (its host_bound / sync findings: "
-            "input pipeline, logging, checkpointing on one rank, uneven batches) and balance or overlap it."
+            f"Find what rank {slowest.rank} does that the others do not (its findings above: input "
+            "pipeline, logging, checkpointing or evaluation on one rank, uneven batches or sequence "
+            "lengths) and balance it, move it off the training loop, or overlap it."
         ),
         rank=slowest.rank,
+        gpu_ms_per_step=round(won_ms, 4),
         details=StragglerDetails(
             straggler_rank=slowest.rank,
             excess_ms_per_step=numpy_round(excess, 4),
             others_comm_wait_ms_per_step=numpy_round(others_comm, 4),
+            last_arrival_pct=slowest.last_arrival_pct,
+            doing=doing,
             ranks=table,
         ),
     )

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.thresholds import TOP_ROWS
-from trainprof.analysis.timeline import Timeline
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.timeline import Timeline
+    from trainprof.trace import EventTable, Trace
+    from trainprof.trace.model import ThreadFrames
 
 
 class KernelTime(Record, frozen=True):
@@ -21,7 +27,8 @@ class KernelTime(Record, frozen=True):
 
 
 class OpTime(Record, frozen=True):
-    """One op's GPU time in the steps: the kernels launched with it innermost (`(no op)`: none)."""
+    """One op's GPU time in the steps: the kernels launched with it innermost; where no op encloses
+    a launch, the Python function or annotation that does (`kernel_ops`), else `(no op)`."""
 
     op: str
     kernels: int
@@ -38,25 +45,50 @@ class TopKernelsDetails(Record, frozen=True):
     kernel_ms_per_step: float
 
 
-def kernel_ops(timeline: Timeline, kernels: np.ndarray) -> np.ndarray:
+def kernel_ops(timeline: Timeline, kernels: np.ndarray, frame_fallback: bool = False) -> np.ndarray:
     """Per kernel (rows of `timeline.kernels`), its op: the name id of the innermost cpu_op around
     its launch call, or -1 (no launch in the trace, no op around it, or an op with an empty name,
-    which reports label "(no op)" as well). Found per launching thread at once: a walk per kernel
-    cost 10 ms on ddp_straggler's 5k kernels."""
-    trace, calls = timeline.trace, timeline.calls
-    op_name = np.full(len(kernels), -1, dtype=np.int64)
+    which reports label "(no op)" as well).
+
+    With `frame_fallback`, a launch that no op encloses takes the innermost Python function or
+    annotation around it instead (`ProfilerStep#N` excepted): libraries that launch from their own
+    extension code (DeepEP, DeepGEMM, FlashMLA) record no op, only the Python call that made it.
+    """
     call = timeline.kernel_call[kernels]
+    op_name = np.full(len(kernels), -1, dtype=np.int64)
     launched = np.flatnonzero(call >= 0)
-    call_thread = calls.thread[call[launched]]
+    op_name[launched] = ops_around_calls(timeline.trace, timeline.calls, call[launched], frame_fallback)
+    return op_name
+
+
+def ops_around_calls(
+    trace: Trace, calls: EventTable, call_rows: np.ndarray, frame_fallback: bool = False
+) -> np.ndarray:
+    """Per runtime call (rows of `calls`), the name id of the innermost cpu_op around it, or -1
+    (`frame_fallback`: see `kernel_ops`). Found per calling thread at once: a walk per kernel cost
+    10 ms on ddp_straggler's 5k kernels."""
+    op_name = np.full(len(call_rows), -1, dtype=np.int64)
+    call_thread = calls.thread[call_rows]
     for thread in distinct(call_thread).tolist():
-        rows = launched[call_thread == thread]
+        rows = np.flatnonzero(call_thread == thread)
         frames = trace.frames(int(thread))
-        op = frames.enclosing_op(frames.innermost_of(calls.start_us[call[rows]], calls.end_us[call[rows]]))
-        op_name[rows] = frames.name_ids_at(op)
+        inner = frames.innermost_of(calls.start_us[call_rows[rows]], calls.end_us[call_rows[rows]])
+        op_name[rows] = frames.name_ids_at(frames.enclosing_op(inner))
+        if frame_fallback:
+            missing = np.flatnonzero(op_name[rows] < 0)
+            named = frames.nearest_marked(inner[missing], _named_frames(trace, frames))
+            op_name[rows[missing]] = frames.name_ids_at(named)
     empty_name = trace.name_id("")
     if empty_name >= 0:
         op_name[op_name == empty_name] = -1
     return op_name
+
+
+def _named_frames(trace: Trace, frames: ThreadFrames) -> np.ndarray:
+    """Per frame of a thread, whether it may name a kernel that no op encloses: a Python function
+    or an annotation, not a `ProfilerStep#N` range (which encloses everything)."""
+    step_names = trace.names_matching(lambda name: name.startswith("ProfilerStep#"))
+    return ~step_names[frames.name_ids] if len(frames.name_ids) else np.zeros(0, dtype=bool)
 
 
 def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
@@ -86,7 +118,7 @@ def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
         if by_name_n[i]
     ]
 
-    op_name = kernel_ops(timeline, in_steps)
+    op_name = kernel_ops(timeline, in_steps, frame_fallback=True)
     # Ops ranked by GPU time, ties in order of their first kernel; bincount adds each op's kernel
     # times in kernel order, as a running sum would.
     ops, first, inverse = np.unique(op_name, return_index=True, return_inverse=True)

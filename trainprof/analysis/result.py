@@ -15,22 +15,34 @@ removed or changes meaning; new fields may appear without it.
     {"schema_version": 1, "trace": {...}, "steps": [...], "findings": [...]}
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
-`ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step and
-`step_ms_by_step`; `distributed.RankRow`), `step_count` (distinct step numbers), `summary`.
+`ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
+`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`;
+`distributed.RankRow`), `step_count` (distinct step numbers), `summary`, `cross_rank` (null with one
+rank).
+
+trace.cross_rank (`distributed.CrossRank`): `ranks` (as trace.ranks), `step_skew_ms`,
+`step_skew_pct`, `straggler_rank`, `straggler_doing` (its verdict and largest GPU-idle holder in
+words), `collectives` (by op across ranks, bus bandwidth from transfer times: as
+communication.ops), `matched` (`[{step, index, op, bytes, ranks, transfer_us, busbw_gbps,
+last_rank, max_wait_us}]`, the longest waits first). A session's rank 0 writes the same object from
+the ranks' gathered summaries into `summary.ranks.json`: `{schema_version, ranks_reported,
+world_size, missing_ranks, cross_rank, findings}`.
 
 trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `straggler: rank R`),
 `verdict_by_trace` (`rank R`, else the worker -> its verdict), `mean_step_ms`, `gpu_busy_pct`
 (time-weighted: GPU busy time over step time), `syncs_per_step`, `kernels_per_step`,
-`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set),
-`idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows, steady-state,
-and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU work).
+`peak_memory_bytes`, `straggler_rank`, `comm_ms_per_step`, `comm_exposed_ms_per_step`,
+`comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
+caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
+steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
+work).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`.
+`compile`, `memory`, `communication`.
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
   blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
   `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
@@ -62,6 +74,12 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   phase, allocated_at_ms, python, user}]`, `user` a `where` or null), `series` (`{t_ms,
   allocated_bytes, by_category: {category: [bytes]}}`, at most 400 points, each the largest total of
   its slice of the events: for a plot).
+- communication (`collectives.CommTotals`, null without any): `on_host` (gloo on a trace with no
+  GPU work), `comm_ms_per_step`, `exposed_ms_per_step`, `hidden_pct`, `collectives_per_step`,
+  `visible_gpus`, `framework` (DDP, FSDP2, FSDP, DeepSpeed, Megatron, DeepEP or null), `ops`
+  (`[{op, library, group_size, calls_per_step, median_bytes, ms_per_step, exposed_ms_per_step,
+  busbw_gbps, link: {kind, gbps, source, assumed}, link_pct}]`; one rank's bus bandwidth is its
+  best call's, `collectives.collective_stats`).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -74,7 +92,8 @@ steps[] (`Step`): one flat row per step of each trace, in this order:
 - `idle_<cause>_ms` for each `causes.Cause` in order (launch, sync, blocking, warmup, input, host,
   comm, unknown, profiler: steady-state), `idle_one_off_ms`, `idle_gap_count`; absent when the
   trace has no GPU work; the causes and one-off add up to `gpu_idle_ms` (`idle.StepIdle`);
-- `peak_memory_bytes` (null without `profile_memory`).
+- `peak_memory_bytes` (null without `profile_memory`);
+- `comm_exposed_ms`, `comm_hidden_pct` (null without communication) (`overlap.StepComm`).
 
 findings[] (`Finding`), most severe first; within a severity steady-state before one-off ones, then
 the most GPU time at stake, then the most cost (`severity.finding_order`): `kind`, `title`,
@@ -111,11 +130,17 @@ in `traces[].verdict`):
 - cpu_only (`host_ops.CpuOnlyDetails`): `top_host_ops` (`[{op, count, total_ms, pct_of_step}]`),
   `step_ms`.
 - straggler (`distributed.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
-  `others_comm_wait_ms_per_step`, `ranks` (as trace.ranks).
+  `others_comm_wait_ms_per_step`, `last_arrival_pct`, `doing`, `ranks` (as trace.ranks).
 - recompile, graph_breaks (`compile.CompileStats`): as `traces[].compile`.
 - memory_peak (`memory.MemoryFindingDetails`): `family` (a `by_family` key, or `activations`),
   `memory_saved_bytes` (what the fix would save: what the family holds at the peak), `peak_bytes`,
   `by_category`, `largest` (the family's, as in `traces[].memory`).
+- exposed_communication (`comm_findings.ExposedCommDetails`): `comm_ms_per_step`,
+  `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`.
+- no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
+  `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
+- slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
+  `across_ranks`.
 """
 
 from __future__ import annotations
@@ -125,11 +150,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
-    from trainprof.analysis.distributed import RankRow
+    from trainprof.analysis.distributed import CrossRank, RankRow
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
     from trainprof.analysis.memory import MemoryProfile
+    from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -269,13 +296,18 @@ class Step(msgspec.Struct):
     """GPU-idle time by cause (`idle`)."""
     peak_memory_bytes: int | None
     """The largest allocated total inside the step (`memory`)."""
+    comm: StepComm | None = None
+    """Exposed communication and the hidden share (`overlap`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The flat JSON row: the parts' fields in this order, then `peak_memory_bytes`."""
+        """The flat JSON row: the parts' fields in this order, then `peak_memory_bytes`, then the
+        communication's."""
         row = {**self.times.to_dict(), **self.syncs.to_dict(), **self.launch.to_dict()}
         if self.idle is not None:
             row.update(self.idle.to_dict())
         row["peak_memory_bytes"] = self.peak_memory_bytes
+        if self.comm is not None:
+            row.update(self.comm.to_dict())
         return row
 
 
@@ -305,6 +337,8 @@ class TraceInfo(msgspec.Struct):
     """What report.html draws (`analyze(..., views=True)`); not in the JSON form."""
     window: int = 0
     """Which profiling window of its process this trace is (0, 1, ...: `Trace.window`)."""
+    comm: CommTotals | None = None
+    """Its communication and collectives (`collectives`); None when it has none."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -326,6 +360,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_idle_one_off": [holder.to_dict() for holder in self.idle.one_off],
             "compile": self.compile.to_dict() if self.compile is not None else None,
             "memory": self.memory.to_dict() if self.memory is not None else None,
+            "communication": self.comm.to_dict() if self.comm is not None else None,
         }
 
 
@@ -347,6 +382,13 @@ class Summary(Record, frozen=True):
     kernels_per_step: float | None = None
     peak_memory_bytes: int | None = None
     straggler_rank: int | str | None = None
+    comm_ms_per_step: float | None = None
+    """Communication time per step (collective kernels; gloo on the host without GPU work); None
+    when no trace communicates."""
+    comm_exposed_ms_per_step: float | None = None
+    """The part of it no compute hides (`overlap`)."""
+    comm_hidden_pct: float | None = None
+    """The hidden share of the communication time."""
     thresholds_overridden: dict[str, float] = {}
     """The cut-offs the caller set, by name (`trainprof.analysis.thresholds`)."""
     idle_ms_per_step: dict[str, float] = {}
@@ -375,6 +417,8 @@ class Analysis(msgspec.Struct):
     traces: list[TraceInfo] = []
     ranks: list[RankRow] = []
     """Per rank (or worker), step and communication time: only with more than one rank."""
+    cross_rank: CrossRank | None = None
+    """The cross-rank report (`distributed.CrossRank`): only with more than one rank."""
 
     @property
     def step_count(self) -> int:
@@ -391,6 +435,7 @@ class Analysis(msgspec.Struct):
                 "ranks": [rank.to_dict() for rank in self.ranks],
                 "step_count": self.step_count,
                 "summary": self.summary.to_dict(),
+                "cross_rank": self.cross_rank.to_dict() if self.cross_rank is not None else None,
             },
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],

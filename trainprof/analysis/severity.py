@@ -11,7 +11,10 @@ What each kind counts as `Finding.gpu_ms_per_step`:
   waits (the queue has drained), plus the refill after it, at most the lead the host had
   (`syncs.SyncPoint.gpu_cost_us`);
 - a recompile: the GPU idle while compiling, per step;
-- a straggler: the other ranks' wait for it, per step;
+- a straggler: the other ranks' wait for it, per step (at most its excess work);
+- exposed communication: the communication no compute hides, per step; gradients synced on every
+  micro-batch (no_sync_missing): the exposed part of the early micro-batches' syncs; a slow
+  collective: the part of its exposed time that the link's bandwidth would win back;
 - profiler overhead and one-off costs: 0, since an un-profiled run in its steady state does not
   pay them (the finding still says how much the profiled steps lost);
 - memory: 0 (it buys a larger batch or model, not GPU time in this step: the finding gives bytes).

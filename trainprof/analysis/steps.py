@@ -27,7 +27,8 @@ class StepTimes(Record, frozen=True, rename={"number": "step"}):
     kernel_ms: float
     """Union of compute kernels (communication kernels left out)."""
     comm_ms: float
-    """Union of communication (NCCL/RCCL/gloo) kernels."""
+    """Union of communication kernels (NCCL, RCCL, DeepEP, ...: `collectives`); on a trace with no
+    GPU work, of the host's collectives (gloo)."""
     memcpy_ms: float
     memset_ms: float
     kernel_count: int
@@ -64,7 +65,7 @@ def step_breakdown(timeline: Timeline) -> list[StepTimes]:
 
     comm = timeline.kernel_is_comm
     kernel_us = covered(ev["kernel"], ~comm)
-    comm_us = covered(ev["kernel"], comm)
+    comm_us = Coverage(timeline.comm.start_us, timeline.comm.end_us).covered(a, b)
     memcpy_us = covered(ev["gpu_memcpy"])
     memset_us = covered(ev["gpu_memset"])
     busy_us = timeline.gpu_busy.covered(a, b)

@@ -131,6 +131,24 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "less buys no noticeably larger batch.",
     ),
     Threshold(
+        "exposed_comm_min_share",
+        0.05,
+        "Communication that no compute hides gets a finding from 5% of the step time (or whenever the "
+        "trace is communication-bound): from there hiding it is a gain a benchmark can tell from noise.",
+    ),
+    Threshold(
+        "slow_collective_min_bytes",
+        1048576.0,
+        "A collective is held to its link's bandwidth only from 1 MiB: below, its time is latency "
+        "(NCCL's LL protocols reach a fraction of the link on small messages by design)...",
+    ),
+    Threshold(
+        "slow_collective_link_share",
+        0.25,
+        "...and is slow below 25% of the link's bandwidth per direction: tuned NCCL reaches 70-90% of "
+        "NVLink on large all-reduces (nccl-tests), so a quarter means a wrong transport or topology.",
+    ),
+    Threshold(
         "straggler_min_excess_ms",
         5.0,
         "A rank is the straggler when its non-communication time per step exceeds the other ranks' "
@@ -177,6 +195,11 @@ MEMORY_SERIES_POINTS = 400
 """Points of the memory-over-time series (each the largest total of its slice of the events)."""
 COMPILE_IDS_IN_TITLE = 3
 """Compile ids a recompile finding's title names (its evidence lists them all)."""
+COLLECTIVES_KEPT = 4096
+"""Collectives kept per trace for the cross-rank match (a DeepSeek-V3 expert-parallel step has
+~500: dispatch and combine per MoE layer, forward and backward)."""
+CROSS_RANK_COLLECTIVES_KEPT = 512
+"""Matched collectives listed in the cross-rank report (the longest waits first)."""
 
 # How much the report views keep (`trainprof.analysis.views`, drawn by report.html): they bound the
 # file's size, and decide nothing.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
+from trainprof.analysis.collectives import CommSpans, comm_kernel_mask, comm_spans
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.runtime_calls import call_kind, kind_code, kind_codes
 from trainprof.trace import EventTable, Trace
@@ -18,12 +19,6 @@ _STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")  # longer: no step (int() 
 def is_launch_call(name: str) -> bool:
     """A call that submits GPU work: a kernel launch or a graph launch, CUDA or HIP (see runtime_calls)."""
     return call_kind(name) in ("launch", "graph_launch")
-
-
-def is_comm_kernel(name: str) -> bool:
-    """NCCL (and friends) collective kernels."""
-    lowered = name.lower()
-    return "nccl" in lowered or "rccl" in lowered
 
 
 @dataclass
@@ -49,13 +44,14 @@ class Timeline:
     kernel_step: np.ndarray  # per kernel: index into `steps` (by launch time), -1 outside steps
     # per kernel: launched before the trace began (the backlog of earlier steps; in no step's kernels)
     kernel_before_trace: np.ndarray
-    kernel_is_comm: np.ndarray
+    kernel_is_comm: np.ndarray  # per kernel: communication (`collectives.comm_kernel_mask`)
     call_is_launch: np.ndarray  # launches and graph launches
     call_kind: np.ndarray  # per call: index into runtime_calls.KINDS
     name_kind: np.ndarray  # per name of `trace.names`: index into runtime_calls.KINDS of its call_kind
     kernel_is_replay: np.ndarray  # per kernel: launched by a graph launch (a replay, no launch of its own)
     # the training loop's thread: ProfilerStep#'s, else the busiest of those that launch GPU work
     main_thread: int | None
+    comm: CommSpans  # communication kernels, or the host's collectives on a trace with no GPU work
 
     def step_of(self, t_us) -> np.ndarray:
         """Index into `steps` of the window holding each time, -1 outside every step."""
@@ -110,6 +106,7 @@ def build_timeline(trace: Trace) -> Timeline:
         main_thread = max(set(step_threads), key=step_threads.count)
     else:
         main_thread = _busiest_thread(trace, calls.thread[call_is_launch])
+    kernel_is_comm = comm_kernel_mask(trace, kernels, calls, kernel_call)
     timeline = Timeline(
         trace=trace,
         steps=steps,
@@ -120,12 +117,13 @@ def build_timeline(trace: Trace) -> Timeline:
         kernel_call=kernel_call,
         kernel_step=np.zeros(0, dtype=np.int64),
         kernel_before_trace=_launched_before_trace(kernels.correlation, kernel_call, calls.correlation),
-        kernel_is_comm=trace.names_matching(is_comm_kernel)[kernels.name],
+        kernel_is_comm=kernel_is_comm,
         call_is_launch=call_is_launch,
         call_kind=call_kind,
         name_kind=name_kind,
         kernel_is_replay=kernel_is_replay,
         main_thread=main_thread,
+        comm=comm_spans(trace, kernels, kernel_is_comm),
     )
     # A kernel belongs to the step whose CPU code launched it (its GPU run may spill past the window).
     launched_at = (

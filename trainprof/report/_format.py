@@ -91,6 +91,8 @@ HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("GPU busy", "gpu_busy_pct", " %", 1),
     ("syncs / step", "syncs_per_step", "", 1),
     ("kernels / step", "kernels_per_step", "", 0),
+    ("comm / step", "comm_ms_per_step", " ms", 1),
+    ("exposed comm / step", "comm_exposed_ms_per_step", " ms", 1),
 )
 
 # The GPU-idle causes of `Summary.idle_ms_per_step` in words, in the order they are named.
@@ -149,6 +151,10 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
     compiled = next((t.compile for t in analysis.traces if t.compile is not None), None)
     if compiled is not None:
         rows.append(("torch.compile", compile_line(compiled)))
+    if analysis.cross_rank is not None:
+        from trainprof.report import ranks  # ranks renders with this module's helpers
+
+        rows += ranks.headline(analysis.cross_rank)
     return rows
 
 
@@ -365,9 +371,20 @@ def module_costs_tables(analysis: Analysis) -> list[Table]:
     return tables
 
 
+def cross_rank_tables(analysis: Analysis) -> list[Table]:
+    """With several ranks: the ranks' table, then the collectives across ranks and the longest waits
+    (`report.ranks.tables`); the console shows the first, the ranks'."""
+    if analysis.cross_rank is None:
+        return []
+    from trainprof.report import ranks
+
+    return ranks.tables(analysis.cross_rank)
+
+
 TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
     (TOP_KERNELS_KIND, top_kernels_tables),
     (MODULE_COSTS_KIND, module_costs_tables),
+    (None, cross_rank_tables),
 )
 """The tables of a report, in order: (the finding kind a table shows instead of a findings entry,
 or None; the function that builds its tables from an analysis)."""

@@ -28,8 +28,9 @@ import os
 import re
 import stat
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar, Union
 
 import msgspec
@@ -43,7 +44,14 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib serves wher
     from zlib import error as _InflateError
 
 from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIXES
-from trainprof.trace.model import CATEGORY_ALIASES, FRAME_CATEGORIES, KEPT_CATEGORIES, EventTable, Trace
+from trainprof.trace.model import (
+    CATEGORY_ALIASES,
+    FRAME_CATEGORIES,
+    KEPT_CATEGORIES,
+    CollectiveCalls,
+    EventTable,
+    Trace,
+)
 from trainprof.user_code import CodeLayout
 
 logger = logging.getLogger("trainprof")
@@ -109,45 +117,78 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
     `on_file(file, index, count)`, if given, is called before each file is read (for progress bars).
     """
     root = Path(path)
+    files = trace_paths(root)
+    traces = []
+    for index, file in enumerate(files):
+        if on_file is not None:
+            on_file(file, index, len(files))
+        trace = load_candidate(file, alone=len(files) == 1 or not root.is_dir())
+        if trace is not None:
+            traces.append(trace)
+    if not traces:
+        raise no_trace_in(files[0].parent)
+    traces.sort(key=trace_order)
+    _number_windows(traces)
+    return traces
+
+
+def no_trace_in(folder: Path) -> TraceLoadError:
+    """The error for a folder none of whose candidate files is a trace."""
+    return TraceLoadError(f"{folder}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
+
+
+def trace_paths(path: str | Path) -> list[Path]:
+    """The files `load_traces(path)` reads: the file itself, or a folder's candidate traces (its
+    newest run's, for a folder of runs)."""
+    root = Path(path)
     if not root.exists():
         raise TraceLoadError(f"{root}: no such file or folder")
-    if root.is_dir():
-        run, runs = newest_run(root)
-        if run is not None:
-            logger.info("%s holds %d runs; loading the newest, %s", root, len(runs), run.name)
-            root = run
-        files = trace_files(root)
-        traces = []
-        for index, file in enumerate(files):
-            if on_file is not None:
-                on_file(file, index, len(files))
-            try:
-                traces.append(load_trace(file))
-            except TraceLoadError:
-                if file.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) or len(files) == 1:
-                    raise
-        if not traces:
-            raise TraceLoadError(f"{root}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
-        traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.path.name))
-        _number_windows(traces)
-        return traces
-    if on_file is not None:
-        on_file(root, 0, 1)
-    return [load_trace(root)]
+    if not root.is_dir():
+        return [root]
+    run, runs = newest_run(root)
+    if run is not None:
+        logger.info("%s holds %d runs; loading the newest, %s", root, len(runs), run.name)
+        root = run
+    return trace_files(root)
+
+
+def load_candidate(file: Path, alone: bool) -> Trace | None:
+    """One of a folder's candidate files as a `Trace`; None for a file that is not a trace, unless
+    it must be one (a `*.pt.trace.json[.gz]` file, or the only file: `alone`)."""
+    try:
+        return load_trace(file)
+    except TraceLoadError:
+        if file.name.endswith(TRACE_SUFFIXES) or alone:
+            raise
+        return None
+
+
+def trace_order(trace: Trace) -> tuple:
+    """The order of a folder's traces: by rank (traces without one last), then by file name."""
+    return (trace.rank is None, trace.rank if trace.rank is not None else 0, trace.path.name)
 
 
 def _number_windows(traces: list[Trace]) -> None:
     """Set `window` 0, 1, ... on the traces of each process, in order of their first event."""
-    by_process: dict[object, list[Trace]] = {}
-    for trace in traces:
-        by_process.setdefault(trace.process, []).append(trace)
-    for windows in by_process.values():
-        windows.sort(key=_first_event_us)
-        for index, trace in enumerate(windows):
-            trace.window = index
+    numbers = window_numbers([(trace.process, first_event_us(trace)) for trace in traces])
+    for trace, window in zip(traces, numbers, strict=True):
+        trace.window = window
 
 
-def _first_event_us(trace: Trace) -> float:
+def window_numbers(windows: list[tuple[object, float]]) -> list[int]:
+    """The window number of each (process, first event µs): 0, 1, ... among its process's windows,
+    in order of their first event (`Trace.window`)."""
+    numbers = [0] * len(windows)
+    taken: dict[object, int] = {}
+    for index in sorted(range(len(windows)), key=lambda i: windows[i][1]):
+        process = windows[index][0]
+        numbers[index] = taken.get(process, 0)
+        taken[process] = numbers[index] + 1
+    return numbers
+
+
+def first_event_us(trace: Trace) -> float:
+    """When the trace's first event starts (µs; 0 for a trace without events)."""
     starts = [float(table.start_us[0]) for table in trace.events.values() if len(table)]
     return min(starts) if starts else 0.0
 
@@ -224,7 +265,7 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     # Parsing and bucketing allocate ~10^5 acyclic objects; the cyclic collector would triple the time.
     with gc_paused():
-        names, threads, tables, memory, metadata = _parse(path)
+        names, threads, tables, memory, collectives, metadata = _parse(path)
 
     distributed = metadata.get("distributedInfo")
     distributed = distributed if isinstance(distributed, dict) else None
@@ -247,6 +288,7 @@ def load_trace(path: str | Path) -> Trace:
         threads=threads,
         events=tables,
         memory=memory,
+        collective_calls=collectives,
         device_properties=[d for d in _as_list(metadata.get("deviceProperties")) if isinstance(d, dict)],
         distributed_info=distributed,
         metadata=metadata,
@@ -267,6 +309,13 @@ class _CompleteArgs(msgspec.Struct, gc=False):
     # Kineto's forward/backward link of a cpu_op (trainprof.analysis.attribution reads them).
     sequence: int = msgspec.field(default=-1, name="Sequence number")
     fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
+    # A collective's record (`record_param_comms` cpu_ops; trainprof.analysis.collectives): five
+    # fields cost loading ~3% more time (ddp_straggler, gpt2 and MI300 traces, 2026-11-25).
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
+    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
+    dtype: str | None = None
+    group_size: int = msgspec.field(default=-1, name="Group size")
 
 
 class _InstantArgs(msgspec.Struct, gc=False):
@@ -390,7 +439,7 @@ _DOCUMENT = msgspec.json.Decoder(_Document[_AnyEvent] | list[_AnyEvent])
 
 
 def _parse(path: Path):
-    """Read, parse and bucket one file; returns (names, threads, tables, memory, metadata)."""
+    """Read, parse and bucket one file; returns (names, threads, tables, memory, collectives, metadata)."""
     raw = _read_bytes(path)
     try:
         document = _decode(path, raw)
@@ -601,7 +650,7 @@ def _gunzip(raw: bytes, limit: int) -> bytes:
 
 
 def _bucket(events: list, path: Path):
-    """Kept categories' complete events and CUDA `[memory]` instants, into columns.
+    """Kept categories' complete events, CUDA `[memory]` instants and collective records, into columns.
 
     Every step below is a comprehension or a C-level map over the ~50k events, not a loop of appends:
     bucketing costs about as many instructions as all the analyses of a trace together (see _Ids).
@@ -615,9 +664,10 @@ def _bucket(events: list, path: Path):
         raise TraceLoadError(f"{path}: malformed trace event ({type(error).__name__}: {error})") from None
     if not any(len(table) for table in tables.values()):
         raise TraceLoadError(f"{path}: {_what_is_missing(events)}")
+    collectives = _collective_calls(groups["cpu_op"], ids)
     names, threads = ids.names, ids.threads
     _steps_to_annotations(tables, names)
-    return names, threads, tables, memory
+    return names, threads, tables, memory, collectives
 
 
 def _skip(event: _Complete) -> None:
@@ -654,6 +704,28 @@ def _table(category: str, group: list, ids: _Ids) -> EventTable:
         np.full(count, -1, dtype=np.int64) if frames else [arg.correlation for arg in args],
         np.full(count, _NAN) if frames else [arg.bytes for arg in args],
         *(([arg.sequence for arg in args], [arg.fwd_thread for arg in args]) if category == "cpu_op" else ()),
+    )
+
+
+def _collective_calls(ops: list, ids: _Ids) -> CollectiveCalls | None:
+    """The `record_param_comms` ops that carry a collective's args, or None when the trace has none.
+
+    Only traces that hold the name pay for the pass over their ops.
+    """
+    if "record_param_comms" not in ids.known_names():
+        return None
+    calls = [op for op in ops if op.args is not None and op.args.collective is not None]
+    if not calls:
+        return None
+    return CollectiveCalls.from_columns(
+        [op.ts for op in calls],
+        [op.dur for op in calls],
+        ids.threads_of([op.pid for op in calls], [op.tid for op in calls]),
+        [op.args.collective for op in calls],
+        [op.args.in_nelems for op in calls],
+        [op.args.out_nelems for op in calls],
+        [op.args.dtype for op in calls],
+        [op.args.group_size for op in calls],
     )
 
 
@@ -702,6 +774,10 @@ class _Ids:
         those strings kept 0.4 MB of it from going back to the system before the next file
         (peak RSS after loading ddp_straggler's two ranks in one process: 55.9 -> 55.5 MB)."""
         return [_copy(name) for name in self._name_index]
+
+    def known_names(self) -> Mapping[str, int]:
+        """The names seen so far (a read-only view: looking a name up here numbers nothing)."""
+        return MappingProxyType(self._name_index)
 
     @property
     def threads(self) -> list[tuple]:

@@ -340,6 +340,50 @@ class ThreadFrames:
 
 
 @dataclass
+class CollectiveCalls:
+    """The host's record of each collective call: Kineto's `record_param_comms` ops with their args.
+
+    Per call, sorted by start: its span and thread (a collective's kernel launch nests inside it),
+    the collective's name as c10d writes it (`allreduce`, `_allgather_base`,
+    `reduce_scatter_tensor_coalesced`, ...), the message's input and output element counts and
+    element type (`Float`, `BFloat16`, ...), and the process group's size. -1 / None: not recorded.
+    """
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+    thread: np.ndarray
+    collective: list[str]
+    in_nelems: np.ndarray
+    out_nelems: np.ndarray
+    dtype: list[str | None]
+    group_size: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_us)
+
+    @classmethod
+    def from_columns(
+        cls, start, dur, thread, collective, in_nelems, out_nelems, dtype, group_size
+    ) -> CollectiveCalls:
+        """Build the table from Python lists (each value checked once: the args are the trace's)."""
+        start_us = _column(start, np.float64)
+        end_us = start_us + np.maximum(_column(dur, np.float64), 0.0)
+        order = np.argsort(start_us, kind="stable")
+        order = order[np.isfinite(end_us[order])]
+        rows = order.tolist()
+        return cls(
+            start_us=start_us[order],
+            end_us=end_us[order],
+            thread=_column(thread, np.int32)[order],
+            collective=[collective[i] for i in rows],
+            in_nelems=_int64_column(in_nelems)[order],
+            out_nelems=_int64_column(out_nelems)[order],
+            dtype=[dtype[i] for i in rows],
+            group_size=_int64_column(group_size)[order],
+        )
+
+
+@dataclass
 class Trace:
     """One loaded trace file: one profiling window of one process (rank / worker).
 
@@ -357,6 +401,8 @@ class Trace:
     threads: list[tuple[Any, Any]]
     events: dict[str, EventTable]
     memory: EventTable
+    collective_calls: CollectiveCalls | None = None
+    """The collectives' host-side records with their message sizes (None: the trace has none)."""
     device_properties: list[dict] = field(default_factory=list)
     distributed_info: dict | None = None
     metadata: dict = field(default_factory=dict)

@@ -1,0 +1,138 @@
+"""Analyse a folder's traces one at a time, in worker processes when there are several: memory
+holds one trace per worker (plus the small per-trace results), never the folder.
+
+HolisticTraceAnalysis loads every rank's trace into one process (its users report 200 GB of
+traces needing 950 GB of memory, HTA#250). Here each worker loads, analyses and drops one trace,
+and sends back its `TraceResult` (steps, findings, a few-kB summary of its collectives), which
+`core.compose` merges: time grows with the number of ranks divided by the workers, memory with
+the largest trace times the workers.
+
+Workers are started by `forkserver` (where the platform has it, else `spawn`): forking a process
+that runs threads (a notebook, a training job) can deadlock in the child, and each worker imports
+the analysis once, not once per trace.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainprof.trace.load import (
+    load_candidate,
+    max_trace_bytes,
+    no_trace_in,
+    trace_size_limit,
+    window_numbers,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.core import TraceResult
+    from trainprof.analysis.thresholds import Thresholds
+
+PARALLEL_MIN_FILES = 4
+"""Files from which a folder is analysed in worker processes by default: starting a worker (an
+interpreter and the analysis' imports, ~0.3 s on the 2-core development machine, 2026-11-25)
+costs more than analysing two or three of the fixtures' traces in this process."""
+
+
+def analyze_files(
+    files: list[Path],
+    in_folder: bool,
+    sync_sites: list[dict] | None,
+    limits: Thresholds,
+    workers: int | None,
+    report: Callable[[str, int, int], None],
+    views: bool = False,
+) -> list[TraceResult]:
+    """The `TraceResult` of each file that is a trace (`trace.load.load_candidate`), in the order
+    `load_traces` sorts traces (by rank, then file name) and with their windows numbered as it numbers
+    them. `workers` None: one per core from `PARALLEL_MIN_FILES` files on, else this process; 1: this
+    process. `views`: as `analyze`'s."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    alone = len(files) == 1 or not in_folder
+    if workers is None:
+        workers = min(os.cpu_count() or 1, len(files)) if len(files) >= PARALLEL_MIN_FILES else 1
+    workers = min(workers, len(files))
+    if workers == 1:
+        results = [_serial(file, index, len(files), alone, sync_sites, limits, report, views)
+                   for index, file in enumerate(files)]
+    else:
+        results = _parallel(files, alone, sync_sites, limits, workers, report, views)
+    kept = [result for result in results if result is not None]
+    if not kept:
+        raise no_trace_in(files[0].parent)
+    kept.sort(key=_order)
+    _number_windows(kept)
+    return kept
+
+
+def _number_windows(results: list[TraceResult]) -> None:
+    """Each file was loaded alone (window 0): number the windows of each process as `load_traces` does,
+    on its `TraceInfo` and findings."""
+    numbers = window_numbers([(result.process, result.first_event_us) for result in results])
+    for result, window in zip(results, numbers, strict=True):
+        result.info.window = window
+        for finding in result.findings:
+            finding.window = window
+
+
+def _order(result: TraceResult) -> tuple:
+    """As `trace.load.trace_order`: by rank (none last), then file name."""
+    rank = result.info.rank
+    return (rank is None, rank if rank is not None else 0, Path(result.info.file).name)
+
+
+def _serial(
+    file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
+    report: Callable[[str, int, int], None], views: bool,
+) -> TraceResult | None:
+    from trainprof.analysis.core import analyze_trace
+
+    report(f"loading {file.name}", 2 * index, 2 * count)
+    trace = load_candidate(file, alone)
+    if trace is None:
+        return None
+    report(f"analysing {file.name}", 2 * index + 1, 2 * count)
+    return analyze_trace(trace, sync_sites, limits, views)
+
+
+def _parallel(
+    files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
+    report: Callable[[str, int, int], None], views: bool,
+) -> list[TraceResult | None]:
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    overrides = limits.overridden()
+    limit = max_trace_bytes()  # the caller's limit holds in the workers too
+    results: list[TraceResult | None] = [None] * len(files)
+    report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        pending = {
+            pool.submit(_analyze_file, str(file), alone, sync_sites, overrides, limit, views): index
+            for index, file in enumerate(files)
+        }
+        for done, future in enumerate(as_completed(pending), 1):
+            index = pending[future]
+            results[index] = future.result()  # a worker's TraceLoadError is raised here, as in this process
+            report(f"analysed {files[index].name}", 2 * done, 2 * len(files))
+    return results
+
+
+def _analyze_file(
+    file: str, alone: bool, sync_sites: list[dict] | None, overrides: dict[str, float], limit: int,
+    views: bool,
+) -> TraceResult | None:
+    """In a worker: load one file, analyse it, return its result (the trace is dropped here)."""
+    from trainprof.analysis.core import analyze_trace
+    from trainprof.analysis.thresholds import Thresholds
+
+    with trace_size_limit(limit):
+        trace = load_candidate(Path(file), alone)
+    if trace is None:
+        return None
+    return analyze_trace(trace, sync_sites, Thresholds(overrides), views)
