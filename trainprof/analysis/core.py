@@ -7,7 +7,10 @@ from pathlib import Path
 
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import attribute_kernels
+from trainprof.analysis.busy import BusyBreakdown, busy_breakdown, kernel_work
+from trainprof.analysis.busy_findings import busy_findings
 from trainprof.analysis.distributed import rank_table, straggler_finding
+from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
@@ -15,6 +18,7 @@ from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
 from trainprof.analysis.memory import peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
+from trainprof.analysis.peaks import device_peaks
 from trainprof.analysis.result import SEVERITY_ORDER, Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
@@ -96,7 +100,8 @@ def _analyze_one(
     matched_sites = join_sync_sites(points, sites, trace.code_layout) if sites else 0
     syncs = step_syncs(points, [t.number for t in times])
 
-    costs = owner_costs(timeline, attribute_kernels(timeline), tiny_kernels(timeline))
+    owners = attribute_kernels(timeline)
+    costs = owner_costs(timeline, owners, tiny_kernels(timeline))
     launch_per_step, launch_totals = launch_stats(timeline, costs)
     idle = idle_breakdown(timeline, limits)
     peaks = peak_memory_per_step(timeline)
@@ -110,6 +115,12 @@ def _analyze_one(
     tiny_pct = 100.0 * launch_totals.tiny_kernel_count / max(launch_totals.kernel_count, 1)
     trace_verdict = verdict(steps, tiny_pct, limits)
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
+    busy = None
+    if gpu_work:
+        work = kernel_work(timeline, owners, device_peaks(trace))
+        busy = busy_breakdown(timeline, work, costs)
+        swap, swapped = swap_prediction(timeline, owners, work)
+        findings.extend(busy_findings(trace, work, busy, swap, swapped, costs, trace.rank, limits))
     findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits))
     for maybe in (
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits),
@@ -133,6 +144,7 @@ def _analyze_one(
         peak_memory_bytes=max(known_peaks) if known_peaks else None,
         launch=launch_totals,
         idle=idle,
+        busy=busy,
     )
     return steps, findings, info
 
@@ -148,6 +160,7 @@ def _summary(
     else:
         headline = max(set(verdicts), key=verdicts.count) if verdicts else "unknown"
     peaks = [t.peak_memory_bytes for t in traces if t.peak_memory_bytes is not None]
+    busy = [(t.busy, len(t.step_numbers)) for t in traces if t.busy is not None]
     return Summary(
         verdict=headline,
         verdict_by_trace={
@@ -164,4 +177,23 @@ def _summary(
         peak_memory_bytes=max(peaks) if peaks else None,
         straggler_rank=straggler.rank if straggler is not None else None,
         thresholds_overridden=limits.overridden(),
+        **_busy_summary(busy),
     )
+
+
+def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
+    """The headline's GPU step time, MFU and peaks source over the traces (time-weighted), as
+    `Summary` fields; empty without GPU work."""
+    if not busy:
+        return {}
+    total_ms = sum(b.step_ms * n for b, n in busy)
+    with_mfu = [(b, n) for b, n in busy if b.mfu_pct is not None]
+    mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
+    dtypes = [b.mfu_dtype for b, _ in with_mfu]
+    sources = [b.peaks.label for b, _ in busy if b.peaks is not None]
+    return {
+        "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
+        "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
+        "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
+        "peaks_source": max(set(sources), key=sources.count) if sources else None,
+    }

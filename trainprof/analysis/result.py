@@ -21,12 +21,16 @@ trace: `files` (the trace files analysed), `traces` (one per file: one window of
 trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `straggler: rank R`),
 `verdict_by_trace` (`rank R`, else the worker -> its verdict), `mean_step_ms`, `gpu_busy_pct`
 (time-weighted: GPU busy time over step time), `syncs_per_step`, `kernels_per_step`,
-`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set).
+`peak_memory_bytes`, `straggler_rank`, `thresholds_overridden` (name -> value the caller set),
+`gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
+`mfu_dtype`, `peaks_source` (the last four absent without GPU work; `mfu_pct` null without FLOPs or
+peaks).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
-`peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`.
+`peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
+`gpu_busy`.
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
   blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
   `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
@@ -46,6 +50,22 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   one-off holders also have `steps`.
 - gpu_idle_host_functions (`idle.HostFunction`): `[{file, function, code, idle_ms_per_step,
   called_from, stack}]`, `code` user or library.
+- gpu_busy (`busy.BusyBreakdown`; null without GPU work): where the busy time goes. `step_ms` (mean
+  step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
+  summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
+  attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
+  (those FLOPs at their dtype's peak over `step_ms`), `mfu_dtype`, `peaks` (`peaks.DevicePeaks`:
+  `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s}`),
+  `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
+  achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
+  `kernel_class` one of `kernel_classes.KernelClass`'s keys: gemm_fp32, gemm_tf32, gemm_bf16_fp16,
+  gemm_fp8, gemm, attention_flash, attention_mem_efficient, attention_cudnn, attention_fused,
+  attention_unfused, convolution, norm, elementwise, reduction, copy, optimizer, communication,
+  other; `peak_pct` of the dtype's matmul peak for FLOP classes, of the copy bandwidth for byte
+  classes; `known_pct` the share of the class's time whose FLOPs or bytes are known), `modules`
+  (`[{module, path, gpu_ms_per_step, step_pct, top_class, achieved_tflops, flops_peak_pct,
+  achieved_tb_s, bytes_peak_pct}]`), `steps` (`[{step, window_ms, kernel_span_ms, kernel_ms, step_ms,
+  model_tflop, mfu_pct}]`).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -89,6 +109,22 @@ by kind (a `verdict` there is its trace's verdict, as in `traces[].verdict`):
   `step_ms`.
 - straggler (`distributed.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
   `others_comm_wait_ms_per_step`, `ranks` (as trace.ranks).
+- The findings on GPU-busy waste (`busy_findings`) carry `gpu_ms_per_step` (the predicted saving),
+  `cost_ms` (it over the profiled steps), and in `details` `step_ms` (the GPU step their shares are
+  of) and `peaks` (the peaks' source):
+  - gemm_precision (`PrecisionDetails`): `gemm_ms_per_step`, `gemm_tflop_per_step`,
+    `achieved_tflops`, `predictions` (`[{fix, dtype, gpu_ms_per_step, predicted_gpu_ms_per_step,
+    saved_ms_per_step, predicted_step_ms}]`, best first).
+  - unfused_attention (`AttentionDetails`): `unfused_ms_per_step`, `attention_tflop_per_step`,
+    `score_shape`, `modules`, `fused_ms_per_step`, `fused_tflops`, `sdpa_math_calls_per_step`,
+    `fallback_reasons`, `predicted_step_ms`.
+  - fusible_layers (`FusionDetails`): `swap` (`fusion.SwapPrediction`: `rows` (`[{op, modules,
+    instances, calls_per_step, replaced_ms_per_step, fused_ms_per_step}]`), `replaced_ms_per_step`,
+    `fused_ms_per_step`, `saved_ms_per_step`, `copy_tb_s`), `predicted_step_ms`.
+  - memory_bound_kernels (`MemoryBoundDetails`): `modules` (`[{module, gpu_ms_per_step,
+    gbyte_per_step, achieved_tb_s, bandwidth_pct, floor_ms_per_step}]`), `copy_tb_s`.
+  - gemm_shape (`GemmShapeDetails`): `shapes` (`[{op, batch, m, n, k, dtype, calls_per_step,
+    gpu_ms_per_step, achieved_tflops, reference_tflops, unaligned, skinny, module}]`).
 """
 
 from __future__ import annotations
@@ -98,6 +134,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.busy import BusyBreakdown
     from trainprof.analysis.distributed import RankRow
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
@@ -263,6 +300,8 @@ class TraceInfo(msgspec.Struct):
     peak_memory_bytes: int | None
     launch: LaunchTotals
     idle: IdleBreakdown
+    busy: BusyBreakdown | None = None
+    """Where the GPU's busy time goes (`busy`); None without GPU work."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -281,6 +320,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_idle_holders": [holder.to_dict() for holder in self.idle.holders],
             "gpu_idle_host_functions": [function.to_dict() for function in self.idle.host_functions],
             "gpu_idle_one_off": [holder.to_dict() for holder in self.idle.one_off],
+            "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
         }
 
 
@@ -304,6 +344,15 @@ class Summary(Record, frozen=True):
     straggler_rank: int | str | None = None
     thresholds_overridden: dict[str, float] = {}
     """The cut-offs the caller set, by name (`trainprof.analysis.thresholds`)."""
+    gpu_step_ms: float | None = None
+    """Mean step time as the GPU runs it: the longest of the host window, the span of the step's
+    kernels and their summed time (`busy`); longer than `mean_step_ms` when the host runs ahead."""
+    mfu_pct: float | None = None
+    """Model FLOPs at the peak of their dtype over the GPU step time, time-weighted over the traces."""
+    mfu_dtype: str | None = None
+    """The math dtype holding most of the model FLOPs (the peak MFU is mostly read against)."""
+    peaks_source: str | None = None
+    """Where the device peaks came from (`peaks.DevicePeaks.label`)."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 
