@@ -78,6 +78,13 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         for label, name, unit, decimals in HEADLINE_ROWS
         if getattr(summary, name) is not None
     ]
+    if summary.gpu_step_ms is not None:
+        rows.insert(2, ("GPU step time", number(summary.gpu_step_ms, 1, " ms")))
+    if summary.mfu_pct is not None:
+        dtype = clean(summary.mfu_dtype or "?")
+        rows.append(("MFU", f"{number(summary.mfu_pct, 1, ' %')} of the {dtype} peak"))
+    if summary.peaks_source is not None:
+        rows.append(("device peaks", clean(summary.peaks_source)))
     if summary.peak_memory_bytes is not None:
         rows.append(("peak memory", size(summary.peak_memory_bytes)))
     return rows
@@ -189,6 +196,36 @@ def module_costs(analysis: Analysis) -> list[tuple[str, ...]]:
         )
         for row in modules[:MODULE_ROWS]
     ]
+
+
+CLASS_COLUMNS = ("kernel class", "GPU ms / step", "% of step", "achieved", "% of peak")
+CLASS_ROWS = 12
+"""Rows of the GPU-time-by-kernel-class table (there are 18 classes)."""
+
+
+def kernel_classes(analysis: Analysis) -> list[tuple[str, ...]]:
+    """Rows of the GPU-time-by-kernel-class table, from the first trace with GPU work: time per step,
+    share of the GPU step, throughput (TFLOP/s for GEMMs and attention, TB/s for memory-bound classes)
+    and its share of the device's peak."""
+    busy = next((trace.busy for trace in analysis.traces if trace.busy is not None), None)
+    rows = []
+    for row in busy.classes[:CLASS_ROWS] if busy is not None else []:
+        if row.achieved_tflops is not None:
+            achieved = number(row.achieved_tflops, 1, " TFLOP/s")
+        elif row.achieved_tb_s is not None:
+            achieved = number(row.achieved_tb_s, 2, " TB/s")
+        else:
+            achieved = "-"
+        rows.append(
+            (
+                clean(row.label),
+                number(row.gpu_ms_per_step, 2),
+                number(row.step_pct, 1),
+                achieved,
+                number(row.peak_pct, 0),
+            )
+        )
+    return rows
 
 
 def trace_name(analysis: Analysis) -> str:

@@ -91,6 +91,15 @@ def _print_rich(analysis: Analysis, console: Any, limit: int) -> None:
             table.add_row(*(Text(cell) for cell in row))
         console.print(table)
 
+    classes = _format.kernel_classes(analysis)
+    if classes:
+        table = Table(title="GPU time by kernel class", title_justify="left")
+        for column in _format.CLASS_COLUMNS:
+            table.add_column(column, justify="left" if column == "kernel class" else "right", no_wrap=True)
+        for row in classes:
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+
     modules = _format.module_costs(analysis)
     if modules:
         table = Table(title="GPU time by module (forward + backward)", title_justify="left")
@@ -122,6 +131,11 @@ def render_text(
         lines.append("Top kernels:")
         lines += [f"  {name}  calls={calls}  total={ms} ms  mean={mean} us  {pct}%"
                   for name, calls, ms, mean, pct in kernels]
+    classes = _format.kernel_classes(analysis)
+    if classes:
+        lines.append("GPU time by kernel class:")
+        lines += [f"  {name}  {ms} ms/step  {pct}% of step  {achieved}  {peak}% of peak"
+                  for name, ms, pct, achieved, peak in classes]
     modules = _format.module_costs(analysis)
     if modules:
         lines.append("GPU time by module (forward + backward):")

@@ -57,6 +57,10 @@ def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) 
     if kernels:
         lines += ["", "## Top kernels", ""]
         lines += _table(_format.KERNEL_COLUMNS, kernels)
+    classes = _format.kernel_classes(analysis)
+    if classes:
+        lines += ["", "## GPU time by kernel class", ""]
+        lines += _table(_format.CLASS_COLUMNS, classes)
     modules = _format.module_costs(analysis)
     if modules:
         lines += ["", "## GPU time by module (forward + backward)", ""]
