@@ -63,9 +63,18 @@ factor (fp32 without tensor cores never does: 54 against 50.5 TFLOP/s measured o
 ATTENTION_MODULE_WORDS = ("attention", "attn")
 """Words (in any case) that name a module class as attention (`GPT2Attention`, `CausalSelfAttention`)."""
 
-_FLOPS_CLASSES = frozenset(c.code for c in CLASSES if c.work is Work.FLOPS)
-_BYTES_CLASSES = frozenset(c.code for c in CLASSES if c.work is Work.BYTES)
-_GEMM_CODES = np.array([c.code for c in GEMM_CLASSES])
+
+def _class_table(classes) -> np.ndarray:
+    """A boolean table over class codes: `table[kernel_class]` masks the kernels of `classes` (a
+    lookup per kernel; `np.isin` sorts, ten times the cost on a few thousand kernels)."""
+    table = np.zeros(len(CLASSES), dtype=bool)
+    table[[c.code for c in classes]] = True
+    return table
+
+
+_FLOPS_CLASSES = _class_table(c for c in CLASSES if c.work is Work.FLOPS)
+_BYTES_CLASSES = _class_table(c for c in CLASSES if c.work is Work.BYTES)
+_GEMM = _class_table(GEMM_CLASSES)
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(MATH_DTYPES)}
 
 
@@ -183,15 +192,17 @@ class KernelWork:
         cached = self._carries.get(kind)
         if cached is None:
             amount = self.flops if kind is Work.FLOPS else self.bytes
-            codes = _FLOPS_CLASSES if kind is Work.FLOPS else _BYTES_CLASSES
-            counted = self.op[(amount > 0) & (self.op >= 0)]
-            cached = np.isin(self.kernel_class, list(codes)) & ((amount > 0) | np.isin(self.op, counted))
+            table = _FLOPS_CLASSES if kind is Work.FLOPS else _BYTES_CLASSES
+            counted = np.zeros(int(self.op.max(initial=-1)) + 2, dtype=bool)  # per cpu_op row; last: -1
+            counted[self.op[amount > 0]] = True
+            counted[-1] = False
+            cached = table[self.kernel_class] & ((amount > 0) | counted[self.op])
             self._carries[kind] = cached
         return cached
 
     def of_class(self, *classes: KernelClass) -> np.ndarray:
         """A mask over the kernels: those of any of `classes`."""
-        return np.isin(self.kernel_class, [c.code for c in classes])
+        return _class_table(classes)[self.kernel_class]
 
     def per_step_ms(self, mask: np.ndarray) -> float:
         """The summed GPU time of the kernels in `mask`, per profiled step (ms)."""
@@ -229,19 +240,19 @@ def kernel_work(timeline: Timeline, owners: KernelOwners, peaks: DevicePeaks | N
     scores = op_work.scores & in_attention
     has_scores_softmax = bool((scores & (kernel_class == KernelClass.REDUCTION.code)).any())
     if has_scores_softmax:
-        unfused = scores & (attention_op < 0) & np.isin(kernel_class, _UNFUSED_CANDIDATES)
+        unfused = scores & (attention_op < 0) & _UNFUSED_CANDIDATES[kernel_class]
         kernel_class[unfused] = KernelClass.ATTENTION_UNFUSED.code
         dtype[unfused & (dtype < 0)] = op_work.dtype[unfused & (dtype < 0)]
 
     # The optimizer step's kernels (GEMMs aside), and collectives.
     optimizer = (owners.phase[rows] == OPTIMIZER) if len(owners.phase) else np.zeros(n, dtype=bool)
-    optimizer &= ~np.isin(kernel_class, _GEMM_CODES) & (kernel_class != KernelClass.COMMUNICATION.code)
+    optimizer &= ~_GEMM[kernel_class] & (kernel_class != KernelClass.COMMUNICATION.code)
     kernel_class[optimizer] = KernelClass.OPTIMIZER.code
     kernel_class[timeline.kernel_is_comm[rows]] = KernelClass.COMMUNICATION.code
 
     flops = _count_flops(trace, kernel_class, dtype, op, attention_op, op_work)
     bytes_moved = np.zeros(n)
-    first = _first_of_each(op, np.isin(kernel_class, list(_BYTES_CLASSES)) & np.isfinite(op_work.bytes))
+    first = _first_of_each(op, _BYTES_CLASSES[kernel_class] & np.isfinite(op_work.bytes))
     bytes_moved[first] = op_work.bytes[first]
     peak = np.array([(peaks.flops_per_s(d) if peaks else None) or np.nan for d in MATH_DTYPES] + [np.nan])
     ideal_us = np.nan_to_num(flops / peak[dtype.astype(np.int64)] * 1e6, nan=0.0)
@@ -274,10 +285,10 @@ def kernel_work(timeline: Timeline, owners: KernelOwners, peaks: DevicePeaks | N
     )
 
 
-_UNFUSED_CANDIDATES = [
-    c.code for c in (*GEMM_CLASSES, KernelClass.REDUCTION, KernelClass.ELEMENTWISE, KernelClass.COPY)
-]
-_FUSED_ATTENTION = [c.code for c in ATTENTION_CLASSES if c is not KernelClass.ATTENTION_UNFUSED]
+_UNFUSED_CANDIDATES = _class_table(
+    (*GEMM_CLASSES, KernelClass.REDUCTION, KernelClass.ELEMENTWISE, KernelClass.COPY)
+)
+_FUSED_ATTENTION = _class_table(c for c in ATTENTION_CLASSES if c is not KernelClass.ATTENTION_UNFUSED)
 
 
 @dataclass
@@ -369,7 +380,7 @@ def _count_flops(
 ) -> np.ndarray:
     """Per kernel, the FLOPs it carries: its op's (a fused attention kernel: its attention op's), on
     the first kernel of each op; sets the fused attention kernels' dtype to their op's."""
-    fused = np.isin(kernel_class, _FUSED_ATTENTION)
+    fused = _FUSED_ATTENTION[kernel_class]
     owner = np.where(fused & (attention_op >= 0), attention_op, op)
     owner_flops = op_work.flops.copy()
     if fused.any():
@@ -379,7 +390,7 @@ def _count_flops(
             signature
         ]
     flops = np.zeros(len(op))
-    first = _first_of_each(owner, np.isin(kernel_class, list(_FLOPS_CLASSES)) & np.isfinite(owner_flops))
+    first = _first_of_each(owner, _FLOPS_CLASSES[kernel_class] & np.isfinite(owner_flops))
     flops[first] = owner_flops[first]
     return flops
 
@@ -482,9 +493,7 @@ def busy_breakdown(timeline: Timeline, work: KernelWork, costs: OwnerCosts) -> B
     summed = np.bincount(work.step, weights=work.dur_us, minlength=n)
     step_us = np.maximum(np.maximum(window, span), summed)
     ideal = np.bincount(work.step, weights=work.ideal_us, minlength=n)
-    model = np.bincount(
-        work.step, weights=work.flops * np.isin(work.kernel_class, list(_FLOPS_CLASSES)), minlength=n
-    )
+    model = np.bincount(work.step, weights=work.flops * _FLOPS_CLASSES[work.kernel_class], minlength=n)
     has_mfu = bool(ideal.sum() > 0)
     total_us = float(step_us.sum())
     work.step_ms = total_us / 1e3 / max(n, 1)

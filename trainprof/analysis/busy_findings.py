@@ -533,7 +533,8 @@ def _memory_bound(context: _Context, swapped: np.ndarray) -> Finding | None:
         return None
     rows.sort(key=lambda row: -(row.gpu_ms_per_step - row.floor_ms_per_step))
     slow = {row.module for row in rows}
-    mask = known & np.isin(work.module_group, [g for g in range(groups) if _label(context, g) in slow])
+    slow_group = np.asarray([_label(context, g) in slow for g in range(groups)] + [False])
+    mask = known & slow_group[work.module_group]
     module, where = context.module_of(mask)
     return context.finding(
         "memory_bound_kernels",

@@ -124,7 +124,7 @@ def _analyze_one(
     findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits))
     for maybe in (
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits),
-        top_kernels_finding(timeline, trace.rank),
+        top_kernels_finding(timeline, trace.rank, owners.launch_op),
         module_costs_finding(costs, trace.rank),
         cpu_only_finding(timeline, times, trace.rank),
     ):

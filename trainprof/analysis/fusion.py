@@ -107,34 +107,38 @@ def swap_prediction(
     copy = work.peaks.bytes_per_s if work.peaks is not None else None
     if not owners.modules or not copy or not len(work.rows):
         return None, none
-    # Per module ref: the row of SWAPPABLE replacing it (-1 none) and the ref that is the call's root.
+    # Per module ref: the row of SWAPPABLE replacing it (-1 none), and the replaced instance (the
+    # module swap replaces, an index into `roots`: its path) it is in.
+    plans: dict[str, tuple[int, int]] = {}
+    roots: dict[str, int] = {}
     op_of_ref = np.full(len(owners.modules) + 1, -1, dtype=np.int64)
     root_of_ref = np.full(len(owners.modules) + 1, -1, dtype=np.int64)
-    root_names: dict[str, int] = {}
-    path_index = {ref.path: i for i, ref in enumerate(owners.modules)}
     for i, ref in enumerate(owners.modules):
-        classes, parts = ref.class_path.split("/"), ref.path.split("/")
-        for depth, name in enumerate(classes):
-            row = _MODULE_OP.get(name)
-            if row is None:
-                continue
-            if depth + 1 < len(classes) and classes[depth + 1] in row.kept:
-                break
-            op_of_ref[i] = SWAPPABLE.index(row)
-            root = "/".join(parts[: depth + 1])
-            root_of_ref[i] = path_index.get(root, root_names.setdefault(root, -2 - len(root_names)))
-            break
+        plan = plans.get(ref.class_path)
+        if plan is None:
+            plan = plans[ref.class_path] = _replaced_at(ref.class_path)
+        code, depth = plan
+        if code >= 0:
+            op_of_ref[i] = code
+            root_of_ref[i] = roots.setdefault("/".join(ref.path.split("/")[: depth + 1]), len(roots))
     replaced = op_of_ref[work.module]
     root = root_of_ref[work.module]
-    rope_code = SWAPPABLE.index(_ROPE)
     in_rope = _inside_function(timeline, owners, work, _ROPE)
-    replaced = np.where(in_rope, rope_code, replaced)
-    root = np.where(in_rope, work.module, root)
+    if in_rope.any():
+        rope_root = np.asarray(
+            [
+                roots.setdefault(ref.path, len(roots)) if ref.name in _ROPE.classes else -1
+                for ref in owners.modules
+            ]
+            + [-1]
+        )
+        replaced = np.where(in_rope, SWAPPABLE.index(_ROPE), replaced)
+        root = np.where(in_rope, rope_root[work.module], root)
     if not (replaced >= 0).any():
         return None, none
-
-    calls = _module_calls(timeline)
+    root_paths = list(roots)
     steps = max(work.steps, 1)
+    calls = _module_calls(timeline, {path.rsplit("/", 1)[-1] for path in root_paths})
     # Replaced kernels grouped by (op, instance), each group in launch order.
     at = np.flatnonzero(replaced >= 0)
     at = at[np.lexsort((work.rows[at], root[at], replaced[at]))]
@@ -147,21 +151,18 @@ def swap_prediction(
             continue
         fused_bytes = 0.0
         call_count = 0
+        names = set()
         for group in mine:
-            instance = int(root[group[0]])
-            ref = owners.modules[instance] if instance >= 0 else None
-            count = calls.get(ref.path.rsplit("/", 1)[-1], 0) if ref is not None else 0
+            frame = root_paths[int(root[group[0]])].rsplit("/", 1)[-1]  # LlamaRMSNorm_3
+            count = calls.get(frame, 0)
             call_count += count
             fused_bytes += count * _unit_bytes(work, group, row.op)
+            names.add(frame.rsplit("_", 1)[0])
         mask = replaced == code
-        names = sorted(
-            {owners.modules[int(r)].name for r in np.unique(work.module[mask]).tolist() if r >= 0}
-            & set(row.classes)
-        ) or sorted(row.classes[:1])
         rows.append(
             SwapRow(
                 op=row.op,
-                modules=names,
+                modules=sorted(names),
                 instances=len(mine),
                 calls_per_step=round(call_count / steps, 2),
                 replaced_ms_per_step=round(work.per_step_ms(mask), 4),
@@ -178,6 +179,20 @@ def swap_prediction(
         copy_tb_s=round(copy / 1e12, 3),
     )
     return prediction, replaced >= 0
+
+
+def _replaced_at(class_path: str) -> tuple[int, int]:
+    """(the SWAPPABLE row replacing a module of this class path, the depth of the module it replaces),
+    or (-1, -1): the outermost class of a row, unless the module is a child that row keeps."""
+    classes = class_path.split("/")
+    for depth, name in enumerate(classes):
+        row = _MODULE_OP.get(name)
+        if row is None:
+            continue
+        if depth + 1 < len(classes) and classes[depth + 1] in row.kept:
+            return -1, -1
+        return SWAPPABLE.index(row), depth
+    return -1, -1
 
 
 def _inside_function(
@@ -214,15 +229,14 @@ def _inside_function(
     return inside
 
 
-def _module_calls(timeline: Timeline) -> dict[str, int]:
-    """Calls of each module instance inside the profiled steps, by its frame name (`LlamaRMSNorm_3`)."""
+def _module_calls(timeline: Timeline, frames: set[str]) -> dict[str, int]:
+    """Calls inside the profiled steps of the module instances whose frame names (`LlamaRMSNorm_3`)
+    are `frames`."""
     trace = timeline.trace
     python = trace.events["python_function"]
-    is_module = trace.names_matching(lambda name: name.startswith(MODULE_PREFIX))
-    rows = np.flatnonzero(is_module[python.name]) if len(python) else np.zeros(0, dtype=np.int64)
-    rows = rows[timeline.step_of(python.start_us[rows]) >= 0] if len(rows) else rows
-    if not len(rows):
-        return {}
+    ids = [i for i in (trace.name_id(MODULE_PREFIX + frame) for frame in frames) if i >= 0]
+    rows = np.flatnonzero(np.isin(python.name, ids)) if ids and len(python) else np.zeros(0, dtype=np.int64)
+    rows = rows[timeline.step_of(python.start_us[rows]) >= 0]
     names, counts = np.unique(python.name[rows], return_counts=True)
     return {
         trace.names[i].removeprefix(MODULE_PREFIX): int(c)

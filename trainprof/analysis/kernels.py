@@ -59,8 +59,22 @@ def kernel_ops(timeline: Timeline, kernels: np.ndarray) -> np.ndarray:
     return op_name
 
 
-def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
-    """An info finding listing the kernels and the (innermost) ops with the most GPU time in the steps."""
+def _op_names(trace, op_rows: np.ndarray) -> np.ndarray:
+    """The name ids of cpu_op rows (-1: none, or an op with an empty name), as `kernel_ops` gives them."""
+    names = np.where(op_rows >= 0, trace.events["cpu_op"].name[np.clip(op_rows, 0, None)], -1)
+    empty_name = trace.name_id("")
+    if empty_name >= 0:
+        names[names == empty_name] = -1
+    return names.astype(np.int64)
+
+
+def top_kernels_finding(
+    timeline: Timeline, rank: int | None, launch_op: np.ndarray | None = None
+) -> Finding | None:
+    """An info finding listing the kernels and the (innermost) ops with the most GPU time in the steps.
+
+    `launch_op`: per kernel, the cpu_op row of the innermost op around its launch, when the caller
+    has it (`attribution.KernelOwners.launch_op`: the same ops `kernel_ops` finds, already found)."""
     trace, kernels = timeline.trace, timeline.kernels
     in_steps = np.flatnonzero(timeline.kernel_step >= 0)
     if in_steps.size == 0:
@@ -86,7 +100,10 @@ def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
         if by_name_n[i]
     ]
 
-    op_name = kernel_ops(timeline, in_steps)
+    if launch_op is not None and len(launch_op) == len(kernels):
+        op_name = _op_names(trace, launch_op[in_steps])
+    else:
+        op_name = kernel_ops(timeline, in_steps)
     # Ops ranked by GPU time, ties in order of their first kernel; bincount adds each op's kernel
     # times in kernel order, as a running sum would.
     ops, first, inverse = np.unique(op_name, return_index=True, return_inverse=True)
