@@ -1063,3 +1063,26 @@ def test_the_gpu_step_time_is_the_unprofiled_step_time(busy_run, scenario, varia
 def test_the_host_window_alone_would_miss_most_of_vocab_heads_step(busy_run):
     result, measured_ms = busy_run("vocab_head", "bare")
     assert result.summary.mean_step_ms < 0.5 * measured_ms < result.summary.gpu_step_ms
+
+
+def test_a_trace_without_ops_or_shapes_still_has_kernel_classes(tmp_path):
+    trace = TraceBuilder()
+    trace.step(1, 0, 10_000)
+    trace.launch("volta_sgemm_128x64_nn", 100, 200, 5_000)
+    trace.launch(
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+        150,
+        5_300,
+        1_000,
+    )
+    result = analyze(trace.write(tmp_path))
+    busy = _busy(result)
+    assert [(row.kernel_class, row.gpu_ms_per_step) for row in busy.classes] == [
+        ("gemm_fp32", 5.0),
+        ("elementwise", 1.0),
+    ]
+    assert busy.mfu_pct is None and busy.classes[0].achieved_tflops is None
+    # Without FLOPs the fp32 GEMMs keep their share of the peak in bf16: a prediction all the same.
+    (finding,) = [f for f in result.findings if f.kind in BUSY_KINDS]
+    assert finding.kind == "gemm_precision"
+    assert finding.gpu_ms_per_step == pytest.approx(5.0 - 5.0 * H200["fp32"] / H200["bf16"], rel=1e-3)

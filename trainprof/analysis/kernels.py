@@ -61,7 +61,10 @@ def kernel_ops(timeline: Timeline, kernels: np.ndarray) -> np.ndarray:
 
 def _op_names(trace, op_rows: np.ndarray) -> np.ndarray:
     """The name ids of cpu_op rows (-1: none, or an op with an empty name), as `kernel_ops` gives them."""
-    names = np.where(op_rows >= 0, trace.events["cpu_op"].name[np.clip(op_rows, 0, None)], -1)
+    cpu_ops = trace.events["cpu_op"]
+    if not len(cpu_ops):
+        return np.full(len(op_rows), -1, dtype=np.int64)
+    names = np.where(op_rows >= 0, cpu_ops.name[np.clip(op_rows, 0, None)], -1)
     empty_name = trace.name_id("")
     if empty_name >= 0:
         names[names == empty_name] = -1
