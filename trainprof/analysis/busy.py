@@ -31,8 +31,7 @@ and its split-K reduction share one op). FLOPs recorded by `with_flops` replace 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 import numpy as np
 
 from trainprof.analysis.arrays import numpy_round, unique_inverse
@@ -151,8 +150,7 @@ class BusyBreakdown(Record, frozen=True):
     steps: list[StepBusy]
 
 
-@dataclass
-class KernelWork:
+class KernelWork(msgspec.Struct):
     """Per kernel launched inside the profiled steps (rows of `timeline.kernels` in `rows`): its
     class, work and owner, for `busy_breakdown` and the findings on busy time (`busy_findings`).
 
@@ -184,12 +182,13 @@ class KernelWork:
     step_ms: float
     peaks: DevicePeaks | None
     has_scores_softmax: bool
-    _carries: dict = field(default_factory=dict, repr=False)
+    carried: dict = msgspec.field(default_factory=dict)
+    """`carries`'s masks, by kind, computed once."""
 
     def carries(self, kind: Work) -> np.ndarray:
         """A mask over the kernels: of a class bound by `kind` (FLOPs or bytes) whose op's amount of
         it is known (counted on this kernel or a sibling of the same op)."""
-        cached = self._carries.get(kind)
+        cached = self.carried.get(kind)
         if cached is None:
             amount = self.flops if kind is Work.FLOPS else self.bytes
             table = _FLOPS_CLASSES if kind is Work.FLOPS else _BYTES_CLASSES
@@ -197,7 +196,7 @@ class KernelWork:
             counted[self.op[amount > 0]] = True
             counted[-1] = False
             cached = table[self.kernel_class] & ((amount > 0) | counted[self.op])
-            self._carries[kind] = cached
+            self.carried[kind] = cached
         return cached
 
     def of_class(self, *classes: KernelClass) -> np.ndarray:
@@ -291,8 +290,7 @@ _UNFUSED_CANDIDATES = _class_table(
 _FUSED_ATTENTION = _class_table(c for c in ATTENTION_CLASSES if c is not KernelClass.ATTENTION_UNFUSED)
 
 
-@dataclass
-class _OpArrays:
+class _OpArrays(msgspec.Struct):
     """Per kernel, its launching op's `OpWork` fields (NaN, -1 or False where unknown); FLOPs recorded
     by `with_flops` replace the computed ones, and a FLOP-bound op (matrix product, convolution)
     has no bytes: its transposes and casts are not memory-bound work of their own."""
@@ -531,8 +529,7 @@ def busy_breakdown(timeline: Timeline, work: KernelWork, costs: OwnerCosts) -> B
     )
 
 
-@dataclass
-class _Throughput:
+class _Throughput(msgspec.Struct):
     """Per group of kernels (a class, a module): FLOPs and bytes over the time of the kernels whose
     ops carry them (an op's work counts on one of its kernels; its siblings' time counts too)."""
 

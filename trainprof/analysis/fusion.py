@@ -18,7 +18,7 @@ for RoPE (see `FUSED_BYTES_FACTOR`). Calls per step come from the module's frame
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,8 +43,7 @@ FUSED_BYTES_FACTOR = {"layer_norm": 5, "rms_norm": 5, "gelu": 5, "gated_mlp": 8,
 FORWARD_BYTES_FACTOR = {"layer_norm": 2, "rms_norm": 2, "gelu": 2, "gated_mlp": 3, "rope": 1}
 
 
-@dataclass(frozen=True)
-class Swappable:
+class Swappable(NamedTuple):
     """Modules of these classes (by the class name a trace's `nn.Module: Class_i` frame carries)
     are what `fused_layers.swap` replaces with its `op`; `kept`: child classes the fused module keeps
     (their kernels stay). For `rope`, the classes are attention modules whose `function` swap reroutes."""

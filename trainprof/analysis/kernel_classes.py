@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class Work(enum.Enum):
@@ -82,8 +82,7 @@ GEMM_CLASS_OF_DTYPE = {
 }
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """Kernels whose name (or launching op's name) matches `pattern` (searched, case-insensitive) are
     `kernel_class`; `why` says what the names are."""
 
@@ -212,8 +211,7 @@ GEMM_DTYPE_RULES: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class AttentionOp:
+class AttentionOp(NamedTuple):
     """A fused attention op of ATen: which implementation runs its kernels, and where its FLOPs are.
 
     `query` and `key` index its inputs; `seq_axis` is the key's sequence axis (-2 for the
@@ -250,12 +248,15 @@ ATTENTION_OPS: dict[str, AttentionOp] = {
     "aten::_cudnn_attention_forward": AttentionOp(KernelClass.ATTENTION_CUDNN, 0, 1, -2, False),
     "aten::_cudnn_attention_backward": AttentionOp(KernelClass.ATTENTION_CUDNN, 1, 2, -2, True),
 }
+_DTYPE_RULES = tuple((pattern, dtype) for dtype, pattern in GEMM_DTYPE_RULES)
 SDPA_MATH_OP = "aten::_scaled_dot_product_attention_math"
 """SDPA's fallback: attention as plain matmuls and a softmax (its kernels are unfused attention)."""
 
-_NAME_PATTERNS = tuple((re.compile(rule.pattern, re.IGNORECASE), rule.kernel_class) for rule in NAME_RULES)
-_OP_PATTERNS = tuple((re.compile(rule.pattern, re.IGNORECASE), rule.kernel_class) for rule in OP_RULES)
-_DTYPE_PATTERNS = tuple((dtype, re.compile(pattern, re.IGNORECASE)) for dtype, pattern in GEMM_DTYPE_RULES)
+
+@functools.cache
+def _compiled(rules: tuple) -> tuple:
+    """The rules' patterns compiled, once, on first use (not at import)."""
+    return tuple((re.compile(pattern, re.IGNORECASE), value) for pattern, value, *_ in rules)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -265,10 +266,12 @@ def classify_name(name: str) -> tuple[KernelClass, str | None]:
     Cached: the windows and ranks of one run share their kernel names.
     """
     short = name.removeprefix("void ")
-    kernel_class = next((cls for pattern, cls in _NAME_PATTERNS if pattern.search(short)), KernelClass.OTHER)
+    kernel_class = next(
+        (cls for pattern, cls in _compiled(NAME_RULES) if pattern.search(short)), KernelClass.OTHER
+    )
     dtype = None
     if kernel_class is KernelClass.GEMM:
-        dtype = next((d for d, pattern in _DTYPE_PATTERNS if pattern.search(short)), None)
+        dtype = next((d for pattern, d in _compiled(_DTYPE_RULES) if pattern.search(short)), None)
         kernel_class = GEMM_CLASS_OF_DTYPE.get(dtype, KernelClass.GEMM)
     return kernel_class, dtype
 
@@ -276,4 +279,4 @@ def classify_name(name: str) -> tuple[KernelClass, str | None]:
 @functools.lru_cache(maxsize=4096)
 def classify_op(name: str) -> KernelClass:
     """The class an op's kernels have when their names say nothing (`OTHER` when the op does not either)."""
-    return next((cls for pattern, cls in _OP_PATTERNS if pattern.search(name)), KernelClass.OTHER)
+    return next((cls for pattern, cls in _compiled(OP_RULES) if pattern.search(name)), KernelClass.OTHER)

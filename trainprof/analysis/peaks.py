@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from trainprof.analysis.result import Record
 from trainprof.trace import Trace
@@ -49,8 +49,7 @@ class DevicePeaks(Record, frozen=True):
         return f"{self.source}: {self.detail}"
 
 
-@dataclass(frozen=True)
-class KnownDevice:
+class KnownDevice(NamedTuple):
     """One row of `KNOWN_DEVICES`: the devices whose trace name matches `pattern` (a regex searched in
     `deviceProperties.name`; `min_memory_gib`, when set, also requires that much `totalGlobalMem`)."""
 

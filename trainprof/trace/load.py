@@ -268,6 +268,9 @@ def load_trace(path: str | Path) -> Trace:
     )
 
 
+_NO_RAW = msgspec.Raw(b"")
+
+
 class _CompleteArgs(msgspec.Struct, gc=False):
     """The `args` of a complete event that the analyses read; msgspec skips the rest while parsing.
     Each field costs every other key of every event's `args` a comparison: keep them few (the
@@ -281,8 +284,8 @@ class _CompleteArgs(msgspec.Struct, gc=False):
     # A cpu_op's recorded inputs (`record_shapes`) and FLOPs (`with_flops`), read by
     # trainprof.analysis.work. The lists stay JSON text (msgspec.Raw, a view into the file's bytes):
     # 1.8 ms more decoding on gpt2_pathologies' 15 MB (24.0 -> 25.9 ms) for all three fields.
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     flops: float = _NAN
 
 
@@ -379,8 +382,8 @@ def _narrow(args: _Args | None, kind: type) -> msgspec.Struct | None:
 
 
 def _as_raw(value: Any) -> msgspec.Raw:
-    """A decoded arg back as JSON text (absent: empty)."""
-    return msgspec.Raw(b"") if value is None else msgspec.Raw(msgspec.json.encode(value))
+    """A decoded arg back as JSON text (absent: one shared empty text, not one per event)."""
+    return _NO_RAW if value is None else msgspec.Raw(msgspec.json.encode(value))
 
 
 def _phase(event: msgspec.Struct) -> str:
