@@ -1086,3 +1086,30 @@ def test_a_trace_without_ops_or_shapes_still_has_kernel_classes(tmp_path):
     (finding,) = [f for f in result.findings if f.kind in BUSY_KINDS]
     assert finding.kind == "gemm_precision"
     assert finding.gpu_ms_per_step == pytest.approx(5.0 - 5.0 * H200["fp32"] / H200["bf16"], rel=1e-3)
+
+
+def _numpy_values(value, path: str = "") -> list[str]:
+    """Where a record holds numpy scalars instead of Python numbers (the API hands out plain ones)."""
+    import msgspec
+
+    if isinstance(value, msgspec.Struct):
+        return [p for f in value.__struct_fields__ for p in _numpy_values(getattr(value, f), f"{path}.{f}")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _numpy_values(v, f"{path}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _numpy_values(v, f"{path}[{i}]")]
+    return [path] if type(value).__module__ == "numpy" else []
+
+
+def test_busy_records_hold_plain_numbers(busy_run, tmp_path):
+    results = [
+        busy_run("gpt2_attention", "eager")[0],
+        busy_run("fp32_mlp", "fp32")[0],
+        _slow_elementwise_trace(tmp_path, 500),
+    ]
+    for result in results:
+        for trace in result.traces:
+            assert _numpy_values(trace.busy) == []
+        for finding in result.findings:
+            assert _numpy_values(finding.details) == [], finding.kind
+        assert _numpy_values(result.summary) == []

@@ -512,17 +512,17 @@ def _memory_bound(context: _Context, swapped: np.ndarray) -> Finding | None:
     )
     rows = []
     for group in np.flatnonzero(group_us > 0).tolist():
-        rate = group_bytes[group] / group_us[group] * 1e6
+        rate = float(group_bytes[group] / group_us[group] * 1e6)
         if rate >= context.limits.memory_bound_max_bandwidth_share * copy:
             continue
-        floor_us = group_floor[group]
+        floor_us = float(group_floor[group])
         path = work.module_paths[group]
         owner = context.owners.get(path)
         rows.append(
             MemoryBoundModule(
                 module=owner.label if owner else path.rsplit("/", 1)[-1],
-                gpu_ms_per_step=round(group_us[group] / 1e3 / context.steps, 4),
-                gbyte_per_step=round(group_bytes[group] / 1e9 / context.steps, 4),
+                gpu_ms_per_step=round(float(group_us[group]) / 1e3 / context.steps, 4),
+                gbyte_per_step=round(float(group_bytes[group]) / 1e9 / context.steps, 4),
                 achieved_tb_s=round(rate / 1e12, 3),
                 bandwidth_pct=round(100.0 * rate / copy, 1),
                 floor_ms_per_step=round(floor_us / 1e3 / context.steps, 4),
@@ -593,8 +593,8 @@ def _gemm_shapes(context: _Context) -> Finding | None:
             reference[dtype] = min(flops / us * 1e6, peak) if peak else flops / us * 1e6
     slow = []
     for index, signature, dtype, shape, unaligned, skinny in shapes:
-        rate = sig_flops[index] / sig_us[index] * 1e6
-        ref = reference.get(dtype, 0.0)
+        rate = float(sig_flops[index] / sig_us[index] * 1e6)
+        ref = float(reference.get(dtype, 0.0))
         if not (unaligned or skinny) or not ref or rate >= context.limits.gemm_shape_max_rate_share * ref:
             continue
         at_stake_us = sig_us[index] - sig_flops[index] / ref * 1e6
@@ -610,8 +610,8 @@ def _gemm_shapes(context: _Context) -> Finding | None:
                     n=n,
                     k=k,
                     dtype=dtype,
-                    calls_per_step=round(sig_calls[index] / context.steps, 2),
-                    gpu_ms_per_step=round(sig_us[index] / 1e3 / context.steps, 4),
+                    calls_per_step=round(float(sig_calls[index]) / context.steps, 2),
+                    gpu_ms_per_step=round(float(sig_us[index]) / 1e3 / context.steps, 4),
                     achieved_tflops=round(rate / 1e12, 2),
                     reference_tflops=round(ref / 1e12, 2),
                     unaligned=unaligned,
