@@ -461,7 +461,8 @@ def _fusion(context: _Context, swap: SwapPrediction | None, swapped: np.ndarray)
     work = context.work
     saved = swap.saved_ms_per_step
     replaced = ", ".join(f"{'/'.join(row.modules)} x{row.instances}" for row in swap.rows)
-    what = " and ".join(dict.fromkeys(_OP_WORDS[row.op] for row in swap.rows))
+    words = list(dict.fromkeys(_OP_WORDS[row.op] for row in swap.rows))
+    what = " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
     step = work.step_ms
     return context.finding(
         "fusible_layers",
