@@ -56,6 +56,11 @@ class SessionConfig:
     capture_syncs: bool = True
     """During recorded steps, capture the exact file and line of every synchronizing call."""
 
+    measure_peaks: bool = True
+    """At exit, measure the GPU's matmul and copy rates once per device and torch version (cached
+    on disk; ~0.3 s of GPU time the first time) and write them beside the traces: the analysis reads
+    achieved throughput and MFU against them (else against its table of known devices)."""
+
     analyze: bool = True
     """Analyse each trace as it is written, and write summary.json and report.md at exit."""
 

@@ -7,3 +7,6 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 """What a folder's trace files end with, gzipped or not."""
 SYNCSITES_SUFFIX = ".syncsites.json"
 """`<worker>.syncsites.json`: the captured sync sites beside a worker's traces (DEVELOPING.md)."""
+PEAKS_SUFFIX = ".peaks.json"
+"""`<worker>.peaks.json`: the device's matmul and copy rates the session measured, beside its traces
+(`trainprof.capture.peaks`)."""

@@ -12,6 +12,8 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
   (checked after export; a failed or truncated export is removed, never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md);
+- `W.peaks.json`: the GPU's matmul and copy rates, measured once per device and torch version
+  (`trainprof.capture.peaks`), read by the analysis for achieved TFLOP/s, TB/s and MFU;
 - at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
   process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars;
   with a process group of several ranks, rank 0 also writes the cross-rank report from every rank's
@@ -586,6 +588,15 @@ class Session:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def _write_peaks(self) -> None:
+        """The device's measured matmul and copy rates beside the traces (`trainprof.capture.peaks`):
+        measured once per device and torch version, after the profiler stopped; nothing on a CPU."""
+        from trainprof.capture.peaks import current_device_peaks, write_beside
+
+        peaks = current_device_peaks()
+        if peaks is not None:
+            write_beside(self.run_dir, self.worker, peaks)
+
     def _load_finished_steps(self) -> list[Any]:
         """The kept windows' traces, less the step that never ended (a loop that stopped mid-window).
 
@@ -616,6 +627,8 @@ class Session:
         if not self._windows:
             self._say_nothing_recorded()
             return
+        if self.config.measure_peaks:  # for an offline analysis too
+            self._write_peaks()
         if not self.config.analyze:
             reason = "analyze=False: traces written, not analysed"
             self.summary = _not_profiled(reason)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from trainprof.ab.results import VariantResult
+from trainprof.analysis.fusion import FUSED_BYTES_FACTOR  # one table for this and the session analysis
 
 #: Named when the fused prediction is computed: profiler ranges around what swap would replace.
 REPLACED_RANGE = "trainprof.ab.replaced"
@@ -29,15 +30,6 @@ class Swappable:
     bytes_per_call: list[float] = field(default_factory=list)  # fused op's fewest bytes, fwd + bwd
 
 
-#: Fewest bytes a fused op moves per call, forward + backward, in units of its activation's size
-#: (x for the norms and GELU; the gate projection's output for a gated MLP). Norms and GELU:
-#: forward reads x and writes y (2), backward reads x and dy and writes dx (3). Gated MLP:
-#: forward reads gate and up and writes h (3), backward reads gate, up, dh, writes dgate, dup (5).
-#: Weights (one row) are negligible. RoPE, in units of q, k, q_embed and k_embed together (each
-#: read or written once in each pass: forward reads q, k and writes q_embed, k_embed; backward
-#: reads their grads and writes dq, dk), plus cos and sin, read once per (b, t) position in each
-#: pass (``_rope_bytes``).
-FUSED_BYTES_FACTOR = {"layer_norm": 5, "rms_norm": 5, "gelu": 5, "gated_mlp": 8, "rope": 2}
 _KEPT_CHILDREN = {"gated_mlp": ("gate_proj", "up_proj", "down_proj")}
 
 

@@ -77,6 +77,9 @@ class KernelOwners:
     `linked`: a backward kernel whose forward op was found; `site_thread`/`site_start_us`/`site_end_us`:
     the CPU span whose enclosing frames own the kernel (the launch call, or the linked forward op of
     a backward kernel; thread -1 when the kernel has no launch call), for looking up user frames.
+    `launch_op`: the row in `trace.events["cpu_op"]` of the innermost op around the kernel's launch
+    (-1 none), whose recorded inputs are the kernel's work; `op_parent`: per cpu_op row, the row of
+    the op it runs inside (-1 none).
     """
 
     phase: np.ndarray
@@ -88,6 +91,8 @@ class KernelOwners:
     site_end_us: np.ndarray
     ops: list[str]
     modules: list[ModuleRef]
+    launch_op: np.ndarray
+    op_parent: np.ndarray
 
     def phase_of(self, kernel: int) -> str | None:
         """`"forward"`, `"backward"`, `"optimizer"` or None for one kernel."""
@@ -161,7 +166,8 @@ def attribute_sites(
         return KernelOwners(
             phase=np.zeros(n, dtype=np.int8), op=unknown, module=unknown.copy(),
             linked=np.zeros(n, dtype=bool), site_thread=launch_thread, site_start_us=launch_start,
-            site_end_us=launch_end, ops=[], modules=[],
+            site_end_us=launch_end, ops=[], modules=[], launch_op=unknown.copy(),
+            op_parent=np.zeros(0, dtype=np.int64),
         )
     ops = index.ops
     op_of_kernel = ops.nesting.innermost(launch_thread, launch_start, launch_end)
@@ -225,6 +231,8 @@ def attribute_sites(
         site_end_us=site_end,
         ops=names,
         modules=refs,
+        launch_op=op_of_kernel,
+        op_parent=ops.nesting.parent,
     )
 
 

@@ -10,6 +10,8 @@ import msgspec
 from trainprof.analysis.allocator import allocator_calls
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import AttributionIndex, attribute_kernels
+from trainprof.analysis.busy import BusyBreakdown, busy_breakdown, kernel_work
+from trainprof.analysis.busy_findings import busy_findings
 from trainprof.analysis.causes import INFERENCE_FIXES, Cause
 from trainprof.analysis.collectives import (
     CommTotals,
@@ -27,6 +29,7 @@ from trainprof.analysis.comm_findings import (
 from trainprof.analysis.compile import compile_findings, compile_stats
 from trainprof.analysis.distributed import RankSummary, cross_rank, rank_summary
 from trainprof.analysis.folder import analyze_files
+from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
@@ -37,6 +40,7 @@ from trainprof.analysis.links import link_for
 from trainprof.analysis.memory import memory_finding, memory_profile, peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
 from trainprof.analysis.overlap import step_exposure
+from trainprof.analysis.peaks import device_peaks
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
@@ -201,6 +205,12 @@ def _analyze_one(
     if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
+    busy = None
+    if gpu_work:
+        work = kernel_work(timeline, owners, device_peaks(trace))
+        busy = busy_breakdown(timeline, work, costs)
+        swap, swapped = swap_prediction(timeline, owners, work)
+        findings.extend(busy_findings(trace, work, busy, swap, swapped, costs, trace.rank, limits))
     compiled = compile_stats(timeline)
     recompiling = compiled is not None and compiled.recompiles_every_step
     # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
@@ -211,7 +221,7 @@ def _analyze_one(
     findings.extend(compile_findings(compiled, timeline, trace_verdict.step_ms, trace.rank, limits))
     for maybe in (
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits, recompiling, inference),
-        top_kernels_finding(timeline, trace.rank),
+        top_kernels_finding(timeline, trace.rank, owners.launch_op),
         module_costs_finding(costs, trace.rank),
         memory_finding(memory, trace_verdict.step_ms, trace.rank, limits, device_memory, inference),
         cpu_only_finding(timeline, times, trace.rank),
@@ -238,6 +248,7 @@ def _analyze_one(
         views=trace_views(timeline, owners, idle.pieces if gpu_work else None, points) if views else None,
         window=trace.window,
         comm=comm,
+        busy=busy,
     )
     return steps, findings, info
 
@@ -292,6 +303,7 @@ def _summary(
     comm_ms = sum(s.times.comm_ms for s in steps)
     exposed_ms = sum(s.comm.comm_exposed_ms for s in steps if s.comm is not None)
     communicates = any(t.comm is not None for t in traces)
+    busy = [(t.busy, len(t.step_numbers)) for t in traces if t.busy is not None]
     return Summary(
         verdict=headline,
         verdict_by_trace={
@@ -312,6 +324,7 @@ def _summary(
         comm_hidden_pct=round(100 * (1 - exposed_ms / comm_ms), 2) if communicates and comm_ms > 0 else None,
         thresholds_overridden=limits.overridden(),
         idle_ms_per_step=_idle_ms_per_step(steps),
+        **_busy_summary(busy),
     )
 
 
@@ -327,3 +340,21 @@ def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
                 totals[cause.key] += ms
             totals["one_off"] += step.idle.one_off_ms
     return {key: round(ms / n, 4) for key, ms in totals.items()}
+
+
+def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
+    """The headline's GPU step time, MFU and peaks source over the traces (time-weighted), as
+    `Summary` fields; empty without GPU work."""
+    if not busy:
+        return {}
+    total_ms = sum(b.step_ms * n for b, n in busy)
+    with_mfu = [(b, n) for b, n in busy if b.mfu_pct is not None]
+    mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
+    dtypes = [b.mfu_dtype for b, _ in with_mfu]
+    sources = [b.peaks.label for b, _ in busy if b.peaks is not None]
+    return {
+        "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
+        "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
+        "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
+        "peaks_source": max(set(sources), key=sources.count) if sources else None,
+    }

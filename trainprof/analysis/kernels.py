@@ -91,8 +91,25 @@ def _named_frames(trace: Trace, frames: ThreadFrames) -> np.ndarray:
     return ~step_names[frames.name_ids] if len(frames.name_ids) else np.zeros(0, dtype=bool)
 
 
-def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
-    """An info finding listing the kernels and the (innermost) ops with the most GPU time in the steps."""
+def _op_names(trace: Trace, op_rows: np.ndarray) -> np.ndarray:
+    """The name ids of cpu_op rows (-1: none, or an op with an empty name), as `kernel_ops` gives them."""
+    cpu_ops = trace.events["cpu_op"]
+    if not len(cpu_ops):
+        return np.full(len(op_rows), -1, dtype=np.int64)
+    names = np.where(op_rows >= 0, cpu_ops.name[np.clip(op_rows, 0, None)], -1)
+    empty_name = trace.name_id("")
+    if empty_name >= 0:
+        names[names == empty_name] = -1
+    return names.astype(np.int64)
+
+
+def top_kernels_finding(
+    timeline: Timeline, rank: int | None, launch_op: np.ndarray | None = None
+) -> Finding | None:
+    """An info finding listing the kernels and the (innermost) ops with the most GPU time in the steps.
+
+    `launch_op`: per kernel, the cpu_op row of the innermost op around its launch, when the caller
+    has it (`attribution.KernelOwners.launch_op`: the same ops `kernel_ops` finds, already found)."""
     trace, kernels = timeline.trace, timeline.kernels
     in_steps = np.flatnonzero(timeline.kernel_step >= 0)
     if in_steps.size == 0:
@@ -118,7 +135,14 @@ def top_kernels_finding(timeline: Timeline, rank: int | None) -> Finding | None:
         if by_name_n[i]
     ]
 
-    op_name = kernel_ops(timeline, in_steps, frame_fallback=True)
+    if launch_op is not None and len(launch_op) == len(kernels):
+        op_name = _op_names(trace, launch_op[in_steps])
+        # Only the launches no op encloses are looked up again, for the frame around them.
+        unnamed = np.flatnonzero(op_name < 0)
+        if unnamed.size:
+            op_name[unnamed] = kernel_ops(timeline, in_steps[unnamed], frame_fallback=True)
+    else:
+        op_name = kernel_ops(timeline, in_steps, frame_fallback=True)
     # Ops ranked by GPU time, ties in order of their first kernel; bincount adds each op's kernel
     # times in kernel order, as a running sum would.
     ops, first, inverse = np.unique(op_name, return_index=True, return_inverse=True)

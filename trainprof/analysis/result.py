@@ -35,14 +35,16 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 `comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
-work).
+work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
+`mfu_dtype`, `peaks_source` (the last four absent without GPU work; `mfu_pct` null without FLOPs or
+peaks).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`.
+`compile`, `memory`, `communication`, `gpu_busy`.
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
   blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
   `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
@@ -80,6 +82,22 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   (`[{op, library, group_size, calls_per_step, median_bytes, ms_per_step, exposed_ms_per_step,
   busbw_gbps, link: {kind, gbps, source, assumed}, link_pct}]`; one rank's bus bandwidth is its
   best call's, `collectives.collective_stats`).
+- gpu_busy (`busy.BusyBreakdown`; null without GPU work): where the busy time goes. `step_ms` (mean
+  step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
+  summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
+  attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
+  (those FLOPs at their dtype's peak over `step_ms`), `mfu_dtype`, `peaks` (`peaks.DevicePeaks`:
+  `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s}`),
+  `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
+  achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
+  `kernel_class` one of `kernel_classes.KernelClass`'s keys: gemm_fp32, gemm_tf32, gemm_bf16_fp16,
+  gemm_fp8, gemm, attention_flash, attention_mem_efficient, attention_cudnn, attention_fused,
+  attention_unfused, convolution, norm, elementwise, reduction, copy, optimizer, communication,
+  other; `peak_pct` of the dtype's matmul peak for FLOP classes, of the copy bandwidth for byte
+  classes; `known_pct` the share of the class's time whose FLOPs or bytes are known), `modules`
+  (`[{module, path, gpu_ms_per_step, step_pct, top_class, achieved_tflops, flops_peak_pct,
+  achieved_tb_s, bytes_peak_pct}]`), `steps` (`[{step, window_ms, kernel_span_ms, kernel_ms, step_ms,
+  model_tflop, mfu_pct}]`).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -141,6 +159,22 @@ in `traces[].verdict`):
   `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
 - slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
   `across_ranks`.
+- The findings on GPU-busy waste (`busy_findings`) carry `gpu_ms_per_step` (the predicted saving),
+  `cost_ms` (it over the profiled steps), and in `details` `step_ms` (the GPU step their shares are
+  of) and `peaks` (the peaks' source):
+  - gemm_precision (`PrecisionDetails`): `gemm_ms_per_step`, `gemm_tflop_per_step`,
+    `achieved_tflops`, `predictions` (`[{fix, dtype, gpu_ms_per_step, predicted_gpu_ms_per_step,
+    saved_ms_per_step, predicted_step_ms}]`, best first).
+  - unfused_attention (`AttentionDetails`): `unfused_ms_per_step`, `attention_tflop_per_step`,
+    `score_shape`, `modules`, `fused_ms_per_step`, `fused_tflops`, `sdpa_math_calls_per_step`,
+    `fallback_reasons`, `predicted_step_ms`.
+  - fusible_layers (`FusionDetails`): `swap` (`fusion.SwapPrediction`: `rows` (`[{op, modules,
+    instances, calls_per_step, replaced_ms_per_step, fused_ms_per_step}]`), `replaced_ms_per_step`,
+    `fused_ms_per_step`, `saved_ms_per_step`, `copy_tb_s`), `predicted_step_ms`.
+  - memory_bound_kernels (`MemoryBoundDetails`): `modules` (`[{module, gpu_ms_per_step,
+    gbyte_per_step, achieved_tb_s, bandwidth_pct, floor_ms_per_step}]`), `copy_tb_s`.
+  - gemm_shape (`GemmShapeDetails`): `shapes` (`[{op, batch, m, n, k, dtype, calls_per_step,
+    gpu_ms_per_step, achieved_tflops, reference_tflops, unaligned, skinny, module}]`).
 """
 
 from __future__ import annotations
@@ -150,6 +184,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.busy import BusyBreakdown
     from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
     from trainprof.analysis.distributed import CrossRank, RankRow
@@ -339,6 +374,8 @@ class TraceInfo(msgspec.Struct):
     """Which profiling window of its process this trace is (0, 1, ...: `Trace.window`)."""
     comm: CommTotals | None = None
     """Its communication and collectives (`collectives`); None when it has none."""
+    busy: BusyBreakdown | None = None
+    """Where the GPU's busy time goes (`busy`); None without GPU work."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -361,6 +398,7 @@ class TraceInfo(msgspec.Struct):
             "compile": self.compile.to_dict() if self.compile is not None else None,
             "memory": self.memory.to_dict() if self.memory is not None else None,
             "communication": self.comm.to_dict() if self.comm is not None else None,
+            "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
         }
 
 
@@ -394,6 +432,15 @@ class Summary(Record, frozen=True):
     idle_ms_per_step: dict[str, float] = {}
     """GPU-idle ms per step over every step: steady-state by cause key (`launch`, `sync`, ...), and
     `one_off`; they add up to the GPU-idle time. Empty when no trace has GPU work."""
+    gpu_step_ms: float | None = None
+    """Mean step time as the GPU runs it: the longest of the host window, the span of the step's
+    kernels and their summed time (`busy`); longer than `mean_step_ms` when the host runs ahead."""
+    mfu_pct: float | None = None
+    """Model FLOPs at the peak of their dtype over the GPU step time, time-weighted over the traces."""
+    mfu_dtype: str | None = None
+    """The math dtype holding most of the model FLOPs (the peak MFU is mostly read against)."""
+    peaks_source: str | None = None
+    """Where the device peaks came from (`peaks.DevicePeaks.label`)."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 

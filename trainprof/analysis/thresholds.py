@@ -149,6 +149,26 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "NVLink on large all-reduces (nccl-tests), so a quarter means a wrong transport or topology.",
     ),
     Threshold(
+        "busy_finding_min_step_share",
+        0.03,
+        "A finding on GPU-busy waste (fp32 GEMMs, unfused attention, unfused norms and activations, "
+        "slow GEMM shapes) is made when what its fix wins back is at least 3% of the step: below, "
+        "the gain is within a benchmark's run-to-run noise.",
+    ),
+    Threshold(
+        "gemm_shape_max_rate_share",
+        0.5,
+        "A GEMM with an unaligned or skinny shape is slow when it runs at under half the FLOP rate of "
+        "the trace's well-shaped GEMMs of its dtype (the dtype's peak without them): cuBLAS's "
+        "fallback kernels for unaligned dims run at 10-15% of the H200's bf16 peak.",
+    ),
+    Threshold(
+        "memory_bound_max_bandwidth_share",
+        0.5,
+        "Memory-bound kernels (norms, elementwise, copies) of a module are slow when they move their "
+        "bytes at under half the device's copy bandwidth (ATen's elementwise kernels reach 90-100%).",
+    ),
+    Threshold(
         "straggler_min_excess_ms",
         5.0,
         "A rank is the straggler when its non-communication time per step exceeds the other ranks' "

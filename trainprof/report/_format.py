@@ -15,7 +15,7 @@ report.md writes it (`trainprof.report.markdown`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from trainprof.report.text import safe_text
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.compile import CompileStats
     from trainprof.analysis.memory import MemoryProfile
-    from trainprof.analysis.result import Analysis, Finding
+    from trainprof.analysis.result import Analysis, Finding, TraceInfo
 
 # What the reports show, at most.
 CONSOLE_FINDINGS = 10
@@ -142,6 +142,13 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         for label, name, unit, decimals in HEADLINE_ROWS
         if getattr(summary, name) is not None
     ]
+    if summary.gpu_step_ms is not None:
+        rows.insert(2, ("GPU step time", number(summary.gpu_step_ms, 1, " ms")))
+    if summary.mfu_pct is not None:
+        dtype = clean(summary.mfu_dtype or "?")
+        rows.append(("MFU", f"{number(summary.mfu_pct, 1, ' %')} of the {dtype} peak"))
+    if summary.peaks_source is not None:
+        rows.append(("device peaks", clean(summary.peaks_source)))
     if summary.peak_memory_bytes is not None:
         rows.append(("peak memory", size(summary.peak_memory_bytes)))
     memory = max((t.memory for t in analysis.traces if t.memory is not None), key=lambda m: m.peak_bytes,
@@ -244,9 +251,10 @@ def source_column(findings: list[Finding]) -> str:
     return "rank, window" if ranks and windows else "rank" if ranks else "window"
 
 
-def source_of(finding: Finding, findings: list[Finding]) -> str:
+def source_of(finding: Finding | TraceInfo, findings: Sequence[Finding | TraceInfo]) -> str:
     """`rank 1`, `window 2` or `rank 1 window 2`: what tells the finding's trace apart among
-    `findings`' (windows counted from 1); '-' for a finding over all traces."""
+    `findings`' (windows counted from 1); '-' for a finding over all traces. Traces (`TraceInfo`)
+    are told apart the same way."""
     ranks = {f.rank for f in findings}
     windows = {f.window for f in findings if f.window is not None}
     parts = []
@@ -305,7 +313,7 @@ def _details_of(analysis: Analysis, kind: type) -> list[tuple[Finding, Any]]:
     return [(f, f.details) for f in analysis.findings if isinstance(f.details, kind)]
 
 
-def _titled(title: str, finding: Finding, findings: list[Finding]) -> str:
+def _titled(title: str, finding: Finding | TraceInfo, findings: Sequence[Finding | TraceInfo]) -> str:
     source = source_of(finding, findings)
     return title if source == "-" else f"{title}: {source}"
 
@@ -333,6 +341,45 @@ KERNEL_COLUMNS = (
     Column("mean us", numeric=True, drop=1),
     Column("% GPU time", numeric=True),
 )
+
+
+CLASS_COLUMNS = (
+    Column("kernel class"),
+    Column("GPU ms / step", numeric=True),
+    Column("% of step", numeric=True),
+    Column("achieved", numeric=True, drop=1),
+    Column("% of peak", numeric=True),
+)
+CLASS_ROWS = 12
+"""Rows of the GPU-time-by-kernel-class table (there are 18 classes)."""
+
+
+def kernel_class_tables(analysis: Analysis) -> list[Table]:
+    """GPU time by kernel class, one table per trace with GPU work: time per step, share of the GPU
+    step, throughput (TFLOP/s for GEMMs and attention, TB/s for memory-bound classes) and its share
+    of the device's peak."""
+    busy = [trace for trace in analysis.traces if trace.busy is not None]
+    tables = []
+    for trace in busy:
+        rows = []
+        for row in trace.busy.classes[:CLASS_ROWS]:
+            if row.achieved_tflops is not None:
+                achieved = number(row.achieved_tflops, 1, " TFLOP/s")
+            elif row.achieved_tb_s is not None:
+                achieved = number(row.achieved_tb_s, 2, " TB/s")
+            else:
+                achieved = "-"
+            rows.append(
+                (
+                    clean(row.label, NAME_CHARS),
+                    number(row.gpu_ms_per_step, 2),
+                    number(row.step_pct, 1),
+                    achieved,
+                    number(row.peak_pct, 0),
+                )
+            )
+        tables.append(Table(_titled("GPU time by kernel class", trace, busy), CLASS_COLUMNS, rows))
+    return tables
 
 
 MODULE_COLUMNS = (
@@ -383,6 +430,7 @@ def cross_rank_tables(analysis: Analysis) -> list[Table]:
 
 TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
     (TOP_KERNELS_KIND, top_kernels_tables),
+    (None, kernel_class_tables),
     (MODULE_COSTS_KIND, module_costs_tables),
     (None, cross_rank_tables),
 )

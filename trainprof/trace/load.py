@@ -43,13 +43,14 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib serves wher
     from zlib import decompressobj as _decompressobj
     from zlib import error as _InflateError
 
-from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIXES
+from trainprof.files import PEAKS_SUFFIX, SYNCSITES_SUFFIX, TRACE_SUFFIXES
 from trainprof.trace.model import (
     CATEGORY_ALIASES,
     FRAME_CATEGORIES,
     KEPT_CATEGORIES,
     CollectiveCalls,
     EventTable,
+    OpInputs,
     Trace,
 )
 from trainprof.user_code import CodeLayout
@@ -205,7 +206,7 @@ def trace_files(folder: Path) -> list[Path]:
             p
             for p in folder.iterdir()
             if p.name.endswith((".json", ".json.gz"))
-            and not p.name.endswith(SYNCSITES_SUFFIX)
+            and not p.name.endswith((SYNCSITES_SUFFIX, PEAKS_SUFFIX))
             and p.is_file()
         )
     if not files:
@@ -246,6 +247,11 @@ def sync_sites_path(path: Path) -> Path:
     return path.with_name(worker_of(path) + SYNCSITES_SUFFIX)
 
 
+def peaks_path(path: Path) -> Path:
+    """Where the device peaks measured by the session for the trace at `path` are: `<worker>.peaks.json`."""
+    return path.with_name(worker_of(path) + PEAKS_SUFFIX)
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector: loading and analysing a trace allocate ~10^5
@@ -265,7 +271,7 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     # Parsing and bucketing allocate ~10^5 acyclic objects; the cyclic collector would triple the time.
     with gc_paused():
-        names, threads, tables, memory, collectives, metadata = _parse(path)
+        names, threads, tables, memory, collectives, op_inputs, metadata = _parse(path)
 
     distributed = metadata.get("distributedInfo")
     distributed = distributed if isinstance(distributed, dict) else None
@@ -280,6 +286,7 @@ def load_trace(path: str | Path) -> Trace:
     sites = read_sync_sites(sites_path) if sites_path.is_file() else None
     layout = read_code_layout(sites_path) if sites is not None else None
     counters = read_compile_counters(sites_path) if sites is not None else None
+    peaks_file = peaks_path(path)
     return Trace(
         path=path,
         worker=worker,
@@ -296,7 +303,12 @@ def load_trace(path: str | Path) -> Trace:
         sync_sites_path=sites_path if sites is not None else None,
         code_layout=layout,
         compile_counters=counters,
+        op_inputs=op_inputs,
+        device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
     )
+
+
+_NO_RAW = msgspec.Raw(b"")
 
 
 class _CompleteArgs(msgspec.Struct, gc=False):
@@ -316,6 +328,12 @@ class _CompleteArgs(msgspec.Struct, gc=False):
     out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
     dtype: str | None = None
     group_size: int = msgspec.field(default=-1, name="Group size")
+    # A cpu_op's recorded inputs (`record_shapes`) and FLOPs (`with_flops`), read by
+    # trainprof.analysis.work. The lists stay JSON text (msgspec.Raw, a view into the file's bytes):
+    # 1.8 ms more decoding on gpt2_pathologies' 15 MB (24.0 -> 25.9 ms) for all three fields.
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    flops: float = _NAN
 
 
 class _InstantArgs(msgspec.Struct, gc=False):
@@ -330,10 +348,15 @@ class _InstantArgs(msgspec.Struct, gc=False):
 
 
 # The fields of both, for the lenient path's `_Event` (whose phase is a field).
+# `msgspec.convert` cannot make a Raw from decoded lists: those fields are decoded as they come and
+# turned back into JSON text by `_narrow`.
+_RAW_FIELDS = frozenset(f.name for f in msgspec.structs.fields(_CompleteArgs) if f.type is msgspec.Raw)
 _Args = msgspec.defstruct(
     "_Args",
     [
-        (f.name, f.type, msgspec.field(default=f.default, name=f.encode_name))
+        (f.name, Any, msgspec.field(default=None, name=f.encode_name))
+        if f.name in _RAW_FIELDS
+        else (f.name, f.type, msgspec.field(default=f.default, name=f.encode_name))
         for kind in (_CompleteArgs, _InstantArgs)
         for f in msgspec.structs.fields(kind)
     ],
@@ -403,7 +426,15 @@ def _tagged(events: list[_Event]) -> list:
 
 def _narrow(args: _Args | None, kind: type) -> msgspec.Struct | None:
     """The fields of `kind` (`_CompleteArgs` or `_InstantArgs`) of an `_Args`."""
-    return None if args is None else kind(**{f: getattr(args, f) for f in kind.__struct_fields__})
+    if args is None:
+        return None
+    return kind(**{f: _as_raw(getattr(args, f)) if f in _RAW_FIELDS else getattr(args, f)
+                   for f in kind.__struct_fields__})
+
+
+def _as_raw(value: Any) -> msgspec.Raw:
+    """A decoded arg back as JSON text (absent: one shared empty text, not one per event)."""
+    return _NO_RAW if value is None else msgspec.Raw(msgspec.json.encode(value))
 
 
 def _phase(event: msgspec.Struct) -> str:
@@ -439,7 +470,8 @@ _DOCUMENT = msgspec.json.Decoder(_Document[_AnyEvent] | list[_AnyEvent])
 
 
 def _parse(path: Path):
-    """Read, parse and bucket one file; returns (names, threads, tables, memory, collectives, metadata)."""
+    """Read, parse and bucket one file; returns (names, threads, tables, memory, collectives, op_inputs,
+    metadata)."""
     raw = _read_bytes(path)
     try:
         document = _decode(path, raw)
@@ -544,6 +576,21 @@ def _typed_site(site: dict) -> dict:
         else:
             del clean["stack"]
     return clean
+
+
+def read_device_peaks(path: Path) -> dict | None:
+    """The JSON object of a `<worker>.peaks.json` file, or None (with a warning) when it is not one:
+    the peaks only refine the report, so a damaged file never stops the trace from loading.
+    `trainprof.analysis.peaks` checks the fields."""
+    try:
+        document = msgspec.json.decode(_read_bytes(path))
+    except (TraceLoadError, msgspec.DecodeError, UnicodeDecodeError, RecursionError) as error:
+        logger.warning("%s: ignored, not a peaks file (%s)", path, _first_line(error))
+        return None
+    if not isinstance(document, dict):
+        logger.warning("%s: ignored, not a JSON object", path)
+        return None
+    return document
 
 
 def read_code_layout(path: Path) -> CodeLayout | None:
@@ -667,7 +714,7 @@ def _bucket(events: list, path: Path):
     collectives = _collective_calls(groups["cpu_op"], ids)
     names, threads = ids.names, ids.threads
     _steps_to_annotations(tables, names)
-    return names, threads, tables, memory, collectives
+    return names, threads, tables, memory, collectives, ids.op_inputs
 
 
 def _skip(event: _Complete) -> None:
@@ -692,10 +739,13 @@ def _group(events: list) -> tuple[dict[str, list], list]:
 def _table(category: str, group: list, ids: _Ids) -> EventTable:
     """One category's events as an `EventTable`. Frames (python_function, cpu_op, annotations) join
     nothing by correlation and carry no byte counts: only their names and times are read (and
-    cpu_op's autograd link args), which skips two thirds of a trace's `args` lookups."""
+    cpu_op's autograd link args and recorded inputs), which skips two thirds of a trace's `args`
+    lookups."""
     count = len(group)
     frames = category in FRAME_CATEGORIES
-    args = [event.args or _NO_ARGS for event in group] if not frames or category == "cpu_op" else []
+    if category == "cpu_op":
+        return _op_table(group, ids)
+    args = [event.args or _NO_ARGS for event in group] if not frames else []
     return EventTable.from_columns(
         [event.ts for event in group],
         [event.dur for event in group],
@@ -703,7 +753,6 @@ def _table(category: str, group: list, ids: _Ids) -> EventTable:
         ids.names_of([event.name for event in group]),
         np.full(count, -1, dtype=np.int64) if frames else [arg.correlation for arg in args],
         np.full(count, _NAN) if frames else [arg.bytes for arg in args],
-        *(([arg.sequence for arg in args], [arg.fwd_thread for arg in args]) if category == "cpu_op" else ()),
     )
 
 
@@ -727,6 +776,51 @@ def _collective_calls(ops: list, ids: _Ids) -> CollectiveCalls | None:
         [op.args.dtype for op in calls],
         [op.args.group_size for op in calls],
     )
+
+
+# Ops whose recorded inputs no analysis reads: views, allocations, autograd's bookkeeping and the
+# composite ops whose kernels their children launch (`to` -> `_to_copy` -> `copy_`, `linear` -> `addmm`)
+# launch no kernel of their own. Skipping them keeps a third of a GPT-2 trace's ops' inputs.
+_INPUTLESS_OPS = frozenset(
+    "aten::" + name
+    for name in (
+        "view empty empty_strided empty_like as_strided transpose t reshape _unsafe_view expand permute "
+        "slice select narrow unsqueeze squeeze detach alias result_type unbind split chunk lift_fresh "
+        "resolve_conj resolve_neg is_same_size to _to_copy linear matmul layer_norm dropout softmax "
+        "log_softmax cross_entropy_loss nll_loss nll_loss_nd item _local_scalar_dense contiguous clone "
+        "zeros zeros_like ones ones_like full scaled_dot_product_attention"
+    ).split()
+) | {"detach"}
+_INPUTLESS_PREFIXES = ("autograd::engine::evaluate_function", "torch::autograd::")
+_AUTOGRAD_NODE = re.compile(r"Backward\d*$")
+
+
+def _op_table(group: list, ids: _Ids) -> EventTable:
+    """The cpu_ops, with their autograd link, recorded FLOPs and recorded inputs (`_CompleteArgs`);
+    the inputs' JSON text goes to `ids.op_inputs` (ops of `_INPUTLESS_OPS` left out: slot -1)."""
+    count = len(group)
+    args = [event.args or _NO_ARGS for event in group]
+    name_ids = ids.names_of([event.name for event in group])
+    keep = ids.wanted_names(_has_inputs)[name_ids] if count else np.zeros(0, dtype=bool)
+    kept = list(itertools.compress(args, keep.tolist())) if not keep.all() else args
+    ids.op_inputs = OpInputs([arg.input_dims for arg in kept], [arg.input_types for arg in kept])
+    slots = np.where(keep, np.cumsum(keep) - 1, -1)
+    return EventTable.from_columns(
+        [event.ts for event in group],
+        [event.dur for event in group],
+        ids.threads_of([event.pid for event in group], [event.tid for event in group]),
+        name_ids,
+        np.full(count, -1, dtype=np.int64),
+        [arg.flops for arg in args],
+        [arg.sequence for arg in args],
+        [arg.fwd_thread for arg in args],
+        inputs=slots,
+    )
+
+
+def _has_inputs(name: str) -> bool:
+    """Whether an op's recorded inputs are kept (see `_INPUTLESS_OPS`)."""
+    return not (name in _INPUTLESS_OPS or name.startswith(_INPUTLESS_PREFIXES) or _AUTOGRAD_NODE.search(name))
 
 
 def _memory_table(events: list, ids: _Ids) -> EventTable:
@@ -766,6 +860,8 @@ class _Ids:
     def __init__(self) -> None:
         self._name_index: defaultdict[str, int] = defaultdict(itertools.count().__next__)
         self._thread_index: dict[tuple, int] = {}
+        self.op_inputs: OpInputs | None = None
+        """The cpu_ops' recorded inputs, set when the cpu_op table is built."""
 
     @property
     def names(self) -> list[str]:
@@ -783,6 +879,10 @@ class _Ids:
     def threads(self) -> list[tuple]:
         """Every (pid, tid) seen, by number."""
         return list(self._thread_index)
+
+    def wanted_names(self, predicate) -> np.ndarray:
+        """A boolean array over the names numbered so far: which satisfy `predicate(name)`."""
+        return np.fromiter(map(predicate, self._name_index), dtype=bool, count=len(self._name_index))
 
     def names_of(self, names: list[str]) -> np.ndarray:
         """Per event, the number of its name."""

@@ -7,11 +7,13 @@ parallel numpy arrays (`EventTable`) makes those questions vectorised or O(log n
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from trainprof.user_code import CodeLayout
@@ -53,12 +55,15 @@ class EventTable:
 
     Times are microseconds on the trace's clock. `thread` indexes `Trace.threads`; `name` indexes
     `Trace.names`; `correlation` is -1 when absent; `value` is category specific: bytes for
-    `gpu_memcpy`/`gpu_memset`, `Total Allocated` bytes for `memory`, NaN otherwise. The frame
-    categories (`FRAME_CATEGORIES`) carry neither: their `correlation` is -1 and `value` NaN.
+    `gpu_memcpy`/`gpu_memset`, `Total Allocated` bytes for `memory`, the recorded `flops` for
+    `cpu_op` (`with_flops`; NaN when absent), NaN otherwise. The frame categories
+    (`FRAME_CATEGORIES`) have no `correlation` (-1); only `cpu_op` of them carries a `value`.
     `sequence` and `fwd_thread` exist for `cpu_op` only (None elsewhere): Kineto's autograd link
     args `Sequence number` and `Fwd thread id`, -1 when absent (see `trainprof.analysis.attribution`).
     `block_bytes` and `addr` exist for `memory` only: each instant's `Bytes` (an allocation > 0, a
     free < 0) and the block's `Addr`, NaN when absent (see `trainprof.analysis.memory`).
+    `inputs` exists for `cpu_op` only: per op, its slot in `Trace.op_inputs` (the input shapes
+    and dtypes `record_shapes` wrote), -1 for ops whose inputs were not kept (views, allocations).
     """
 
     start_us: np.ndarray
@@ -71,6 +76,7 @@ class EventTable:
     fwd_thread: np.ndarray | None = None
     block_bytes: np.ndarray | None = None
     addr: np.ndarray | None = None
+    inputs: np.ndarray | None = None
 
     end_us: np.ndarray = field(init=False, repr=False)
     """End times (start + duration), computed once: analyses read them in loops."""
@@ -84,10 +90,10 @@ class EventTable:
     @classmethod
     def from_columns(
         cls, start, dur, thread, name, correlation, value, sequence=None, fwd_thread=None, block_bytes=None,
-        addr=None,
+        addr=None, inputs=None,
     ) -> EventTable:
         """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread`, `block_bytes`/
-        `addr` optional).
+        `addr`, `inputs` optional).
 
         Events whose start or end is not a finite number are left out, and a negative duration
         counts as 0: no real trace has them, and one such event would break every interval question.
@@ -109,6 +115,7 @@ class EventTable:
             fwd_thread=None if fwd_thread is None else _int64_column(fwd_thread)[order],
             block_bytes=None if block_bytes is None else _column(block_bytes, np.float64)[order],
             addr=None if addr is None else _column(addr, np.float64)[order],
+            inputs=None if inputs is None else _int64_column(inputs)[order],
         )
 
     def select(self, mask: np.ndarray) -> EventTable:
@@ -124,6 +131,7 @@ class EventTable:
             None if self.fwd_thread is None else self.fwd_thread[mask],
             None if self.block_bytes is None else self.block_bytes[mask],
             None if self.addr is None else self.addr[mask],
+            None if self.inputs is None else self.inputs[mask],
         )
 
 
@@ -339,6 +347,68 @@ class ThreadFrames:
         return out
 
 
+class OpInputs:
+    """The `Input Dims` and `Input type` args of a trace's cpu_ops (`record_shapes`), kept as their
+    JSON text and decoded on demand.
+
+    A trace has ~10^4 ops and an analysis reads the shapes of the few thousand that launched kernels:
+    the text costs ~20 bytes an op and no parsing at load (decoding every op's lists into Python
+    objects would cost more than the rest of the loading). `dims_text[slot]` and `types_text[slot]`
+    hold one op's JSON lists (empty bytes when it recorded none); slots are `EventTable.inputs`.
+    """
+
+    def __init__(self, dims_text: list, types_text: list):
+        """`dims_text`, `types_text`: per slot, the raw JSON of the op's lists (bytes-like)."""
+        self._dims_blob, self._dims_at = _pack(dims_text)
+        self._types_blob, self._types_at = _pack(types_text)
+
+    def __len__(self) -> int:
+        return len(self._dims_at) - 1
+
+    def decode(self, slots: np.ndarray) -> tuple[list, list]:
+        """Per slot, (its `Input Dims` list, its `Input type` list); None where the op recorded none,
+        wrote something other than a JSON list, or has no slot (-1). One JSON decode for all."""
+        return _decode_lists(self._dims_blob, self._dims_at, slots), _decode_lists(
+            self._types_blob, self._types_at, slots
+        )
+
+    def keys(self, slots: list[int]) -> list[bytes]:
+        """Per slot, its (dims, types) JSON text as one key: equal keys are equal recorded inputs (for
+        grouping ops by shape before decoding)."""
+        dims, dims_at, types, types_at = self._dims_blob, self._dims_at, self._types_blob, self._types_at
+        return [
+            dims[dims_at[s] : dims_at[s + 1]] + b"|" + types[types_at[s] : types_at[s + 1]] if s >= 0 else b""
+            for s in slots
+        ]
+
+
+def _pack(texts: list) -> tuple[bytes, list[int]]:
+    """Texts as one blob and the offsets of each (n + 1 of them)."""
+    offsets = [0]
+    offsets.extend(itertools.accumulate(map(len, texts)))
+    return b"".join(texts), offsets
+
+
+def _decode_lists(blob: bytes, offsets: list[int], slots: np.ndarray) -> list:
+    pieces = [
+        (blob[offsets[s] : offsets[s + 1]] if s >= 0 else b"") or b"null" for s in np.asarray(slots).tolist()
+    ]
+    if not pieces:
+        return []
+    try:
+        values = msgspec.json.decode(b"[" + b",".join(pieces) + b"]")
+    except (msgspec.DecodeError, RecursionError):  # a malformed arg: decode one by one
+        values = [_decode_one(piece) for piece in pieces]
+    return [value if isinstance(value, list) else None for value in values]
+
+
+def _decode_one(text: bytes):
+    try:
+        return msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 @dataclass
 class CollectiveCalls:
     """The host's record of each collective call: Kineto's `record_param_comms` ops with their args.
@@ -413,6 +483,10 @@ class Trace:
     compile_counters: dict | None = None
     """Dynamo's counters the session read when the window ended (`graph_breaks`: the count,
     `graph_break`: reason -> count), from the sync sites file; None when not captured."""
+    op_inputs: OpInputs | None = None
+    """The cpu_ops' recorded input shapes and dtypes (slots: `events["cpu_op"].inputs`)."""
+    device_peaks: dict | None = None
+    """The device's peaks measured by the session (`<worker>.peaks.json` beside the file), or None."""
     window: int = 0
     """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)

@@ -1,0 +1,663 @@
+"""Findings on GPU-busy waste: GPU time the step spends on work a known fix does faster, each with
+the GPU ms per step at stake, the fix, and the gain predicted from the device's measured (or listed)
+throughputs (`trainprof.analysis.peaks`). Shares and severities are of the step as the GPU runs it
+(`busy.py`'s step time: a host that runs ahead does not shrink it).
+
+- `gemm_precision`: GEMMs in fp32 without TF32. At the dtype a fix gives, the same GEMMs take
+  max(t * peak_fp32 / peak_new, FLOPs / peak_new): they keep their efficiency against the peak
+  (at most 100%). Fixes: bf16 autocast (fp16 and a GradScaler on a GPU without bf16), or TF32.
+- `unfused_attention`: attention as matmul + softmax (+ mask, dropout, casts) over [.., T, T] score
+  matrices (eager attention, SDPA's math fallback). A fused kernel does the same FLOPs at
+  `FUSED_ATTENTION_PEAK_SHARE` of the 16-bit peak. The math fallback gets the reasons the trace shows.
+- `fusible_layers`: what `fused_layers.swap(model)` would replace, and its predicted saving
+  (`trainprof.analysis.fusion`).
+- `memory_bound_kernels`: memory-bound kernels (norms, elementwise, copies) outside what swap
+  replaces, in modules that move their bytes at under `memory_bound_max_bandwidth_share` of the
+  copy bandwidth: at stake, their time above their bytes at the copy bandwidth (torch.compile fuses
+  them, which saves more: fewer bytes).
+- `gemm_shape`: GEMMs with a dim not 16-byte aligned (a vocabulary of 50,257) or skinny (fewer than
+  `SKINNY_GEMM_ROWS` rows or columns) running at under `gemm_shape_max_rate_share` of the rate of
+  the trace's well-shaped GEMMs of their dtype: at stake, their time above that rate.
+
+Each is made when its gain is at least `busy_finding_min_step_share` of the step; its severity is
+`severity.severity_for` of that gain. No peaks for the device: no prediction, no finding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trainprof.analysis.busy import BusyBreakdown, KernelWork
+from trainprof.analysis.fusion import SwapPrediction
+from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
+from trainprof.analysis.modules import OwnerCosts
+from trainprof.analysis.peaks import MATH_DTYPES
+from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.severity import severity_for
+from trainprof.analysis.thresholds import TOP_ROWS, Thresholds
+from trainprof.trace import Trace
+
+FUSED_ATTENTION_PEAK_SHARE = 0.4
+"""The rate a fused attention kernel reaches, as a share of the 16-bit matmul peak, FLOPs counted as
+torch counts them: cuDNN's SDPA ran GPT-2's attention (B4 H12 T2048 D64, causal, bf16) at 323
+TFLOP/s, 40% of the H200's 804 (tests/fixtures/busy/gpt2_attention/sdpa, 2026-11-25)."""
+SKINNY_GEMM_ROWS = 64
+"""A GEMM with fewer rows or columns than this (tokens per call in decoding, a small batch) cannot
+fill the tensor cores' tiles: it reads its weights for little arithmetic."""
+ALIGNMENT_BYTES = 16
+"""cuBLAS's fast GEMM kernels need every dim's rows 16-byte aligned (8 bf16 elements); others run
+`*_align1` kernels (GPT-2's 50,257-token head: 96 TFLOP/s against 718 for its other GEMMs, H200)."""
+PAD_MULTIPLE = 64
+"""What an unaligned dim is padded to: aligned for every dtype, and whole tiles."""
+KERNEL_FLOOR_US = 2.5
+"""The shortest a kernel runs on current GPUs, however little it moves (an empty kernel: ~2 µs on an
+H200): a kernel's time above its bytes at the copy bandwidth counts from here."""
+_ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+class Prediction(Record, frozen=True):
+    """One fix's predicted effect: the math dtype it gives the GEMMs, their GPU ms per step before
+    and after, and the step time it leads to."""
+
+    fix: str
+    dtype: str
+    gpu_ms_per_step: float
+    predicted_gpu_ms_per_step: float
+    saved_ms_per_step: float
+    predicted_step_ms: float
+
+
+class PrecisionDetails(Record, frozen=True):
+    """The fp32-GEMM finding's evidence: their GPU time, FLOPs and rate per step, and each fix's
+    prediction (`predictions`, best first), against `peaks` (which source)."""
+
+    gemm_ms_per_step: float
+    gemm_tflop_per_step: float | None
+    achieved_tflops: float | None
+    step_ms: float
+    predictions: list[Prediction]
+    peaks: str
+
+
+class AttentionDetails(Record, frozen=True):
+    """The unfused-attention finding's evidence: the unfused kernels' GPU time and FLOPs per step,
+    a score matrix's shape, the modules, the fused kernel's predicted time and rate, SDPA math
+    fallback calls per step and the reasons the trace shows for them."""
+
+    unfused_ms_per_step: float
+    attention_tflop_per_step: float
+    score_shape: list[int] | None
+    modules: list[str]
+    fused_ms_per_step: float
+    fused_tflops: float
+    sdpa_math_calls_per_step: float
+    fallback_reasons: list[str]
+    step_ms: float
+    predicted_step_ms: float
+    peaks: str
+
+
+class FusionDetails(Record, frozen=True):
+    """The fusible-layers finding's evidence: swap's prediction (`trainprof.analysis.fusion`)."""
+
+    swap: SwapPrediction
+    step_ms: float
+    predicted_step_ms: float
+    peaks: str
+
+
+class MemoryBoundModule(Record, frozen=True):
+    """A module's memory-bound kernels: GPU ms per step, bytes moved, rate against the copy
+    bandwidth, and what they would take at it (`KERNEL_FLOOR_US` at least a kernel)."""
+
+    module: str
+    gpu_ms_per_step: float
+    gbyte_per_step: float
+    achieved_tb_s: float
+    bandwidth_pct: float
+    floor_ms_per_step: float
+
+
+class MemoryBoundDetails(Record, frozen=True):
+    """The memory-bound finding's evidence: the slow modules, most time at stake first (their time
+    less `floor_ms_per_step`: their bytes at the copy bandwidth, at least `KERNEL_FLOOR_US` a kernel)."""
+
+    modules: list[MemoryBoundModule]
+    copy_tb_s: float
+    step_ms: float
+    peaks: str
+
+
+class GemmShape(Record, frozen=True):
+    """One slow GEMM shape: its op, (batch, M, N, K), dtype, calls and GPU ms per step, rate, the
+    reference rate, and why it is slow (`unaligned` dims, `skinny`)."""
+
+    op: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    calls_per_step: float
+    gpu_ms_per_step: float
+    achieved_tflops: float
+    reference_tflops: float
+    unaligned: list[int]
+    skinny: bool
+    module: str | None
+
+
+class GemmShapeDetails(Record, frozen=True):
+    """The GEMM-shape finding's evidence: the slow shapes, most time at stake first."""
+
+    shapes: list[GemmShape]
+    step_ms: float
+    peaks: str
+
+
+def busy_findings(
+    trace: Trace,
+    work: KernelWork,
+    breakdown: BusyBreakdown,
+    swap: SwapPrediction | None,
+    swapped: np.ndarray,
+    costs: OwnerCosts,
+    rank: int | None,
+    limits: Thresholds,
+) -> list[Finding]:
+    """Every finding on GPU-busy waste for one trace (module docstring); `swapped`: per kernel of
+    `work`, whether swap would replace it."""
+    if work.peaks is None or not len(work.rows) or work.step_ms <= 0:
+        return []
+    context = _Context(trace, work, costs, rank, limits)
+    found = [
+        _precision(context),
+        _attention(context),
+        _fusion(context, swap, swapped),
+        _memory_bound(context, swapped),
+        _gemm_shapes(context),
+    ]
+    return [finding for finding in found if finding is not None]
+
+
+class _Context:
+    """What every rule reads: the trace, its kernels' work, owners' labels, and the cut-offs."""
+
+    def __init__(
+        self, trace: Trace, work: KernelWork, costs: OwnerCosts, rank: int | None, limits: Thresholds
+    ):
+        self.trace, self.work, self.rank, self.limits = trace, work, rank, limits
+        self.owners = {row.module_path: row for row in costs.rows if row.module_path is not None}
+        self.steps = max(work.steps, 1)
+        self.peaks_label = work.peaks.label if work.peaks is not None else ""
+
+    def share(self, ms: float) -> str:
+        """`ms` as a share of the step: `42%`."""
+        return f"{100 * ms / self.work.step_ms:.0f}%"
+
+    def worth(self, saved_ms: float) -> bool:
+        return saved_ms >= self.limits.busy_finding_min_step_share * self.work.step_ms
+
+    def module_of(self, mask: np.ndarray) -> tuple[str | None, Where]:
+        """The module (class path) holding most of the GPU time of the kernels in `mask`: its label and
+        its `forward`'s place."""
+        groups = self.work.module_group[mask]
+        keep = groups >= 0
+        if not keep.any():
+            return None, Where()
+        total = np.bincount(groups[keep], weights=self.work.dur_us[mask][keep])
+        path = self.work.module_paths[int(total.argmax())]
+        owner = self.owners.get(path)
+        label = owner.label if owner is not None else path.rsplit("/", 1)[-1]
+        return label, Where(
+            file=owner.file if owner else None, line=owner.line if owner else None, function=label
+        )
+
+    def labels_of(self, mask: np.ndarray) -> list[str]:
+        """The modules holding the kernels in `mask`, most GPU time first."""
+        groups = self.work.module_group[mask]
+        keep = groups >= 0
+        if not keep.any():
+            return []
+        total = np.bincount(groups[keep], weights=self.work.dur_us[mask][keep])
+        order = [int(g) for g in np.argsort(-total, kind="stable") if total[g] > 0]
+        return [
+            self.owners[p].label if p in self.owners else p.rsplit("/", 1)[-1]
+            for p in (self.work.module_paths[g] for g in order)
+        ]
+
+    def finding(
+        self,
+        kind: str,
+        title: str,
+        saved_ms: float,
+        mask: np.ndarray,
+        fix: str,
+        where: Where,
+        details: Record,
+        op: str | None = None,
+        cause: str | None = None,
+    ) -> Finding:
+        count = int(mask.sum())
+        return Finding(
+            kind=kind,
+            title=title,
+            severity=severity_for(saved_ms, self.work.step_ms, self.limits),
+            op=op,
+            where=where,
+            count=count,
+            per_step=round(count / self.steps, 2),
+            cost_ms=round(saved_ms * self.steps, 4),
+            fix=fix,
+            rank=self.rank,
+            details=details,
+            cause=cause,
+            gpu_ms_per_step=round(saved_ms, 4),
+        )
+
+
+def _precision(context: _Context) -> Finding | None:
+    work = context.work
+    fp32 = work.of_class(KernelClass.GEMM_FP32)
+    fp32_peak = work.peak_of("fp32")
+    if not fp32.any() or not fp32_peak:
+        return None
+    gemm_ms = work.per_step_ms(fp32)
+    flops = float(work.flops[fp32].sum()) / context.steps
+    low = "bf16" if work.peak_of("bf16") else "fp16"
+    fixes = []
+    if work.peak_of(low):
+        autocast = (
+            f'torch.autocast("cuda", dtype=torch.{"bfloat16" if low == "bf16" else "float16"})'
+            f" around the forward and loss{'' if low == 'bf16' else ' with a torch.amp.GradScaler'}"
+        )
+        fixes.append((autocast, low))
+    if work.peak_of("tf32"):
+        fixes.append(('torch.set_float32_matmul_precision("high") (TF32, one line)', "tf32"))
+    predictions = []
+    for text, dtype in fixes:
+        peak = work.peak_of(dtype)
+        new_ms = max(gemm_ms * fp32_peak / peak, flops / peak * 1e3)
+        saved = gemm_ms - new_ms
+        predictions.append(
+            Prediction(
+                text,
+                dtype,
+                round(gemm_ms, 4),
+                round(new_ms, 4),
+                round(saved, 4),
+                round(work.step_ms - saved, 4),
+            )
+        )
+    predictions.sort(key=lambda p: -p.saved_ms_per_step)
+    if not predictions or not context.worth(predictions[0].saved_ms_per_step):
+        return None
+    best = predictions[0]
+    module, where = context.module_of(fp32)
+    rate = flops / gemm_ms / 1e9 if flops > 0 else None
+    fix = "; or ".join(
+        f"{p.fix}: step {work.step_ms:.1f} -> ~{p.predicted_step_ms:.1f} ms" for p in predictions
+    )
+    return context.finding(
+        "gemm_precision",
+        f"GEMMs run in fp32 without tensor cores: {gemm_ms:.1f} ms/step ({context.share(gemm_ms)} of the "
+        f"step){_in(module)}; in {best.dtype} they would take ~{best.predicted_gpu_ms_per_step:.1f} ms",
+        best.saved_ms_per_step,
+        fp32,
+        fix,
+        where,
+        PrecisionDetails(
+            gemm_ms_per_step=round(gemm_ms, 4),
+            gemm_tflop_per_step=round(flops / 1e12, 4) if flops > 0 else None,
+            achieved_tflops=round(rate, 2) if rate else None,
+            step_ms=round(work.step_ms, 4),
+            predictions=predictions,
+            peaks=context.peaks_label,
+        ),
+        cause="fp32 matrix products (TF32 off, no autocast)",
+    )
+
+
+def _attention(context: _Context) -> Finding | None:
+    work, trace = context.work, context.trace
+    unfused = work.of_class(KernelClass.ATTENTION_UNFUSED)
+    if not unfused.any():
+        return None
+    flops = float(work.flops[unfused].sum()) / context.steps
+    with_flops = unfused & (work.flops > 0) & (work.dtype >= 0)
+    dtype = (
+        MATH_DTYPES[
+            int(np.bincount(work.dtype[with_flops].astype(np.int64), weights=work.flops[with_flops]).argmax())
+        ]
+        if with_flops.any()
+        else "bf16"
+    )
+    target = dtype if dtype in ("bf16", "fp16") else ("bf16" if work.peak_of("bf16") else "fp16")
+    peak = work.peak_of(target)
+    if not peak or flops <= 0:
+        return None
+    unfused_ms = work.per_step_ms(unfused)
+    fused_rate = FUSED_ATTENTION_PEAK_SHARE * peak
+    fused_ms = flops / fused_rate * 1e3
+    saved = unfused_ms - fused_ms
+    if not context.worth(saved):
+        return None
+    math_rows = _sdpa_math_ops(trace, work, unfused)
+    reasons = _fallback_reasons(trace, math_rows, dtype)
+    module, where = context.module_of(unfused)
+    score_shape = next((list(shape) for shape in _score_shapes(work, unfused)), None)
+    if math_rows.size:
+        title = (
+            f"SDPA ran its math fallback (unfused attention): {unfused_ms:.1f} ms/step "
+            f"({context.share(unfused_ms)} of the step); a fused kernel would take ~{fused_ms:.1f} ms"
+        )
+        fix = "Let SDPA pick a fused kernel: " + "; ".join(reasons)
+        cause = "scaled_dot_product_attention fell back to its math implementation"
+    else:
+        title = (
+            f"Unfused attention{_in(module)}: matmul + softmax over {_shape_text(score_shape)} score "
+            f"matrices, {unfused_ms:.1f} ms/step ({context.share(unfused_ms)} of the step); a fused kernel "
+            f"would take ~{fused_ms:.1f} ms"
+        )
+        hugging_face = where.file is not None and "transformers/" in where.file
+        how = (
+            'Load the model with attn_implementation="sdpa" (or "flash_attention_2")'
+            if hugging_face
+            else "Compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, "
+            "is_causal=True)"
+        )
+        fix = (
+            f"{how}: step {work.step_ms:.1f} -> ~{work.step_ms - saved:.1f} ms (flash/cuDNN kernels, no "
+            "[T, T] matrix in memory)"
+        )
+        cause = "attention computed as separate matmul, softmax, mask and dropout kernels"
+    return context.finding(
+        "unfused_attention",
+        title,
+        saved,
+        unfused,
+        fix,
+        where,
+        AttentionDetails(
+            unfused_ms_per_step=round(unfused_ms, 4),
+            attention_tflop_per_step=round(flops / 1e12, 4),
+            score_shape=score_shape,
+            modules=context.labels_of(unfused)[:TOP_ROWS],
+            fused_ms_per_step=round(fused_ms, 4),
+            fused_tflops=round(fused_rate / 1e12, 1),
+            sdpa_math_calls_per_step=round(math_rows.size / context.steps, 2),
+            fallback_reasons=reasons,
+            step_ms=round(work.step_ms, 4),
+            predicted_step_ms=round(work.step_ms - saved, 4),
+            peaks=context.peaks_label,
+        ),
+        op=SDPA_MATH_OP if math_rows.size else None,
+        cause=cause,
+    )
+
+
+def _in(module: str | None) -> str:
+    return f" in {module}" if module else ""
+
+
+def _sdpa_math_ops(trace: Trace, work: KernelWork, mask: np.ndarray) -> np.ndarray:
+    """The cpu_op rows of the SDPA math-fallback calls the kernels in `mask` ran under."""
+    math_id = trace.name_id(SDPA_MATH_OP)
+    rows = work.attention_op[mask]
+    rows = rows[rows >= 0]
+    if math_id < 0 or not rows.size:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.unique(rows)
+    return rows[trace.events["cpu_op"].name[rows] == math_id]
+
+
+def _fallback_reasons(trace: Trace, math_rows: np.ndarray, dtype: str) -> list[str]:
+    """Why SDPA could not run a fused kernel, as far as its math call's recorded inputs show
+    (query, key, value, attn_mask, ...)."""
+    if not math_rows.size or trace.op_inputs is None:
+        return []
+    slots = trace.events["cpu_op"].inputs[math_rows[:1]]
+    (dims,), (types,) = trace.op_inputs.decode(slots)
+    reasons = []
+    query = dims[0] if dims and isinstance(dims[0], list) and dims[0] else None
+    if (types and types[0] == "float") or dtype == "fp32":
+        reasons.append(
+            "its inputs are fp32: the flash and cuDNN kernels take fp16/bf16 (run it under torch.autocast)"
+        )
+    if dims and len(dims) > 3 and isinstance(dims[3], list) and dims[3]:
+        reasons.append(
+            f"an explicit attn_mask {dims[3]}: the flash kernel takes none (pass is_causal=True "
+            "for a causal mask), the memory-efficient one needs it in the query's dtype"
+        )
+    if query and (query[-1] > 256 or query[-1] % 8):
+        reasons.append(f"head dim {query[-1]}: the fused kernels take a multiple of 8, at most 256")
+    if not reasons:
+        reasons.append(
+            "the trace does not show why: run one step under torch.nn.attention.sdpa_kernel("
+            "SDPBackend.FLASH_ATTENTION) and torch warns with the reason"
+        )
+    return reasons
+
+
+def _score_shapes(work: KernelWork, mask: np.ndarray):
+    """The [.., T, T] inputs of the ops of the kernels in `mask`, first seen first."""
+    for signature in dict.fromkeys(work.signature[mask].tolist()):
+        if signature < 0:
+            continue
+        first = work.works[signature].first_input
+        if first is not None and len(first[0]) >= 3 and first[0][-1] == first[0][-2]:
+            yield first[0]
+
+
+def _shape_text(shape: list[int] | None) -> str:
+    return "[.., T, T]" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _fusion(context: _Context, swap: SwapPrediction | None, swapped: np.ndarray) -> Finding | None:
+    if swap is None or not context.worth(swap.saved_ms_per_step):
+        return None
+    work = context.work
+    saved = swap.saved_ms_per_step
+    replaced = ", ".join(f"{'/'.join(row.modules)} x{row.instances}" for row in swap.rows)
+    words = list(dict.fromkeys(_OP_WORDS[row.op] for row in swap.rows))
+    what = " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
+    step = work.step_ms
+    return context.finding(
+        "fusible_layers",
+        f"Unfused {what}: {swap.replaced_ms_per_step:.1f} ms/step of kernels fused_layers.swap replaces "
+        f"({replaced}); fused they would take ~{swap.fused_ms_per_step:.1f} ms",
+        saved,
+        swapped,
+        f"fused_layers.swap(model) after building the model: step {step:.1f} -> ~{step - saved:.1f} ms "
+        "(or torch.compile(model), which fuses them too)",
+        context.module_of(swapped)[1],
+        FusionDetails(
+            swap=swap,
+            step_ms=round(step, 4),
+            predicted_step_ms=round(step - saved, 4),
+            peaks=context.peaks_label,
+        ),
+        cause="norms, activations and rotary embeddings run as chains of small memory-bound kernels",
+    )
+
+
+_OP_WORDS = {
+    "layer_norm": "norms",
+    "rms_norm": "norms",
+    "gelu": "activations",
+    "gated_mlp": "gated MLPs",
+    "rope": "rotary embeddings",
+}
+
+
+def _memory_bound(context: _Context, swapped: np.ndarray) -> Finding | None:
+    work = context.work
+    copy = work.peaks.bytes_per_s if work.peaks is not None else None
+    if not copy or not work.module_paths:
+        return None
+    memory = (
+        work.of_class(KernelClass.NORM, KernelClass.ELEMENTWISE, KernelClass.COPY)
+        & ~swapped
+        & (work.module_group >= 0)
+    )
+    known = memory & work.carries(Work.BYTES)
+    groups = len(work.module_paths)
+    group_us = np.bincount(work.module_group[known], weights=work.dur_us[known], minlength=groups)
+    group_bytes = np.bincount(work.module_group[known], weights=work.bytes[known], minlength=groups)
+    # What the kernels would take at the copy bandwidth: their bytes, and at least the floor each.
+    floor = np.maximum(work.bytes / copy * 1e6, KERNEL_FLOOR_US)
+    group_floor = np.bincount(
+        work.module_group[known], weights=np.minimum(floor, work.dur_us)[known], minlength=groups
+    )
+    rows = []
+    for group in np.flatnonzero(group_us > 0).tolist():
+        rate = float(group_bytes[group] / group_us[group] * 1e6)
+        if rate >= context.limits.memory_bound_max_bandwidth_share * copy:
+            continue
+        floor_us = float(group_floor[group])
+        path = work.module_paths[group]
+        owner = context.owners.get(path)
+        rows.append(
+            MemoryBoundModule(
+                module=owner.label if owner else path.rsplit("/", 1)[-1],
+                gpu_ms_per_step=round(float(group_us[group]) / 1e3 / context.steps, 4),
+                gbyte_per_step=round(float(group_bytes[group]) / 1e9 / context.steps, 4),
+                achieved_tb_s=round(rate / 1e12, 3),
+                bandwidth_pct=round(100.0 * rate / copy, 1),
+                floor_ms_per_step=round(floor_us / 1e3 / context.steps, 4),
+            )
+        )
+    saved = sum(row.gpu_ms_per_step - row.floor_ms_per_step for row in rows)
+    if not rows or not context.worth(saved):
+        return None
+    rows.sort(key=lambda row: -(row.gpu_ms_per_step - row.floor_ms_per_step))
+    slow = {row.module for row in rows}
+    slow_group = np.asarray([_label(context, g) in slow for g in range(groups)] + [False])
+    mask = known & slow_group[work.module_group]
+    module, where = context.module_of(mask)
+    return context.finding(
+        "memory_bound_kernels",
+        f"Memory-bound kernels below the copy bandwidth in {', '.join(r.module for r in rows[:3])}: "
+        f"{sum(r.gpu_ms_per_step for r in rows):.1f} ms/step at {rows[0].bandwidth_pct:.0f}% of "
+        f"{copy / 1e12:.2f} TB/s (at least {saved:.1f} ms/step above what their bytes take)",
+        saved,
+        mask,
+        "torch.compile(model) fuses these chains of norms, casts and elementwise ops into fewer kernels "
+        "that read and write each tensor once",
+        where,
+        MemoryBoundDetails(
+            modules=rows[:TOP_ROWS],
+            copy_tb_s=round(copy / 1e12, 3),
+            step_ms=round(work.step_ms, 4),
+            peaks=context.peaks_label,
+        ),
+        cause="chains of small memory-bound kernels moving their bytes slowly",
+    )
+
+
+def _label(context: _Context, group: int) -> str:
+    path = context.work.module_paths[group]
+    owner = context.owners.get(path)
+    return owner.label if owner else path.rsplit("/", 1)[-1]
+
+
+def _gemm_shapes(context: _Context) -> Finding | None:
+    work, trace = context.work, context.trace
+    gemm = work.of_class(*GEMM_CLASSES) & (work.signature >= 0) & work.carries(Work.FLOPS)
+    if not gemm.any():
+        return None
+    signatures, of_kernel = np.unique(work.signature[gemm], return_inverse=True)
+    sig_us = np.bincount(of_kernel, weights=work.dur_us[gemm])
+    sig_flops = np.bincount(of_kernel, weights=work.flops[gemm])
+    sig_calls = np.bincount(of_kernel, weights=(work.flops[gemm] > 0).astype(float))
+    dtype_of = np.full(len(signatures), -1, dtype=np.int64)
+    dtype_of[of_kernel] = work.dtype[gemm]
+    shapes = []
+    for index, signature in enumerate(signatures.tolist()):
+        shape = work.works[signature].gemm
+        dtype = MATH_DTYPES[dtype_of[index]] if dtype_of[index] >= 0 else None
+        if shape is None or dtype is None or sig_flops[index] <= 0:
+            continue
+        batch, m, n, k = shape
+        unaligned = [d for d in (m, n, k) if (d * _ELEMENT_BYTES[dtype]) % ALIGNMENT_BYTES]
+        skinny = min(m, n) < SKINNY_GEMM_ROWS
+        shapes.append((index, signature, dtype, shape, unaligned, skinny))
+    # The reference: the rate of the trace's well-shaped GEMMs of the dtype (none: no finding for it).
+    reference: dict[str, float] = {}
+    for dtype in {s[2] for s in shapes}:
+        healthy = [s[0] for s in shapes if s[2] == dtype and not s[4] and not s[5]]
+        flops, us = sig_flops[healthy].sum(), sig_us[healthy].sum()
+        peak = work.peak_of(dtype)
+        if us > 0 and flops > 0:
+            reference[dtype] = min(flops / us * 1e6, peak) if peak else flops / us * 1e6
+    slow = []
+    for index, signature, dtype, shape, unaligned, skinny in shapes:
+        rate = float(sig_flops[index] / sig_us[index] * 1e6)
+        ref = float(reference.get(dtype, 0.0))
+        if not (unaligned or skinny) or not ref or rate >= context.limits.gemm_shape_max_rate_share * ref:
+            continue
+        at_stake_us = sig_us[index] - sig_flops[index] / ref * 1e6
+        mask = gemm & (work.signature == signature)
+        batch, m, n, k = shape
+        slow.append(
+            (
+                at_stake_us,
+                GemmShape(
+                    op=trace.names[int(trace.events["cpu_op"].name[work.op[np.flatnonzero(mask)[0]]])],
+                    batch=batch,
+                    m=m,
+                    n=n,
+                    k=k,
+                    dtype=dtype,
+                    calls_per_step=round(float(sig_calls[index]) / context.steps, 2),
+                    gpu_ms_per_step=round(float(sig_us[index]) / 1e3 / context.steps, 4),
+                    achieved_tflops=round(rate / 1e12, 2),
+                    reference_tflops=round(ref / 1e12, 2),
+                    unaligned=unaligned,
+                    skinny=skinny,
+                    module=context.module_of(mask)[0],
+                ),
+                mask,
+            )
+        )
+    saved = sum(us for us, _, _ in slow) / 1e3 / context.steps
+    if not slow or not context.worth(saved):
+        return None
+    slow.sort(key=lambda item: -item[0])
+    mask = np.logical_or.reduce([m for _, _, m in slow])
+    top = slow[0][1]
+    module, where = context.module_of(mask)
+    return context.finding(
+        "gemm_shape",
+        f"Slow GEMM shapes{_in(module)}: {top.op} ({top.m} x {top.k}) @ ({top.k} x {top.n}) at "
+        f"{top.achieved_tflops:.0f} TFLOP/s against {top.reference_tflops:.0f} for the other {top.dtype} "
+        f"GEMMs; {saved:.1f} ms/step at stake",
+        saved,
+        mask,
+        _shape_fix(slow[0][1]),
+        where,
+        GemmShapeDetails(
+            shapes=[s for _, s, _ in slow[:TOP_ROWS]],
+            step_ms=round(context.work.step_ms, 4),
+            peaks=context.peaks_label,
+        ),
+        op=top.op,
+        cause="GEMM dims that are not 16-byte aligned or too small for the tensor cores' tiles",
+    )
+
+
+def _shape_fix(shape: GemmShape) -> str:
+    parts = []
+    for dim in dict.fromkeys(shape.unaligned):
+        padded = math.ceil(dim / PAD_MULTIPLE) * PAD_MULTIPLE
+        parts.append(
+            f"pad the {dim:,}-wide dimension to {padded:,} (a multiple of {PAD_MULTIPLE}; a vocabulary: "
+            f"model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of={PAD_MULTIPLE}))"
+        )
+    if shape.skinny:
+        parts.append(
+            f"give each call more rows ({min(shape.m, shape.n)} now): a larger batch, or fewer, larger calls"
+        )
+    return "; ".join(parts)
