@@ -144,18 +144,43 @@ def test_kernel_table_has_every_kernel_name_whole(pathologies):
 
 @pytest.mark.parametrize(("name", "category"), [
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
-    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)", "attention"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
-    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "gemm"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)",
+     "attention_flash"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm_bf16_fp16"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "gemm"),  # its dtype is its op's
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, ...)",
      "elementwise"),
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)",
-     "softmax"),
-    ("triton_poi_fused_add_mul_0", "triton"),
+     "reduction"),
+    ("triton_poi_fused_add_mul_0", "elementwise"),
     ("some_custom_kernel", "other"),
 ])
-def test_kernel_category(name, category):
+def test_kernel_category_by_name_is_the_kernel_class(name, category):
     assert kernel_category(name) == category
+
+
+@pytest.fixture(scope="module")
+def eager_attention(fixtures_dir):
+    """busy/gpt2_attention/eager (GPT-2 attention as matmul + softmax): its analysis with views."""
+    traces = load_traces(fixtures_dir / "busy" / "gpt2_attention" / "eager")
+    analysis = analyze(traces, views=True)
+    return analysis, build_timeline(traces[0])
+
+
+def test_timeline_and_kernel_table_colour_kernels_by_the_busy_analysis_classes(eager_attention):
+    """The classes no kernel name says (unfused attention: the matmuls and softmax over [T, T]
+    scores, found from their ops' shapes) colour the timeline and fill the kernel table, and agree
+    with the kernel-class table of the same analysis."""
+    analysis, timeline = eager_attention
+    trace = analysis.traces[0]
+    view = trace.views.timeline
+    drawn = {view.categories[code] for lane in view.lanes for code in np.unique(lane.category).tolist()}
+    classes = {row.kernel_class for row in trace.busy.classes}
+    assert "attention_unfused" in classes and "attention_unfused" in drawn
+    named = {kernel_category(name) for name in timeline.trace.names}
+    assert "attention_unfused" not in named  # no name says it: the category is the busy analysis'
+    table = {row.category for row in trace.views.kernels}
+    assert "attention_unfused" in table and table <= set(view.categories)
 
 
 def test_flame_graph_is_a_tree_of_host_and_gpu_time(pathologies):

@@ -205,7 +205,7 @@ def _analyze_one(
     if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
-    busy = None
+    busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
         busy = busy_breakdown(timeline, work, costs)
@@ -230,6 +230,7 @@ def _analyze_one(
             findings.append(maybe)
     comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
     known_peaks = [p for p in peaks if p is not None]
+    drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work) if views else None
     info = TraceInfo(
         file=str(trace.path),
         worker=trace.worker,
@@ -245,7 +246,7 @@ def _analyze_one(
         idle=idle,
         compile=compiled,
         memory=memory,
-        views=trace_views(timeline, owners, idle.pieces if gpu_work else None, points) if views else None,
+        views=drawn,
         window=trace.window,
         comm=comm,
         busy=busy,

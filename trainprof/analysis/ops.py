@@ -8,7 +8,8 @@ the ops inside it), as in `key_averages()`. An op counts when it starts inside a
 when the call that launched it is inside one (as in `steps`).
 
 Kernel table, per distinct kernel name (the full demangled name): calls, GPU time, mean, share of
-all kernel time, category (`timeline_view.kernel_category`) and the op with the most of its time.
+all kernel time, and the category (`timeline_view.kernel_categories`) and op with the most of its
+time (a name can run under several: an opaque GEMM in two dtypes).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import numpy as np
 
 from trainprof.analysis.arrays import distinct, unique_inverse
 from trainprof.analysis.attribution import KernelOwners
+from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.result import Record
 from trainprof.analysis.thresholds import KERNEL_TABLE_ROWS, OP_TABLE_ROWS
 from trainprof.analysis.timeline import Timeline, _join_correlation
-from trainprof.analysis.timeline_view import kernel_category
+from trainprof.analysis.timeline_view import CATEGORIES, kernel_categories
 from trainprof.trace.model import FRAME_CATEGORIES
 
 
@@ -36,7 +38,8 @@ class OpRow(Record, frozen=True):
 
 
 class KernelRow(Record, frozen=True):
-    """One kernel name over the profiled steps; `op` is the op with the most of its time (None: none)."""
+    """One kernel name over the profiled steps; `category` (a `timeline_view.CATEGORIES` key) and `op`
+    are those with the most of its time (`op` None: none)."""
 
     name: str
     category: str
@@ -125,29 +128,25 @@ def op_table(timeline: Timeline) -> list[OpRow]:
     ]
 
 
-def kernel_table(timeline: Timeline, owners: KernelOwners) -> list[KernelRow]:
-    """The kernels launched in the steps by GPU time, most first (at most `KERNEL_TABLE_ROWS`)."""
+def kernel_table(timeline: Timeline, owners: KernelOwners, work: KernelWork | None = None) -> list[KernelRow]:
+    """The kernels launched in the steps by GPU time, most first (at most `KERNEL_TABLE_ROWS`);
+    `work` as for `timeline_view`."""
     trace, kernels = timeline.trace, timeline.kernels
     rows = np.flatnonzero(timeline.kernel_step >= 0)
     total_us = float(kernels.dur_us[rows].sum())
     if not len(rows):
         return []
     names, by_name = unique_inverse(kernels.name[rows].astype(np.int64))
-    time_us = np.bincount(by_name, weights=kernels.dur_us[rows])
+    dur_us = kernels.dur_us[rows]
+    time_us = np.bincount(by_name, weights=dur_us)
     calls = np.bincount(by_name)
-    # The op with the most of each kernel's time: (kernel, op) pairs, largest first per kernel.
-    op = owners.op[rows] + 1  # 0: no op
-    pair, by_pair = unique_inverse(by_name * (len(owners.ops) + 1) + op)
-    pair_us = np.bincount(by_pair, weights=kernels.dur_us[rows])
-    order = np.lexsort((-pair_us, pair // (len(owners.ops) + 1)))
-    first = order[np.concatenate(([True], np.diff(pair[order] // (len(owners.ops) + 1)) != 0))]
-    top_op = np.zeros(len(names), dtype=np.int64)
-    top_op[pair[first] // (len(owners.ops) + 1)] = pair[first] % (len(owners.ops) + 1)
+    top_op = _most_time(by_name, owners.op[rows] + 1, len(owners.ops) + 1, dur_us)  # 0: no op
+    category = _most_time(by_name, kernel_categories(timeline, rows, work), len(CATEGORIES), dur_us)
     ranked = np.argsort(-time_us, kind="stable")[:KERNEL_TABLE_ROWS]
     return [
         KernelRow(
             name=trace.names[int(names[k])],
-            category=kernel_category(trace.names[int(names[k])]),
+            category=CATEGORIES[int(category[k])],
             calls=int(calls[k]),
             total_ms=round(float(time_us[k]) / 1e3, 4),
             mean_us=round(float(time_us[k]) / float(calls[k]), 3),
@@ -156,3 +155,15 @@ def kernel_table(timeline: Timeline, owners: KernelOwners) -> list[KernelRow]:
         )
         for k in ranked.tolist()
     ]
+
+
+def _most_time(group: np.ndarray, key: np.ndarray, keys: int, weight_us: np.ndarray) -> np.ndarray:
+    """Per group (0, 1, ... of `group`), its key (0 to `keys` - 1) with the most `weight_us`; ties
+    go to the smaller key. One pass over the (group, key) pairs, largest first per group."""
+    pair, by_pair = unique_inverse(group.astype(np.int64) * keys + key)
+    pair_us = np.bincount(by_pair, weights=weight_us)
+    order = np.lexsort((-pair_us, pair // keys))
+    first = order[np.concatenate(([True], np.diff(pair[order] // keys) != 0))]
+    top = np.zeros(int(group.max(initial=-1)) + 1, dtype=np.int64)
+    top[pair[first] // keys] = pair[first] % keys
+    return top

@@ -13,60 +13,53 @@ stays bounded and the largest gaps, the ones worth seeing, stay drawn at every z
 
 from __future__ import annotations
 
-import functools
-import re
-
 import msgspec
 import numpy as np
 
 from trainprof.analysis.arrays import StringTable, distinct
 from trainprof.analysis.attribution import KernelOwners
+from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.idle import IdlePieces
+from trainprof.analysis.kernel_classes import CLASSES, classify_name
 from trainprof.analysis.syncs import SyncPoint
 from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE
 from trainprof.analysis.timeline import Timeline
 
-# A kernel's category from its name: the first row whose pattern matches the lowercased name, else
-# `other`. Colours on the timeline; `kernel_categories` is the one place that assigns them.
-KERNEL_CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("communication", r"nccl|rccl"),
-    ("attention", r"flash|fmha|attention|attn|sdpa"),
-    ("gemm", r"gemm|matmul|cutlass|cublas|xmma|wgmma|nvjet|cijk_|_mm_|splitk"),
-    ("convolution", r"conv|winograd|implicit_convolve|cudnn"),
-    ("normalization", r"norm"),
-    ("softmax", r"softmax|cross_entropy|nll_loss"),
-    ("reduction", r"reduce|_sum_|sum_kernel|argmax|max_kernel"),
-    ("optimizer", r"adam|sgd|multi_tensor_apply|foreach"),
-    ("triton", r"^triton_"),
-    ("elementwise", r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill_kernel|cat_"),
-)
-OTHER = "other"
-CATEGORIES: tuple[str, ...] = (*(label for label, _ in KERNEL_CATEGORIES), OTHER, "memcpy", "memset")
-"""Every category, by code (`TimelineLane.category`)."""
-# Lowercased names against case-sensitive patterns: re's IGNORECASE costs 5x on names that run to
-# thousands of characters (73 gpt2_pathologies kernel names: 5.3 ms against 1.1 ms, 2026-11-25).
-_PATTERNS = tuple(re.compile(pattern) for _, pattern in KERNEL_CATEGORIES)
+# A kernel's category is its class (`kernel_classes.KernelClass`: the busy analysis' table of GEMMs
+# by dtype, attention by implementation, norms, ...), then the copies and memsets. Colours on the
+# timeline; `kernel_categories` is the one place that assigns them.
+CATEGORIES: tuple[str, ...] = (*(kernel_class.key for kernel_class in CLASSES), "memcpy", "memset")
+"""Every category, by code (`TimelineLane.category`): a class's code is its `KernelClass.code`."""
+CATEGORY_LABELS: dict[str, str] = {
+    **{kernel_class.key: kernel_class.label for kernel_class in CLASSES},
+    "memcpy": "memcpy",
+    "memset": "memset",
+}
+"""Each category's words in the report."""
 _COPY_CATEGORY = {"gpu_memcpy": CATEGORIES.index("memcpy"), "gpu_memset": CATEGORIES.index("memset")}
 
 
 def kernel_category(name: str) -> str:
-    """The category of a kernel, from its name (`KERNEL_CATEGORIES`)."""
-    return CATEGORIES[_category_code(name)]
+    """The category of a kernel from its name alone (`kernel_classes.classify_name`)."""
+    return classify_name(name)[0].key
 
 
-@functools.lru_cache(maxsize=4096)  # the timeline and the kernel table ask about the same names
-def _category_code(name: str) -> int:
-    lowered = name.lower()
-    return next((code for code, pattern in enumerate(_PATTERNS) if pattern.search(lowered)), len(_PATTERNS))
-
-
-def kernel_categories(names: list[str], name_ids: np.ndarray) -> np.ndarray:
-    """Per kernel (its name id into `names`), its category code into `CATEGORIES`: each distinct
-    name is matched once (a trace has ~100 distinct kernel names and ~10^4 kernels)."""
-    codes = np.zeros(len(names), dtype=np.int8)
+def kernel_categories(timeline: Timeline, rows: np.ndarray, work: KernelWork | None) -> np.ndarray:
+    """Per kernel (`rows` of `timeline.kernels`), its category code into `CATEGORIES`: the class the
+    busy analysis gave it (`busy.KernelWork`: refined by its op's dtype, the attention op it runs
+    under, the optimizer step), else its name's class (a kernel outside the profiled steps, or no
+    busy analysis). Each distinct name is matched once (a trace has ~100 distinct kernel names and
+    ~10^4 kernels)."""
+    names, name_ids = timeline.trace.names, timeline.kernels.name[rows]
+    by_name = np.zeros(len(names), dtype=np.int8)
     for name_id in distinct(name_ids).tolist():
-        codes[name_id] = _category_code(names[name_id])
-    return codes[name_ids]
+        by_name[name_id] = classify_name(names[name_id])[0].code
+    codes = by_name[name_ids]
+    if work is not None and len(work.rows) and len(rows):
+        at = np.minimum(np.searchsorted(work.rows, rows), len(work.rows) - 1)  # work.rows is sorted
+        known = work.rows[at] == rows
+        codes[known] = work.kernel_class[at[known]]
+    return codes
 
 
 class TimelineLane(msgspec.Struct, frozen=True):
@@ -137,10 +130,15 @@ class TimelineView(msgspec.Struct, frozen=True):
 
 
 def timeline_view(
-    timeline: Timeline, owners: KernelOwners, idle: IdlePieces | None, points: list[SyncPoint]
+    timeline: Timeline,
+    owners: KernelOwners,
+    idle: IdlePieces | None,
+    points: list[SyncPoint],
+    work: KernelWork | None = None,
 ) -> TimelineView:
     """The timeline of `timeline`'s steps (module docstring); `owners` from `attribute_kernels`,
-    `idle` from `idle_breakdown`, `points` from `find_sync_points`."""
+    `idle` from `idle_breakdown`, `points` from `find_sync_points`, `work` from `busy.kernel_work`
+    (None: categories by kernel name)."""
     trace, kernels = timeline.trace, timeline.kernels
     origin = timeline.steps[0].start_us
     in_steps = timeline.kernel_step >= 0
@@ -152,7 +150,7 @@ def timeline_view(
     seen = (kernels.end_us > origin) & (kernels.start_us < end)
     rows = np.flatnonzero(seen)
     parts.append((
-        kernels, rows, kernel_categories(trace.names, kernels.name[rows]),
+        kernels, rows, kernel_categories(timeline, rows, work),
         owners.op[rows], owners.module[rows], owners.phase[rows],
     ))
     for category, code in _COPY_CATEGORY.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from trainprof.analysis.attribution import KernelOwners
+from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.idle import IdlePieces
 from trainprof.analysis.memory_timeline import MemoryCurve, memory_curve
 from trainprof.analysis.ops import KernelRow, OpRow, kernel_table, op_table
@@ -29,13 +30,18 @@ class TraceViews(msgspec.Struct, frozen=True):
 
 
 def trace_views(
-    timeline: Timeline, owners: KernelOwners, idle: IdlePieces | None, syncs: list[SyncPoint]
+    timeline: Timeline,
+    owners: KernelOwners,
+    idle: IdlePieces | None,
+    syncs: list[SyncPoint],
+    work: KernelWork | None = None,
 ) -> TraceViews:
-    """Every view of one trace; the arguments are what `analyze` already worked out for it."""
+    """Every view of one trace; the arguments are what `analyze` already worked out for it (`work`:
+    the kernels' classes, which colour the timeline; None without GPU work)."""
     return TraceViews(
-        timeline=timeline_view(timeline, owners, idle, syncs),
+        timeline=timeline_view(timeline, owners, idle, syncs, work),
         ops=op_table(timeline),
-        kernels=kernel_table(timeline, owners),
+        kernels=kernel_table(timeline, owners, work),
         flame=flame_graph(timeline),
         memory=memory_curve(timeline),
     )

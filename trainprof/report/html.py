@@ -27,7 +27,7 @@ import numpy as np
 from trainprof.analysis.attribution import PHASES
 from trainprof.analysis.causes import CAUSES, Cause
 from trainprof.analysis.modules import ModuleCostsDetails
-from trainprof.analysis.timeline_view import CATEGORIES
+from trainprof.analysis.timeline_view import CATEGORIES, CATEGORY_LABELS
 from trainprof.report import _format
 from trainprof.report.json import _ENCODER
 
@@ -282,8 +282,8 @@ def _kernel_table(views: TraceViews) -> str:
     if not views.kernels:
         return '<p class="empty">No kernels in the profiled steps.</p>'
     rows = [
-        (row.name, row.category, _num(row.calls, 0), _num(row.total_ms, 3), _num(row.mean_us, 1),
-         _num(row.pct, 1), row.op or "-")
+        (row.name, CATEGORY_LABELS.get(row.category, row.category), _num(row.calls, 0),
+         _num(row.total_ms, 3), _num(row.mean_us, 1), _num(row.pct, 1), row.op or "-")
         for row in views.kernels
     ]
     return _table(_KERNEL_COLUMNS, rows)
@@ -356,7 +356,12 @@ def _timeline_section(traces: list[TraceInfo]) -> str:
             f'<option value="{i}">{esc(_trace_label(trace))}</option>' for i, trace in enumerate(traces)
         )
         select = f'<select id="trace-select" aria-label="trace">{options}</select>'
-    legend = "".join(f'<span><i style="background:var(--cat-{c})"></i>{esc(c)}</span>' for c in CATEGORIES)
+    lanes = [lane for trace in traces for lane in trace.views.timeline.lanes]
+    drawn = set(np.unique(np.concatenate([lane.category for lane in lanes])).tolist()) if lanes else set()
+    legend = "".join(
+        f'<span><i style="background:var(--cat-{c})"></i>{esc(CATEGORY_LABELS[c])}</span>'
+        for code, c in enumerate(CATEGORIES) if code in drawn
+    )
     return (
         f'<div class="toolbar">{select}<span id="timeline-steps" class="toolbar"></span></div>'
         '<div id="timeline-chart" class="chart"></div>'
@@ -396,7 +401,7 @@ def _ranks(analysis: Analysis) -> str:
 def _data(traces: list[TraceInfo]) -> str:
     """The JSON block the script draws from, safe inside a <script> element."""
     document = {
-        "categories": list(CATEGORIES),
+        "categories": [{"key": key, "label": CATEGORY_LABELS[key]} for key in CATEGORIES],
         "causes": [{"key": cause.key, "meaning": CAUSES[cause].meaning} for cause in Cause],
         "phases": list(PHASES),
         "traces": [

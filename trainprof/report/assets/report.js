@@ -75,7 +75,7 @@
                       oneoff: view.idle.one_off, kind: "idle" });
     this.lanes.push({ label: "sync points", start: Float64Array.from(view.syncs.at), dur: view.syncs.blocked,
                       op: view.syncs.op, call: view.syncs.call, kind: "sync" });
-    this.catColors = DATA.categories.map(function (c) { return cssColor("cat-" + c, "#adb5bd"); });
+    this.catColors = DATA.categories.map(function (c) { return cssColor("cat-" + c.key, "#adb5bd"); });
     this.causeColors = DATA.causes.map(function (c) { return cssColor("cause-" + c.key, "#999"); });
     this.reset();
     this.bind();
@@ -174,7 +174,7 @@
     if (lane.kind === "gpu") {
       var phase = DATA.phases[lane.phase[i]];
       var lines = [lane.count[i] > 1 ? lane.count[i] + " events joined; longest: " + S[lane.name[i]] : S[lane.name[i]],
-        "category: " + DATA.categories[lane.cat[i]]];
+        "category: " + DATA.categories[lane.cat[i]].label];
       if (lane.op[i] >= 0) lines.push("op: " + S[lane.op[i]] + (phase ? " (" + phase + ")" : ""));
       if (lane.module[i] >= 0) lines.push("module: " + S[lane.module[i]]);
       lines.push(lane.count[i] > 1 ? "busy " + ms(lane.busy[i]) + " of " + ms(lane.dur[i]) : "duration: " + ms(lane.dur[i]));
