@@ -131,6 +131,12 @@ def test_session_scalars_and_text(tmp_path, fixtures_dir):
     assert [e.step for e in launch] == [s.times.number for s in analysis.steps]
     assert [e.value for e in launch] == pytest.approx([s.idle.costs[Cause.LAUNCH] for s in analysis.steps],
                                                       rel=1e-5)
+    mfu = events.Scalars("trainprof/mfu_pct")  # the busy analysis' per-step MFU, at each step
+    busy_steps = analysis.traces[0].busy.steps
+    steps = [s.times.number for s in analysis.steps]
+    assert [e.step for e in mfu] == [row.number for row in busy_steps] == steps
+    assert [e.value for e in mfu] == pytest.approx([row.mfu_pct for row in busy_steps], rel=1e-5)
+    assert all(e.value > 0 for e in mfu)
     texts = {tag: events.Tensors(tag)[-1].tensor_proto.string_val[0].decode()
              for tag in (FINDINGS_TAG + "/text_summary", REPORT_TAG + "/text_summary")}
     findings = texts[FINDINGS_TAG + "/text_summary"]

@@ -68,7 +68,7 @@ class SessionConfig:
     """Print a short summary of the findings at exit."""
 
     tensorboard_scalars: bool = True
-    """Write per-step scalars (step time, GPU busy, syncs, kernels, GPU idle by cause) and the findings
+    """Write per-step scalars (step time, GPU busy, syncs, kernels, MFU, GPU idle by cause) and the findings
     and report as text for TensorBoard, if installed."""
 
     gather_timeout_s: float = 120.0

@@ -67,8 +67,11 @@ def render_lines(analysis: Analysis, limit: int, width: int) -> list[tuple[str, 
     split = _format.step_split(analysis)
     if split is not None:
         add(block("", split, width))
-    for label, value in _format.headline(analysis):
-        add(block(f"  {label:<15} ", value, width))
+    headline = _format.headline(analysis)
+    # Values line up after the longest label (`exposed comm / step`), 15 columns at the least.
+    label_chars = max([15, *(len(label) for label, _ in headline)])
+    for label, value in headline:
+        add(block(f"  {label:<{label_chars}} ", value, width))
 
     findings = _format.top_findings(analysis, limit)
     total = _format.finding_count(analysis)

@@ -5,21 +5,24 @@ run's report.html, is `trainprof.report.tensorboard_plugin`.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainprof.report import _format
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.busy import StepBusy
     from trainprof.analysis.result import Analysis, Step
 
-# TensorBoard tag -> the step's field (values are the analysis's, not recomputed).
-SCALARS = {
-    "trainprof/step_time_ms": attrgetter("times.duration_ms"),
-    "trainprof/gpu_busy_pct": attrgetter("times.gpu_busy_pct"),
-    "trainprof/syncs_per_step": attrgetter("syncs.count"),
-    "trainprof/kernels_per_step": attrgetter("times.kernel_count"),
+# TensorBoard tag -> its value for a step, from the `Step` and its GPU-busy row (`busy.StepBusy`, None
+# without GPU work); a None value is not written. Values are the analysis's, not recomputed.
+SCALARS: dict[str, Callable[[Step, StepBusy | None], float | None]] = {
+    "trainprof/step_time_ms": lambda step, _: step.times.duration_ms,
+    "trainprof/gpu_busy_pct": lambda step, _: step.times.gpu_busy_pct,
+    "trainprof/syncs_per_step": lambda step, _: step.syncs.count,
+    "trainprof/kernels_per_step": lambda step, _: step.times.kernel_count,
+    "trainprof/mfu_pct": lambda _, busy: busy.mfu_pct if busy is not None else None,
 }
 IDLE_TAG = "trainprof/gpu_idle_ms/"
 """Prefix of the per-step GPU-idle scalars, one per cause (`launch`, `sync`, ...) and `one_off`."""
@@ -34,6 +37,15 @@ def idle_scalars(step: Step) -> dict[str, float]:
     scalars = {IDLE_TAG + cause.key: ms for cause, ms in step.idle.costs.items()}
     scalars[IDLE_TAG + "one_off"] = step.idle.one_off_ms
     return scalars
+
+
+def _busy_rows(analysis: Analysis) -> list[StepBusy | None]:
+    """Per step of `analysis.steps` (one trace's steps after another's), its `busy.StepBusy` or None."""
+    rows: list[StepBusy | None] = []
+    for trace in analysis.traces:
+        by_number = {row.number: row for row in trace.busy.steps} if trace.busy is not None else {}
+        rows += [by_number.get(number) for number in trace.step_numbers]
+    return rows
 
 
 def findings_markdown(analysis: Analysis) -> str:
@@ -54,7 +66,7 @@ def findings_markdown(analysis: Analysis) -> str:
 
 
 def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0) -> bool:
-    """Write one scalar per step and tag (the four of `SCALARS`, and GPU idle by cause), at the step's
+    """Write one scalar per step and tag (those of `SCALARS`, and GPU idle by cause), at the step's
     number plus `step_offset` (a framework's own x-axis), and the findings and report.md as text at
     the last step; False when tensorboard is not installed."""
     try:
@@ -65,10 +77,12 @@ def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0)
 
     writer = SummaryWriter(str(run_dir))
     try:
-        for step in analysis.steps:
+        for step, busy in zip(analysis.steps, _busy_rows(analysis), strict=True):
             at = step.times.number + step_offset
-            for tag, field in SCALARS.items():
-                writer.add_scalar(tag, field(step), global_step=at)
+            for tag, value_of in SCALARS.items():
+                value = value_of(step, busy)
+                if value is not None:
+                    writer.add_scalar(tag, value, global_step=at)
             for tag, ms in idle_scalars(step).items():
                 writer.add_scalar(tag, ms, global_step=at)
         last = max((step.times.number for step in analysis.steps), default=0) + step_offset
