@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_idle_causes import MAIN, SIDE, TraceBuilder
 
 from trainprof.analysis import analyze
+from trainprof.analysis.thresholds import MEMORY_SERIES_POINTS
+from trainprof.analysis.timeline import build_timeline
+from trainprof.trace import load_traces
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 GIB = 1024**3
@@ -186,3 +190,29 @@ def test_memory_largest_allocations_name_the_users_line():
     assert top.python == "transformers/loss/loss_utils.py fixed_cross_entropy"
     assert top.user is not None and top.user.function == "loss_of"
     assert len(memory.series.t_ms) <= 400 and max(memory.series.allocated_bytes) == memory.peak_bytes
+
+
+def test_series_keeps_the_peak_and_the_valleys_and_the_largest_are_those_alive_at_the_peak():
+    """gpt2_pathologies (5,688 memory events, more than the series keeps): the series holds the peak
+    and the lowest total; the largest allocations are those a replay of every allocation and free up
+    to the peak finds alive there (report.html draws both)."""
+    (trace,) = load_traces(FIXTURES / "traces/gpt2_pathologies")
+    memory = analyze([trace]).traces[0].memory
+    events = trace.memory
+    assert len(events) > MEMORY_SERIES_POINTS
+    series = memory.series
+    assert len(series.t_ms) <= MEMORY_SERIES_POINTS and series.t_ms == sorted(series.t_ms)
+    assert max(series.allocated_bytes) == memory.peak_bytes
+    assert min(series.allocated_bytes) == int(events.value.min())  # the valleys are drawn too
+    # Brute force: replay allocations and frees up to the peak.
+    origin = build_timeline(trace).steps[0].start_us
+    peak = int(np.flatnonzero(np.isclose((events.start_us - origin) / 1e3, memory.peak_at_ms, atol=1e-3))[0])
+    live: dict[float, int] = {}
+    for i in range(peak + 1):
+        if events.block_bytes[i] > 0:
+            live[events.addr[i]] = int(events.block_bytes[i])
+        else:
+            live.pop(events.addr[i], None)
+    expected = sorted(live.values(), reverse=True)[: len(memory.largest)]
+    assert [allocation.bytes for allocation in memory.largest] == expected
+    assert all(allocation.op for allocation in memory.largest)

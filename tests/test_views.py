@@ -1,7 +1,7 @@
 """The views report.html draws (`trainprof.analysis.views`), checked against the trace they come from:
 the timeline keeps every GPU microsecond and every idle one with its cause, the op table's self and
 total times add up as `key_averages()`'s do, the flame graph is a tree whose nodes never outgrow
-their parents, the memory curve keeps the peak and the blocks live there."""
+their parents. (The memory chart draws the memory analysis' series: tests/test_memory.py.)"""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from trainprof.analysis import timeline_view as timeline_view_module
 from trainprof.analysis.attribution import attribute_kernels
 from trainprof.analysis.causes import Cause
 from trainprof.analysis.idle import idle_breakdown
-from trainprof.analysis.memory_timeline import memory_curve
+from trainprof.analysis.memory import memory_profile
 from trainprof.analysis.ops import op_table
 from trainprof.analysis.syncs import find_sync_points
-from trainprof.analysis.thresholds import MEMORY_CURVE_POINTS, TIMELINE_EVENTS_PER_LANE, Thresholds
+from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE, Thresholds
 from trainprof.analysis.timeline import build_timeline
 from trainprof.analysis.timeline_view import kernel_category, timeline_view
 from trainprof.trace import load_traces
@@ -205,36 +205,15 @@ def test_flame_graph_is_a_tree_of_host_and_gpu_time(pathologies):
     assert len(pairs) == len(set(pairs))
 
 
-def test_memory_curve_keeps_the_peak_and_its_live_blocks(pathologies):
-    analysis, views, timeline = pathologies
-    curve = views.memory
-    assert curve.peak_bytes == analysis.summary.peak_memory_bytes == int(curve.allocated_bytes.max())
-    assert len(curve.at_us) <= MEMORY_CURVE_POINTS + 2 and np.all(np.diff(curve.at_us) >= 0)
-    # Brute force: replay allocations and frees up to the peak.
-    memory = timeline.trace.memory
-    origin = timeline.steps[0].start_us
-    peak = int(np.flatnonzero(np.isclose(memory.start_us - origin, curve.peak_at_us))[0])
-    live: dict[float, tuple[int, int]] = {}
-    for i in range(peak + 1):
-        if memory.block_bytes[i] > 0:
-            live[memory.addr[i]] = (int(memory.block_bytes[i]), i)
-        else:
-            live.pop(memory.addr[i], None)
-    expected = sorted((size for size, _ in live.values()), reverse=True)[: len(curve.blocks_at_peak)]
-    assert [block.bytes for block in curve.blocks_at_peak] == expected
-    assert sum(block.bytes for block in curve.blocks_at_peak) <= curve.peak_bytes
-    assert all(block.op for block in curve.blocks_at_peak)
-
-
 def test_views_only_when_asked_and_absent_from_the_json(fixtures_dir):
     plain = analyze(fixtures_dir / "traces" / "gpt2_clean")
     assert all(trace.views is None for trace in plain.traces)
     assert "views" not in plain.to_dict()["trace"]["traces"][0]
 
 
-def test_trace_without_memory_or_stacks_has_no_curve(fixtures_dir):
+def test_trace_without_memory_or_stacks_has_no_memory_chart(fixtures_dir):
     traces = load_traces(fixtures_dir / "traces" / "ddp_straggler")  # no memory, no stacks
     timeline = build_timeline(traces[0])
-    assert memory_curve(timeline) is None
+    assert memory_profile(timeline) is None
     rows = op_table(timeline)
     assert rows and all(row.calls > 0 for row in rows)

@@ -74,7 +74,7 @@ def analyze(
     `workers`: how many processes analyse a folder's files, each holding one trace at a time
     (default: one per core from `folder.PARALLEL_MIN_FILES` files on, else this process alone).
     `views`: also build what report.html draws of each trace (`TraceInfo.views`: timeline, op and
-    kernel tables, flame graph, memory curve).
+    kernel tables, flame graph; the memory chart is `TraceInfo.memory`).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
     limits = Thresholds(thresholds)

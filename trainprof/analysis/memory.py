@@ -22,7 +22,7 @@ its fix and the memory it would save: what that family holds at the peak. Activa
 only under memory pressure (the peak at least `memory_pressure_share` of the device's memory): their
 fix, recomputing them, costs compute, where the families' fixes cost none. Everything is vectorised
 over the events; `MemoryProfile.series` is the allocated total over time by category, decimated to
-`MEMORY_SERIES_POINTS`, for a plot.
+`MEMORY_SERIES_POINTS` (each slice's lowest and highest point), which report.html draws.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class LiveAllocation(Record, frozen=True):
 
 class MemorySeries(Record, frozen=True):
     """The allocated total over time (ms from the trace's first step), and by category: persistent is
-    what allocations from before the window hold; the points are the largest total of each of at
-    most `MEMORY_SERIES_POINTS` equal slices of the events, so the peak is among them."""
+    what allocations from before the window hold; the points are every event's, or past
+    `MEMORY_SERIES_POINTS` events the lowest and highest total of each of half as many equal slices
+    of the events, so the peak and the valleys are among them (`_series_points`)."""
 
     t_ms: list[float]
     allocated_bytes: list[int]
@@ -289,12 +290,7 @@ def _series(events, category: np.ndarray, alloc_of: np.ndarray, origin_us: float
     running = np.cumsum(deltas, axis=0)
     total = events.value
     running[:, PERSISTENT] = total - running[:, PERSISTENT + 1:].sum(axis=1)
-    # The largest total of each slice of events: a plot of the points shows the peak.
-    points = min(MEMORY_SERIES_POINTS, len(size))
-    starts = np.unique(np.linspace(0, len(size), points + 1).astype(np.int64)[:-1])
-    slice_of = np.searchsorted(starts, np.arange(len(size)), side="right") - 1
-    at_max = np.flatnonzero(total == np.maximum.reduceat(total, starts)[slice_of])
-    picks = at_max[np.unique(slice_of[at_max], return_index=True)[1]]  # the first maximum of each slice
+    picks = _series_points(total)
     return MemorySeries(
         t_ms=np.round((events.start_us[picks] - origin_us) / 1e3, 4).tolist(),
         allocated_bytes=total[picks].astype(np.int64).tolist(),
@@ -303,6 +299,22 @@ def _series(events, category: np.ndarray, alloc_of: np.ndarray, origin_us: float
             for k, name in enumerate(CATEGORIES)
         },
     )
+
+
+def _series_points(total: np.ndarray) -> np.ndarray:
+    """The events a plot keeps, in time order: all of them up to `MEMORY_SERIES_POINTS`, else of
+    each of half as many equal slices of the events its lowest and its highest total (the first of
+    each), so the plot keeps the peak and the valleys between steps at its resolution."""
+    n = len(total)
+    if n <= MEMORY_SERIES_POINTS:
+        return np.arange(n)
+    starts = np.linspace(0, n, MEMORY_SERIES_POINTS // 2 + 1).astype(np.int64)[:-1]  # distinct: n > slices
+    slice_of = np.searchsorted(starts, np.arange(n), side="right") - 1
+    picks = []
+    for extreme in (np.minimum, np.maximum):
+        at = np.flatnonzero(total == extreme.reduceat(total, starts)[slice_of])
+        picks.append(at[np.unique(slice_of[at], return_index=True)[1]])  # the first of each slice
+    return np.unique(np.concatenate(picks))
 
 
 def memory_finding(

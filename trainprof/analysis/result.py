@@ -74,8 +74,9 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   `persistent`, `activations`, `gradients`, `optimizer_state`, `temporaries`), `by_family` (bytes at
   the peak: `logits_loss`, `attention_scores`), `largest` (`[{bytes, category, family, op, module,
   phase, allocated_at_ms, python, user}]`, `user` a `where` or null), `series` (`{t_ms,
-  allocated_bytes, by_category: {category: [bytes]}}`, at most 400 points, each the largest total of
-  its slice of the events: for a plot).
+  allocated_bytes, by_category: {category: [bytes]}}`, at most 400 points: every event's, or the
+  lowest and highest total of each of 200 equal slices of the events, so the peak and the valleys
+  are drawn; report.html plots it).
 - communication (`collectives.CommTotals`, null without any): `on_host` (gloo on a trace with no
   GPU work), `comm_ms_per_step`, `exposed_ms_per_step`, `hidden_pct`, `collectives_per_step`,
   `visible_gpus`, `framework` (DDP, FSDP2, FSDP, DeepSpeed, Megatron, DeepEP or null), `ops`

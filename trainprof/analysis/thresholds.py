@@ -210,9 +210,10 @@ TOP_OPS_PER_OWNER = 6
 GRAPH_BREAK_SITES_KEPT = 8
 """Graph-break sites (Dynamo's resume functions) kept in the compile figures."""
 LARGEST_ALLOCATIONS_KEPT = 8
-"""Allocations alive at the memory peak kept, largest first."""
+"""Allocations alive at the memory peak kept, largest first (report.html lists them)."""
 MEMORY_SERIES_POINTS = 400
-"""Points of the memory-over-time series (each the largest total of its slice of the events)."""
+"""Points of the memory-over-time series, which report.html draws ~1,000 pixels wide: of each of 200
+slices of the events its lowest and highest total, so the peak and the valleys survive."""
 COMPILE_IDS_IN_TITLE = 3
 """Compile ids a recompile finding's title names (its evidence lists them all)."""
 COLLECTIVES_KEPT = 4096
@@ -233,11 +234,6 @@ KERNEL_TABLE_ROWS = 150
 FLAME_GRAPH_NODES = 2500
 """Nodes of the host-stack flame graph, the largest by host or GPU time (a child is never larger
 than its parent, so the kept nodes form a tree)."""
-MEMORY_CURVE_POINTS = 1000
-"""Points of the memory curve (drawn ~1,200 pixels wide): each bucket of time keeps its lowest and
-highest value, so the peak survives."""
-ALLOCATIONS_AT_PEAK = 12
-"""The largest blocks live at the memory peak that the report lists."""
 
 
 class Thresholds:

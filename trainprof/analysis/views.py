@@ -1,5 +1,6 @@
 """What report.html draws of one trace beyond the summary: the GPU timeline, the op and kernel
-tables, the host-stack flame graph and the memory curve, each from the module that answers it.
+tables and the host-stack flame graph, each from the module that answers it. (Its memory chart is
+the analysis' own `TraceInfo.memory`: the series over time and the largest allocations at the peak.)
 
 `analyze(..., views=True)` builds them (`TraceInfo.views`); they are not in the JSON form.
 """
@@ -11,7 +12,6 @@ import msgspec
 from trainprof.analysis.attribution import KernelOwners
 from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.idle import IdlePieces
-from trainprof.analysis.memory_timeline import MemoryCurve, memory_curve
 from trainprof.analysis.ops import KernelRow, OpRow, kernel_table, op_table
 from trainprof.analysis.stacks import FlameGraph, flame_graph
 from trainprof.analysis.syncs import SyncPoint
@@ -26,7 +26,6 @@ class TraceViews(msgspec.Struct, frozen=True):
     ops: list[OpRow]
     kernels: list[KernelRow]
     flame: FlameGraph
-    memory: MemoryCurve | None
 
 
 def trace_views(
@@ -43,5 +42,4 @@ def trace_views(
         ops=op_table(timeline),
         kernels=kernel_table(timeline, owners, work),
         flame=flame_graph(timeline),
-        memory=memory_curve(timeline),
     )

@@ -3,7 +3,8 @@
 What it shows, in order: the headline; per step, one bar of where the step went (GPU busy, then GPU
 idle by cause); the findings with their fixes; the GPU timeline (canvas: streams as lanes, idle
 runs by cause, sync points; hover, wheel to zoom, drag to pan); the op, kernel and module tables;
-memory over the steps with the blocks live at the peak; a flame graph of the host stacks; per-rank
+memory over time by category with the largest allocations alive at the peak (the memory analysis'
+`TraceInfo.memory`); a flame graph of the host stacks; per-rank
 rows. The drawn views come from `analyze(..., views=True)` (`trainprof.analysis.views`); without
 them (an analysis made without views) the page shows the rest.
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from trainprof.analysis.attribution import PHASES
 from trainprof.analysis.causes import CAUSES, Cause
+from trainprof.analysis.memory import CATEGORIES as MEMORY_CATEGORIES
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.timeline_view import CATEGORIES, CATEGORY_LABELS
 from trainprof.report import _format
@@ -35,7 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.result import Analysis, Finding, Step, TraceInfo
     from trainprof.analysis.stacks import FlameGraph
     from trainprof.analysis.timeline_view import TimelineView
-    from trainprof.analysis.views import TraceViews
 
 HTML_FINDINGS = 30
 """Findings on the page, most severe and costly first (summary.json holds them all)."""
@@ -245,10 +246,10 @@ def _num(value: float | int | None, decimals: int) -> tuple[str, float]:
 
 def _per_trace(traces: list[TraceInfo], render) -> str:
     if len(traces) == 1:
-        return render(traces[0].views)
+        return render(traces[0])
     return "".join(
         f"<details{' open' if i == 0 else ''}><summary>{esc(_trace_label(trace))}</summary>"
-        f"{render(trace.views)}</details>"
+        f"{render(trace)}</details>"
         for i, trace in enumerate(traces)
     )
 
@@ -261,7 +262,8 @@ _OP_COLUMNS = (("op", NAME), ("calls", NUM), ("CPU total ms", NUM), ("CPU self m
                ("GPU total ms", NUM), ("GPU self ms", NUM))
 
 
-def _op_table(views: TraceViews) -> str:
+def _op_table(trace: TraceInfo) -> str:
+    views = trace.views
     if not views.ops:
         return '<p class="empty">No ops in the profiled steps.</p>'
     rows = [
@@ -278,7 +280,8 @@ _KERNEL_COLUMNS = (("kernel", NAME), ("category", TEXT), ("calls", NUM), ("total
                    ("mean µs", NUM), ("% GPU time", NUM), ("op", TEXT))
 
 
-def _kernel_table(views: TraceViews) -> str:
+def _kernel_table(trace: TraceInfo) -> str:
+    views = trace.views
     if not views.kernels:
         return '<p class="empty">No kernels in the profiled steps.</p>'
     rows = [
@@ -314,39 +317,68 @@ def _module_table(analysis: Analysis) -> str:
     return "".join(parts)
 
 
-def _memory(views: TraceViews) -> str:
-    curve = views.memory
-    if curve is None or not len(curve.at_us):
+def _memory(trace: TraceInfo) -> str:
+    """The memory analysis' series (`MemoryProfile.series`) as stacked areas by category under the
+    allocated total, the peak marked, then its largest allocations alive at the peak."""
+    memory = trace.memory
+    if memory is None or not memory.series.t_ms:
         return '<p class="empty">No GPU memory recorded (run with <code>profile_memory=True</code>).</p>'
-    span = max(float(curve.at_us[-1]), 1e-9)
-    top = max(float(curve.allocated_bytes.max()), 1.0)
+    series = memory.series
+    t_ms = np.asarray(series.t_ms, dtype=np.float64)
+    total = np.asarray(series.allocated_bytes, dtype=np.float64)
+    start, span = float(t_ms[0]), max(float(t_ms[-1] - t_ms[0]), 1e-9)
+    top = max(float(total.max()), 1.0)
     width, height = 1000.0, 200.0
-    xs = curve.at_us / span * width
-    ys = height - curve.allocated_bytes / top * (height - 10)
-    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs.tolist(), ys.tolist(), strict=True))
-    peak_x = curve.peak_at_us / span * width
+    xs = (t_ms - start) / span * width
+
+    def line(values: np.ndarray, reverse: bool = False) -> str:
+        ys = height - values / top * (height - 10)
+        order = slice(None, None, -1 if reverse else 1)
+        points = zip(xs[order].tolist(), ys[order].tolist(), strict=True)
+        return " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+
+    # One band per category, stacked in `memory.CATEGORIES` order (the drawing adds them up).
+    layers, shown, below = [], [], np.zeros(len(t_ms))
+    for name in MEMORY_CATEGORIES:
+        values = np.asarray(series.by_category.get(name, []), dtype=np.float64)
+        if len(values) != len(t_ms) or not values.any():
+            continue
+        above = below + values
+        band = f"{line(above)} {line(below, reverse=True)}"
+        layers.append(f'<polygon class="band mem-{name}" points="{band}"/>')
+        shown.append(name)
+        below = above
+    peak_x = (memory.peak_at_ms - start) / span * width
+    peak = esc(_format.size(memory.peak_bytes))
     chart = (
         f'<svg class="memory" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" role="img" '
-        f'aria-label="allocated GPU memory over the profiled steps">'
-        f'<title>allocated GPU memory; peak {esc(_format.size(curve.peak_bytes))}</title>'
-        f'<polygon class="area" points="0,{height:.0f} {points} {xs[-1]:.1f},{height:.0f}"/>'
-        f'<polyline class="curve" points="{points}"/>'
+        f'aria-label="allocated GPU memory over the recorded window, by category">'
+        f"<title>allocated GPU memory; peak {peak}</title>"
+        + "".join(layers)
+        + f'<polyline class="curve" points="{line(total)}"/>'
         f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
-        f'<div class="axis"><span>0 ms</span><span>allocated, peak {esc(_format.size(curve.peak_bytes))} at '
-        f"{curve.peak_at_us / 1e3:,.1f} ms</span><span>{span / 1e3:,.1f} ms</span></div>"
+        f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated, peak {peak} at '
+        f"{memory.peak_at_ms:,.1f} ms (step {esc(memory.peak_step)})</span>"
+        f"<span>{start + span:,.1f} ms</span></div>"
     )
-    if not curve.blocks_at_peak:
+    legend = "".join(
+        f'<span><i class="mem-{name}"></i>{esc(name.replace("_", " "))}</span>' for name in shown
+    )
+    chart += f'<div class="legend">{legend}</div>' if legend else ""
+    if not memory.largest:
         return chart
     rows = [
-        ((_format.size(b.bytes)), b.bytes, b.allocated_at_us / 1e3, b.op or "-", b.python or "-")
-        for b in curve.blocks_at_peak
+        ((_format.size(a.bytes), a.bytes), a.category.replace("_", " "), _num(a.allocated_at_ms, 2),
+         a.op or "-", a.module or "-", a.python or "-")
+        for a in memory.largest
     ]
     table = _table(
-        (("size", NUM), ("allocated at ms", NUM), ("op", TEXT), ("Python", NAME)),
-        [((size, value), _num(at, 2), op, python) for size, value, at, op, python in rows],
+        (("size", NUM), ("category", TEXT), ("allocated at ms", NUM), ("op", TEXT), ("module", NAME),
+         ("Python", NAME)),
+        rows,
         scroll=False,
     )
-    return chart + "<h3>Largest blocks live at the peak</h3>" + table
+    return chart + "<h3>Largest allocations alive at the peak</h3>" + table
 
 
 def _timeline_section(traces: list[TraceInfo]) -> str:
