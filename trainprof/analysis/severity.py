@@ -15,6 +15,8 @@ What each kind counts as `Finding.gpu_ms_per_step`:
 - exposed communication: the communication no compute hides, per step; gradients synced on every
   micro-batch (no_sync_missing): the exposed part of the early micro-batches' syncs; a slow
   collective: the part of its exposed time that the link's bandwidth would win back;
+- the findings on GPU-busy waste (gemm_precision, unfused_attention, fusible_layers,
+  memory_bound_kernels, gemm_shape): the predicted saving of GPU time per step (`busy_findings`);
 - profiler overhead and one-off costs: 0, since an un-profiled run in its steady state does not
   pay them (the finding still says how much the profiled steps lost);
 - memory: 0 (it buys a larger batch or model, not GPU time in this step: the finding gives bytes).
