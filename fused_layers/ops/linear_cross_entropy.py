@@ -15,7 +15,10 @@ extra outputs; its backward multiplies them by the upstream gradient. With the l
     grad_hidden = dL/dhidden * grad_output,  grad_weight = dL/dweight * grad_output,  ...
 
 in place when eager (so no second (V, H) tensor exists, and nothing moves when grad_output is 1),
-as a product Inductor can fuse when traced. A second backward through the same graph is refused.
+as a product when traced (Inductor reuses the saved gradient's memory: the compiled op's peak
+equalled the eager one's on an H200, 2026-11-25). A second backward through the same graph is
+refused. Eager calls go through the custom op too: its dispatch, tens of microseconds, is under
+1% of the op at the sizes it is for.
 """
 
 from __future__ import annotations

@@ -14,29 +14,31 @@ with ``t = tanh(z_raw / softcap)`` (the last factor is 1 without a cap); ignored
 ``grad_bias = g.sum(0)``: three matrix products of ``2 N H V`` flops each, which dominate.
 
 Gradients are computed in the forward, as Liger-Kernel does, so that the logits are made only once;
-the backward multiplies them by the upstream gradient (free when it is 1). Two phases bound the
-memory to the gradients themselves plus an (N, ``slice_columns``) slice:
+the backward multiplies them by the upstream gradient (free when it is 1). The peak memory is the
+gradients themselves plus one buffer of at most ``N * slice_columns`` elements (``C * V`` when the
+weight needs no gradient), in one of two layouts:
 
-    grad_weight rows:  [ 0 ............. split | split ................ V )
-    phase 1            accumulated per chunk  | scratch: the chunk's (C, V) logits live here
-    phase 2            done                   | one product per vocabulary slice, all N tokens
+- **A buffer of its own** when a chunk of ``C = chunk_tokens`` tokens' logits fits that budget
+  (``C * V <= N * slice_columns``: V = 32,000 at N = 8192). Per chunk: ``z_c = h_c @ W.T``, the
+  cross-entropy kernels (the per-block log-sum-exp, then the gradient in place), ``grad_hidden_c
+  = g_c @ W``, ``grad_weight += g_c.T @ h_c``, the bias gradient. Three products of ``2 N H V``.
+- **The logits inside the weight gradient** otherwise (V = 128,256 and 151,936), since chunks of
+  ``N * slice_columns / V`` tokens (Liger's ~``N H / V``: 128-256) are too few for the products:
+  each chunk's update of the whole (V, H) weight gradient is then bound by memory, not arithmetic::
 
-- **Phase 1**, token chunks of ``C`` rows: ``z_c = h_c @ W.T`` into the rows of ``grad_weight``
-  that phase 1 does not write, the cross-entropy kernels (two passes over the chunk's logits: the
-  per-block max and sum of exponentials, then the gradient in place), ``grad_hidden_c = g_c @ W``,
-  ``grad_weight[:split] += g_c[:, :split].T @ h_c`` and the bias gradient. ``lse`` is kept.
-- **Phase 2**, slices of ``slice_columns`` vocabulary rows from ``split`` on: the logits of all N
-  tokens for the slice again (``lse`` is known, so one pass makes the gradient), then
-  ``grad_weight[slice] = g_slice.T @ hidden`` in a single product over all N tokens.
+      grad_weight rows:  [ 0 ............. split | split ................ V )
+      phase 1            accumulated per chunk  | scratch: the chunk's (C, V) logits live here
+      phase 2            done                   | one product per vocabulary slice, all N tokens
 
-``split`` is chosen so that a ``C``-token chunk of logits fits in ``grad_weight[split:]``:
-``(V - split) * H >= C * V``, i.e. ``split ~ V * (1 - C / H)``. The cost is ``3 + C / H``
-products of ``2 N H V`` (phase 2 makes its logits a second time) for chunks of ``C`` tokens at
-any vocabulary size; Liger's chunks hold about ``N H / V`` tokens (256 at V = 128,256), few
-enough that each chunk's update of the whole (V, H) weight gradient is bound by memory, not
-arithmetic. The weight gradient's rows below ``split`` are rounded to its dtype once per
-chunk, those above it once: accumulating in fp32 instead would hold ``4 V H`` more bytes (1 GiB
-at V = 128,256, H = 2048), more than Liger's whole peak.
+  Phase 1 is the loop above, accumulating only ``grad_weight[:split]``; ``split ~ V * (1 - C / H)``
+  leaves room for the chunk. Phase 2 makes the logits of all N tokens for each slice of
+  ``slice_columns`` vocabulary rows from ``split`` on again (``lse`` is kept, so one pass makes the
+  gradient) and writes ``grad_weight[slice] = g_slice.T @ hidden`` in one product over all tokens.
+  Cost: ``3 + C / H`` products, at the sizes where they run near cuBLAS's rate.
+
+The weight gradient is rounded to its dtype once per chunk (phase 1's rows) or once (phase 2's):
+accumulating in fp32 would hold ``4 V H`` more bytes, more than Liger's whole peak
+(``Schedule.accumulate_fp32`` measures it).
 """
 
 from __future__ import annotations
@@ -51,31 +53,29 @@ from fused_layers.ops._triton import tl, triton
 
 @dataclass(frozen=True)
 class Schedule:
-    """How the work is cut. The defaults were chosen on an H200 (benchmarks/linear_cross_entropy.py,
-    bf16, N = 8192, H = 2048, V = 32,000 / 128,256 / 151,936; BENCHMARKS.md)."""
+    """How the work is cut. The defaults are the measured choice: H200, bf16, N = 8192, H = 2048,
+    V = 32,000 / 128,256 / 151,936 (benchmarks/results/linear_cross_entropy.h200.md, 2026-11-25)."""
 
     chunk_tokens: int = 512
-    """Phase 1's tokens per chunk (C). Larger chunks make larger, faster matrix products and move
-    more of the weight gradient into phase 2, whose products are paid twice (cost ``3 + C / H``);
-    256 / 512 / 1024 / 2048 took 29.1 / 25.1 / 26.2 / 29.2 ms at V = 128,256 (2026-11-25)."""
+    """Tokens per chunk (C). Larger chunks make larger, faster products but, with the logits inside
+    the weight gradient, move more of it into phase 2, whose products are paid twice (``3 + C / H``):
+    256 / 512 / 1024 / 2048 took 29.1 / 25.6 / 26.5 / 29.9 ms at V = 128,256."""
 
     slice_columns: int = 2048
-    """Phase 2's widest vocabulary slice; its logits buffer is ``N * slice_columns`` elements.
-    4096 was 0.2% faster and 32 MiB larger, over Liger's peak (2026-11-25)."""
+    """Phase 2's widest vocabulary slice; ``N * slice_columns`` elements bound the logits buffer.
+    1024 took 26.4 ms at V = 128,256; 4096 took 25.8 with 31 MiB more, over Liger's peak."""
 
     accumulate_fp32: bool = False
-    """Accumulate phase 1's weight-gradient rows in fp32 (one rounding instead of one per chunk),
-    for ``4 * split * H`` more bytes at the peak: 2.2x the memory and 15% slower at V = 128,256
-    (2026-11-25), so off by default; the weight gradient's error against fp32 math was 4.5e-3
-    either way, the bf16 rounding of the logits' gradient dominating."""
+    """Accumulate phase 1's weight-gradient rows in fp32 (one rounding instead of one per chunk):
+    2.3x the peak memory and 14% slower at V = 128,256, for an error against fp32 math of 1.8e-3
+    instead of 4.5e-3; off, for the memory bar."""
 
     block: int = 4096
-    """Columns per step of the cross-entropy kernels (8 warps: 16 per thread)."""
+    """Columns per block of the cross-entropy kernels (8 warps: 16 per thread)."""
 
     blocks_per_program: int = 4
-    """Blocks per program of the gradient kernel, which streams ``block * blocks_per_program``
-    columns of one row: its row statistics are combined once per 32 KiB of bf16 rather than per
-    8 KiB (1.80 ms against 2.05 for that kernel at V = 128,256, 2026-11-25)."""
+    """Blocks per program of the gradient kernel, which so combines a row's block statistics once
+    per 32 KiB of bf16 rather than per 8 KiB: 6.33 ms at V = 32,000 against 6.54 with 1."""
 
 
 DEFAULT_SCHEDULE = Schedule()
@@ -92,8 +92,7 @@ def _block_stats_kernel(
     logits_ptr,  # (rows, V) input dtype, row stride stride_row: hidden @ weight.T without bias
     bias_ptr,  # (V,) bias dtype; unused unless HAS_BIAS
     labels_ptr,  # (rows,) int64
-    block_max_ptr,  # (rows, n_blocks) fp32: max of z over the block
-    block_sumexp_ptr,  # (rows, n_blocks) fp32: sum of exp(z - block max) over it
+    block_lse_ptr,  # (rows, n_blocks) fp32: log of the sum of exp(z) over the block
     block_sum_ptr,  # (rows, n_blocks) fp32: sum of z over it; unused unless SMOOTHING
     target_logit_ptr,  # (rows,) fp32: z at the label, NaN for an ignored or out-of-range label
     stride_row,
@@ -106,8 +105,9 @@ def _block_stats_kernel(
     SMOOTHING: tl.constexpr,
 ):
     # Program (row, block) covers columns block * BLOCK + [0, BLOCK). No load waits for the label
-    # (ignored rows are read like the others): that wait would add a load's latency to each program.
-    # One exp per element: a per-lane running max across several blocks (two exps) measured slower.
+    # (ignored rows are read like the others) and one exp per element: at V = 128,256 this kernel
+    # took 0.80 ms per step, 1.39 with loads masked by the label, 2.04 with a per-lane running max
+    # over 4 blocks (two exps an element; profiles of runs 4 / 2 / 3, H200, 2026-11-25).
     row = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
@@ -120,8 +120,7 @@ def _block_stats_kernel(
     z = tl.where(mask, z, float("-inf"))
     z_max = tl.max(z, axis=0)  # finite: every block holds a column
     out = row * n_blocks + block
-    tl.store(block_max_ptr + out, z_max)
-    tl.store(block_sumexp_ptr + out, tl.sum(tl.exp(z - z_max), axis=0))
+    tl.store(block_lse_ptr + out, z_max + tl.log(tl.sum(tl.exp(z - z_max), axis=0)))
     if SMOOTHING:
         tl.store(block_sum_ptr + out, tl.sum(tl.where(mask, z, 0.0), axis=0))
     # The target logit: one scalar load, by the first block of the row.
@@ -140,12 +139,10 @@ def _logit_grad_kernel(
     logits_ptr,  # (rows, cols) input dtype, row stride stride_row; overwritten by g when WRITE_GRAD
     bias_ptr,  # (V,) bias dtype; unused unless HAS_BIAS
     labels_ptr,  # (rows,) int64
-    lse_ptr,  # (rows,) fp32: written when FROM_BLOCKS, read otherwise
-    loss_ptr,  # (rows,) fp32: written when FROM_BLOCKS
-    block_max_ptr,  # (rows, n_blocks) fp32; read when FROM_BLOCKS
-    block_sumexp_ptr,  # (rows, n_blocks) fp32; read when FROM_BLOCKS
+    lse_ptr,  # (rows,) fp32: written when FROM_BLOCKS and STORE_LSE, read when not FROM_BLOCKS
+    block_lse_ptr,  # (rows, n_blocks) fp32; read when FROM_BLOCKS
     block_sum_ptr,  # (rows, n_blocks) fp32; read when FROM_BLOCKS and SMOOTHING
-    target_logit_ptr,  # (rows,) fp32; read when FROM_BLOCKS
+    target_loss_ptr,  # (rows,) fp32: the target logit in, the row's loss out, when FROM_BLOCKS
     scale_ptr,  # (1,) fp32: s; read when SCALE_IN_GRAD
     stride_row,
     col0,
@@ -159,6 +156,7 @@ def _logit_grad_kernel(
     ITERS: tl.constexpr,
     BLOCKS_POW2: tl.constexpr,
     FROM_BLOCKS: tl.constexpr,
+    STORE_LSE: tl.constexpr,
     WRITE_GRAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -174,18 +172,19 @@ def _logit_grad_kernel(
         # Combine the row's block statistics (a few dozen floats, read by every program of the row).
         b = tl.arange(0, BLOCKS_POW2)
         b_mask = b < n_blocks
-        b_max = tl.load(block_max_ptr + row * n_blocks + b, mask=b_mask, other=float("-inf"))
-        b_sumexp = tl.load(block_sumexp_ptr + row * n_blocks + b, mask=b_mask, other=0.0)
-        row_max = tl.max(b_max, axis=0)
-        lse = row_max + tl.log(tl.sum(b_sumexp * tl.exp(b_max - row_max), axis=0))
-        # target_logit is NaN for an ignored row, or a label outside [0, V): the latter's loss stays NaN
-        loss = lse - (1.0 - label_smoothing) * tl.load(target_logit_ptr + row)
+        b_lse = tl.load(block_lse_ptr + row * n_blocks + b, mask=b_mask, other=float("-inf"))
+        lse_max = tl.max(b_lse, axis=0)
+        lse = lse_max + tl.log(tl.sum(tl.exp(b_lse - lse_max), axis=0))
+        # Only the row's first program reads the target logit and writes the loss in its place.
+        # The target is NaN for an ignored row, or a label outside [0, V): the latter's loss stays NaN.
+        first = group == 0
+        loss = lse - (1.0 - label_smoothing) * tl.load(target_loss_ptr + row, mask=first, other=0.0)
         if SMOOTHING:
             z_sum = tl.sum(tl.load(block_sum_ptr + row * n_blocks + b, mask=b_mask, other=0.0), axis=0)
             loss -= label_smoothing / V * z_sum
-        first = group == 0
-        tl.store(lse_ptr + row, lse, mask=first)
-        tl.store(loss_ptr + row, tl.where(counted, loss, 0.0), mask=first)
+        tl.store(target_loss_ptr + row, tl.where(counted, loss, 0.0), mask=first)
+        if STORE_LSE:
+            tl.store(lse_ptr + row, lse, mask=first)
     else:
         lse = tl.load(lse_ptr + row)
     if WRITE_GRAD:
@@ -275,8 +274,6 @@ def linear_cross_entropy_fwd(
     vocab = weight.shape[0]
     device, dtype = hidden.device, hidden.dtype
     bias_arg = bias.contiguous() if bias is not None else hidden  # never read without HAS_BIAS
-    lse = torch.empty(n_tokens, dtype=torch.float32, device=device)
-    row_loss = torch.empty(n_tokens, dtype=torch.float32, device=device)
     grad_hidden = torch.empty_like(hidden) if need_grad_hidden else None
     grad_weight = torch.empty_like(weight) if need_grad_weight else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=device) if need_grad_bias else None
@@ -291,18 +288,24 @@ def linear_cross_entropy_fwd(
             split -= 1
         logits_buffer = grad_weight[split:].view(-1)[: chunk * vocab].view(chunk, vocab)
     else:
-        # A chunk within phase 2's slice budget (a small vocabulary) or no weight gradient: a
-        # buffer of its own, and phase 1 does every row, its products the cheaper (at V = 32,000
-        # the phase-2 products took 0.8 ms, accumulating those rows in phase 1 0.45).
+        # A chunk within phase 2's slice budget (a small vocabulary), or no weight gradient: a
+        # buffer of its own, and phase 1 does every row. At V = 32,000 phase 2's kernels took
+        # 0.78 ms, accumulating its rows in phase 1 0.77 (H200 profiles, 2026-11-25); this layout
+        # has the fewer launches.
         split = vocab
         logits_buffer = torch.empty(chunk, vocab, dtype=dtype, device=device)
 
     block = schedule.block
     n_blocks = triton.cdiv(vocab, block)
-    block_max = torch.empty(chunk, n_blocks, dtype=torch.float32, device=device)
-    block_sumexp = torch.empty_like(block_max)
-    block_sum = torch.empty_like(block_max) if label_smoothing else block_max
-    target_logit = torch.empty(chunk, dtype=torch.float32, device=device)
+    block_lse = torch.empty(chunk, n_blocks, dtype=torch.float32, device=device)
+    block_sum = torch.empty_like(block_lse) if label_smoothing else block_lse
+    # The chunk's target logits, then its rows' losses, summed per chunk; the rows' lse kept only
+    # for phase 2. With both per token, the peak at V = 32,000 was 60 KB over Liger's (H200, 2026-11-25).
+    target_loss = torch.empty(chunk, dtype=torch.float32, device=device)
+    n_chunks = triton.cdiv(n_tokens, chunk)
+    chunk_loss = torch.empty(n_chunks, dtype=torch.float32, device=device)
+    store_lse = grad_weight is not None and split < vocab
+    lse = torch.empty(n_tokens, dtype=torch.float32, device=device) if store_lse else target_loss
     cap = float(softcap) if softcap is not None else 1.0
     meta = dict(
         BLOCK=block,
@@ -323,16 +326,17 @@ def linear_cross_entropy_fwd(
         logits = logits_buffer[:rows]
         torch.mm(hidden_chunk, weight.t(), out=logits)
         _block_stats_kernel[(rows, n_blocks)](
-            logits, bias_arg, labels[start:], block_max, block_sumexp, block_sum, target_logit,
+            logits, bias_arg, labels[start:], block_lse, block_sum, target_loss,
             logits.stride(0), vocab, n_blocks, cap, **meta,
         )  # fmt: skip
         _logit_grad_kernel[(rows, triton.cdiv(vocab, block * iters) if need_grads else 1)](
-            logits, bias_arg, labels[start:], lse[start:], row_loss[start:],
-            block_max, block_sumexp, block_sum, target_logit, scale,
+            logits, bias_arg, labels[start:], lse[start:] if store_lse else lse,
+            block_lse, block_sum, target_loss, scale,
             logits.stride(0), 0, vocab, vocab, n_blocks, ignore_index, label_smoothing, cap,
             ITERS=iters, BLOCKS_POW2=triton.next_power_of_2(n_blocks), FROM_BLOCKS=True,
-            WRITE_GRAD=need_grads, SCALE_IN_GRAD=scale_in_grad, **meta,
+            STORE_LSE=store_lse, WRITE_GRAD=need_grads, SCALE_IN_GRAD=scale_in_grad, **meta,
         )  # fmt: skip
+        torch.sum(target_loss[:rows], 0, out=chunk_loss[start // chunk])
         if grad_hidden is not None:
             torch.mm(logits, weight, out=grad_hidden[start : start + rows])
         if accumulator is not None:
@@ -351,25 +355,24 @@ def linear_cross_entropy_fwd(
 
     if grad_weight is not None and split < vocab:
         # Equal slices no wider than slice_columns, rounded up to 8 columns: a row stride that is
-        # not a multiple of 16 bytes sends cuBLAS to kernels 2-3x slower (seen on an H200, 2026-11-25).
+        # not a multiple of 16 bytes sent cuBLAS to kernels 2-3x slower (H200, 2026-11-25).
         n_slices = triton.cdiv(vocab - split, max(8, schedule.slice_columns))
         columns = triton.cdiv(triton.cdiv(vocab - split, n_slices), 8) * 8
-        slice_buffer = torch.empty(n_tokens * columns, dtype=dtype, device=device)
+        slice_buffer = torch.empty(n_tokens, columns, dtype=dtype, device=device)
         for col0 in range(split, vocab, columns):
             cols = min(columns, vocab - col0)
-            logits = slice_buffer[: n_tokens * cols].view(n_tokens, cols)
+            logits = slice_buffer[:, :cols]  # the last slice keeps the aligned row stride
             torch.mm(hidden, weight[col0 : col0 + cols].t(), out=logits)
             iters = _iters(schedule, cols)
             _logit_grad_kernel[(n_tokens, triton.cdiv(cols, block * iters))](
-                logits, bias_arg, labels, lse, row_loss,
-                block_max, block_sumexp, block_sum, target_logit, scale,
+                logits, bias_arg, labels, lse, block_lse, block_sum, target_loss, scale,
                 logits.stride(0), col0, cols, vocab, n_blocks, ignore_index, label_smoothing, cap,
-                ITERS=iters, BLOCKS_POW2=1, FROM_BLOCKS=False, WRITE_GRAD=True,
+                ITERS=iters, BLOCKS_POW2=1, FROM_BLOCKS=False, STORE_LSE=False, WRITE_GRAD=True,
                 SCALE_IN_GRAD=scale_in_grad, **meta,
             )  # fmt: skip
             torch.mm(logits.t(), hidden, out=grad_weight[col0 : col0 + cols])
 
-    loss = row_loss.sum() * scale[0]
+    loss = chunk_loss.sum() * scale[0]
     if grad_bias is not None:
         grad_bias = grad_bias.to(bias.dtype)
     return loss, grad_hidden, grad_weight, grad_bias
