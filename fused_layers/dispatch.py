@@ -5,8 +5,10 @@ kernels), "cuda" (CUDA C++ LayerNorm and RMSNorm), "torch" (plain torch). A call
 ``fused_layers.ops`` by :func:`call`, which picks the backend and runs the implementation, or, for
 an eager LayerNorm/RMSNorm call that can skip the checks, by :func:`eager_norm`. The rule:
 
-1. ``backend=None`` takes :data:`DEFAULT_BACKEND` (under ``torch.compile``: "torch"); a CUDA
-   default where the tensors are not on a GPU or the extension does not build becomes "triton".
+1. ``backend=None`` takes :data:`DEFAULT_BACKEND`; under ``torch.compile``, the backend measured
+   faster there for the op, dtype and shape class (``fused_layers.compile_choice``), else "torch"
+   (Inductor's code). A CUDA default where the tensors are not on a GPU or the extension does not
+   build becomes "triton".
 2. "triton" without Triton installed, or a kernel backend on tensors not on a GPU (Triton's CPU
    interpreter aside), becomes "torch", with one warning per process: a swapped model still trains.
 3. An implementation that does not cover the call (``Implementation.covers``) hands it to its
@@ -23,12 +25,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from fused_layers import compile_choice
 from fused_layers.backends.cuda import build as cuda_build
 from fused_layers.backends.cuda import layer_norm as cuda_layer_norm
 from fused_layers.backends.cuda import rms_norm as cuda_rms_norm
 from fused_layers.backends.torch import gated as torch_gated
 from fused_layers.backends.torch import gelu as torch_gelu
 from fused_layers.backends.torch import layer_norm as torch_layer_norm
+from fused_layers.backends.torch import linear_cross_entropy as torch_linear_cross_entropy
 from fused_layers.backends.torch import rms_norm as torch_rms_norm
 from fused_layers.backends.torch import rope as torch_rope
 from fused_layers.backends.triton import gated as triton_gated
@@ -36,6 +40,7 @@ from fused_layers.backends.triton import gelu as triton_gelu
 from fused_layers.backends.triton import language as triton_language
 from fused_layers.backends.triton import launch as triton_launch
 from fused_layers.backends.triton import layer_norm as triton_layer_norm
+from fused_layers.backends.triton import linear_cross_entropy as triton_linear_cross_entropy
 from fused_layers.backends.triton import rms_norm as triton_rms_norm
 from fused_layers.backends.triton import rope as triton_rope
 
@@ -83,6 +88,8 @@ IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
     ("rms_norm", "torch"): Implementation(torch_rms_norm.rms_norm),
     ("rope", "triton"): Implementation(triton_rope.rope, covers=triton_rope.covers, otherwise="torch"),
     ("rope", "torch"): Implementation(torch_rope.rope),
+    ("linear_cross_entropy", "triton"): Implementation(triton_linear_cross_entropy.linear_cross_entropy),
+    ("linear_cross_entropy", "torch"): Implementation(torch_linear_cross_entropy.linear_cross_entropy),
 }
 
 #: Backend each op uses when called with ``backend=None``: (for a call that autograd will
@@ -105,6 +112,7 @@ DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "geglu": ("triton", "triton"),
     "swiglu": ("triton", "triton"),
     "rope": ("triton", "triton"),
+    "linear_cross_entropy": ("triton", "triton"),
 }
 
 
@@ -170,16 +178,18 @@ def _warn_fallback(why: str) -> None:
 def _default_backend(op: str, tensors: list[Tensor]) -> str:
     """The measured default for this call; a CUDA default that cannot run here becomes Triton.
 
-    Under ``torch.compile`` it is "torch": Inductor then generates the op's kernels itself and
-    fuses them with their neighbours (residual adds, casts), which an opaque custom op prevents.
-    Measured with ``trainprof ab`` on an H200 (2026-11-22, bf16): GPT-2 124M compile 22.74 ms/step,
-    swap+compile through the Triton custom ops 24.06; Llama 1B 140.16 against 140.58. An explicit
-    ``backend="triton"`` still puts the custom ops into the graph.
+    Under ``torch.compile``: the backend measured faster inside a compiled graph for this op, dtype
+    and shape class (``fused_layers.compile_choice``), else "torch", whose plain ops Inductor
+    compiles and fuses with their neighbours itself. Measured for the fused layers as a whole on an
+    H200 (``trainprof ab``, 2026-11-22, bf16), before per-op measurement: GPT-2 124M compile 22.74
+    ms/step, swap+compile through the Triton custom ops 24.06; Llama 1B 140.16 against 140.58.
+    An explicit ``backend`` still puts that backend's custom op into the graph.
     """
     if torch.compiler.is_compiling():
-        return "torch"
-    differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    choice = DEFAULT_BACKEND[op][0 if differentiated else 1]
+        choice = compile_choice.backend_under_compile(op, tensors)
+    else:
+        differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        choice = DEFAULT_BACKEND[op][0 if differentiated else 1]
     if choice == "cuda" and not (all(t.is_cuda for t in tensors) and _cuda_extension_builds()):
         return "triton"
     return choice

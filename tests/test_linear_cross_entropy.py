@@ -200,8 +200,8 @@ def test_compile_keeps_one_node_and_matches_eager() -> None:
         return make_boxed_func(gm.forward)
 
     hidden, weight, labels, _ = _leaves(1000, torch.float32, seed=10, bias=False)
-    compiled = torch.compile(
-        lambda h, w, y: linear_cross_entropy(h, w, y, schedule=IN_WEIGHT_GRAD),
+    compiled = torch.compile(  # an explicit backend: the custom op, whatever compile_choice holds
+        lambda h, w, y: linear_cross_entropy(h, w, y, backend="triton", schedule=IN_WEIGHT_GRAD),
         backend=aot_autograd(fw_compiler=keep, bw_compiler=keep),
         fullgraph=True,
     )
