@@ -1,19 +1,21 @@
 """Which implementation runs a fused op: one table from (op, backend) to implementation, one rule.
 
 The backends are folders of ``fused_layers.backends`` with the same file names: "triton" (the
-kernels), "cuda" (CUDA C++ LayerNorm and RMSNorm), "torch" (plain torch). A call leaves an op of
-``fused_layers.ops`` by :func:`call`, which picks the backend and runs the implementation, or, for
-an eager LayerNorm/RMSNorm call that can skip the checks, by :func:`eager_norm`. The rule:
+kernels), "cuda" (CUDA C++ LayerNorm and RMSNorm), "numba" (a numba CUDA GELU), "torch" (plain
+torch). A call leaves an op of ``fused_layers.ops`` by :func:`call`, which picks the backend and
+runs the implementation, or, for an eager LayerNorm/RMSNorm call that can skip the checks, by
+:func:`eager_norm`. The rule:
 
 1. ``backend=None`` takes :data:`DEFAULT_BACKEND`; under ``torch.compile``, the backend measured
    faster there for the op, dtype and shape class (``fused_layers.compile_choice``), else "torch"
    (Inductor's code). A CUDA default where the tensors are not on a GPU or the extension does not
    build becomes "triton".
-2. "triton" without Triton installed, or a kernel backend on tensors not on a GPU (Triton's CPU
-   interpreter aside), becomes "torch", with one warning per process: a swapped model still trains.
+2. "triton" without Triton installed, "numba" without numba, or a kernel backend on tensors not on
+   a GPU (Triton's CPU interpreter and numba's CUDA simulator aside), becomes "torch", with one
+   warning per process: a swapped model still trains.
 3. An implementation that does not cover the call (``Implementation.covers``) hands it to its
    ``otherwise`` backend: RoPE shapes the kernel does not take go to torch, an RMSNorm weight of
-   another dtype than x goes from CUDA to Triton.
+   another dtype than x goes from CUDA to Triton, a bf16 GELU from numba to Triton.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fused_layers import compile_choice
 from fused_layers.backends.cuda import build as cuda_build
 from fused_layers.backends.cuda import layer_norm as cuda_layer_norm
 from fused_layers.backends.cuda import rms_norm as cuda_rms_norm
+from fused_layers.backends.numba import gelu as numba_gelu
 from fused_layers.backends.torch import gated as torch_gated
 from fused_layers.backends.torch import gelu as torch_gelu
 from fused_layers.backends.torch import layer_norm as torch_layer_norm
@@ -56,7 +59,7 @@ __all__ = [
 ]
 
 #: Every backend name; an op has the ones :data:`IMPLEMENTATIONS` lists for it.
-BACKENDS = ("triton", "torch", "cuda")
+BACKENDS = ("triton", "torch", "cuda", "numba")
 
 
 class Implementation(NamedTuple):
@@ -74,6 +77,7 @@ class Implementation(NamedTuple):
 IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
     ("gelu", "triton"): Implementation(triton_gelu.gelu),
     ("gelu", "torch"): Implementation(torch_gelu.gelu),
+    ("gelu", "numba"): Implementation(numba_gelu.gelu, covers=numba_gelu.covers, otherwise="triton"),
     ("geglu", "triton"): Implementation(triton_gated.geglu),
     ("geglu", "torch"): Implementation(torch_gated.geglu),
     ("swiglu", "triton"): Implementation(triton_gated.swiglu),
@@ -149,9 +153,12 @@ def _choose(op: str, backend: str | None, tensors: list[Tensor]) -> str:
     if choice == "triton" and not triton_language.AVAILABLE:
         _warn_fallback(f"{op}: Triton is not installed here (it is a Linux-only dependency)")
         return "torch"
+    if choice == "numba" and not numba_gelu.available():
+        _warn_fallback(f"{op}: numba is not installed here (the numba extra)")
+        return "torch"
     if choice == "torch" or all(t.is_cuda for t in tensors):
         return choice
-    if choice == "triton" and triton_launch.INTERPRETING:
+    if choice == "triton" and triton_launch.INTERPRETING or choice == "numba" and numba_gelu.simulating():
         return choice
     _warn_fallback(
         f"{op} got tensors that are not on a CUDA device (set TRITON_INTERPRET=1 to run the Triton "

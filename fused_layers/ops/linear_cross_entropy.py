@@ -12,16 +12,13 @@ whole logits, in ``fused_layers.backends.torch.linear_cross_entropy``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fused_layers import dispatch
-
-if TYPE_CHECKING:
-    from fused_layers.backends.triton.linear_cross_entropy import Schedule
 
 #: The reductions the op takes; "none" (a loss per token) is not offered: it would need the
 #: per-row losses kept and a backward per row, for no Hugging Face model's training loss.
@@ -80,7 +77,7 @@ def linear_cross_entropy(
     softcap: float | None = None,
     num_items_in_batch: int | Tensor | None = None,
     backend: str | None = None,
-    schedule: Schedule | None = None,
+    schedule: Any = None,
 ) -> Tensor:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``labels``, without the full logits.
 
