@@ -2,9 +2,9 @@
 
 Without CUDA, Triton kernels run under Triton's CPU interpreter and numba's under its CUDA
 simulator, which must be switched on before any kernel is defined, i.e. before the first
-``fused_layers`` import (importing torch to ask about CUDA is fine). Also provides ``fixtures_dir``, the one way a test reaches the
-checked-in traces, and ``op_case``: run one fused op and its float64 reference on the same
-inputs and compare the output and every gradient.
+``fused_layers`` import (importing torch to ask about CUDA is fine). Also provides
+``fixtures_dir``, the one way a test reaches the checked-in traces, and ``op_case``: run one
+fused op and its float64 reference on the same inputs and compare the output and every gradient.
 """
 
 from __future__ import annotations
