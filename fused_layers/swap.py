@@ -340,10 +340,19 @@ class SwapRecord:
         counts = ", ".join(f"{name} x{count}" for name, count in sorted(self.replaced.items())) or "nothing"
         if not under_compile:
             return f"replaced {counts}; left {len(self.left)}"
-        unmeasured = [key for key, what in self.under_compile.items() if what == _NOT_MEASURED]
-        compiled = [f"{key}: {what}" for key, what in self.under_compile.items() if what != _NOT_MEASURED]
-        if unmeasured:
-            compiled.append(f"Inductor for {len(unmeasured)} op/dtype/shape classes not measured")
+        # Measured choices one by one; the rest (rope's routing aside) counted by why not measured.
+        unmeasured = Counter(
+            what for key, what in self.under_compile.items() if what.startswith(_UNMEASURED) and key != "rope"
+        )
+        compiled = [
+            f"{key}: {what}"
+            for key, what in self.under_compile.items()
+            if not what.startswith(_UNMEASURED) or key == "rope"
+        ]
+        compiled += [
+            f"Inductor for {count} op/dtype/shape classes ({what.removeprefix(_UNMEASURED)[:-1]})"
+            for what, count in unmeasured.items()
+        ]
         compiled_text = f"; under torch.compile: {'; '.join(compiled)}" if compiled else ""
         return f"replaced {counts}; left {len(self.left)}{compiled_text}"
 
@@ -477,6 +486,7 @@ def _compile_requests(
     return requests
 
 
+_UNMEASURED = "Inductor ("  # what under_compile says of a choice not measured: "Inductor (why)"
 _NOT_MEASURED = "Inductor (not measured)"
 
 

@@ -125,4 +125,4 @@ def test_timing_needs_a_gpu_and_swap_says_what_runs_under_compile():
     assert "under torch.compile: layer_norm float32 w64: custom op (triton)" in record.summary()
     assert "under torch.compile" not in record.summary(under_compile=False)
     plain = swap(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(32)))
-    assert plain.summary().endswith("Inductor for 2 op/dtype/shape classes not measured")
+    assert plain.summary().endswith("Inductor for 2 op/dtype/shape classes (not measured)")
