@@ -57,7 +57,8 @@ def _launch(kernel_name: str, tensors: list[Tensor], n: int, approximate: str) -
     from numba import cuda
 
     device = tensors[0].device
-    arrays = [cuda.as_cuda_array(t.detach()) for t in tensors]
+    # sync=False: the launch below is queued on torch's current stream, behind what wrote the inputs
+    arrays = [cuda.as_cuda_array(t.detach(), sync=False) for t in tensors]
     stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     blocks = max(1, min(math.ceil(n / THREADS), sms * BLOCKS_PER_SM))
