@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fused_layers import causal_lm, compile_choice, compile_probe, dispatch, routing
+from fused_layers import causal_lm, causal_mask, compile_choice, compile_probe, dispatch, routing
 from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedLMHead, FusedRMSNorm
 from fused_layers.ops.rope import rope
 
@@ -40,7 +40,7 @@ __all__ = ["OPS", "ROPE_FUNCTION", "TABLE", "LeftModule", "Reroute", "SwapRecord
 logger = logging.getLogger(__name__)
 
 #: The ops ``swap`` knows, each the ``op`` of rows of ``TABLE``.
-OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp", "rope", "linear_cross_entropy")
+OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp", "rope", "linear_cross_entropy", "causal_mask")
 
 #: The function a RoPE row reroutes, in the modeling module of the attention class it names.
 ROPE_FUNCTION = "apply_rotary_pos_emb"
@@ -245,6 +245,15 @@ def _fused_loss(module: nn.Module, backend: str | None) -> causal_lm.HeadRoute:
         raise _Leave(str(reason)) from None
 
 
+def _skip_causal_mask(module: nn.Module, backend: str | None) -> causal_mask.MaskRoute:
+    """The base model's SDPA runs causal with no mask under compile where Hugging Face's eager
+    code does (``fused_layers.causal_mask``); the module stays."""
+    try:
+        return causal_mask.mask_route(module)
+    except causal_mask.LeaveReason as reason:
+        raise _Leave(str(reason)) from None
+
+
 @dataclass(frozen=True)
 class Rule:
     """One row of ``TABLE``: modules matching ``source`` become ``factory(module, backend)``.
@@ -290,6 +299,21 @@ TABLE: tuple[Rule, ...] = (
             ("gemma3.modeling_gemma3", "Gemma3ForCausalLM"),
         )
     ),
+    # Their base models, whose create_causal_mask (or sliding-window one) reads the config's
+    # attention implementation (transformers 5.17-5.24); fused_layers.causal_mask.
+    *(
+        Rule("causal_mask", f"transformers.models.{family}:{name}", _skip_causal_mask)
+        for family, name in (
+            ("gpt2.modeling_gpt2", "GPT2Model"),
+            ("llama.modeling_llama", "LlamaModel"),
+            ("mistral.modeling_mistral", "MistralModel"),
+            ("qwen2.modeling_qwen2", "Qwen2Model"),
+            ("qwen3.modeling_qwen3", "Qwen3Model"),
+            ("gemma.modeling_gemma", "GemmaModel"),
+            ("gemma2.modeling_gemma2", "Gemma2Model"),
+            ("gemma3.modeling_gemma3", "Gemma3TextModel"),
+        )
+    ),
 )
 
 
@@ -309,8 +333,8 @@ class _Replacement:
     name: str
     original: nn.Module
     fused: nn.Module | None
-    # a rerouted function, or the causal LM's hooked loss, instead of a new module
-    route: routing.FunctionRoute | causal_lm.HeadHandle | None = None
+    # a rerouted function, the causal LM's hooked loss or its attention's mask, instead of a new module
+    route: routing.FunctionRoute | causal_lm.HeadHandle | causal_mask.MaskHandle | None = None
 
 
 @dataclass
@@ -409,7 +433,7 @@ def swap(
         if rule.op not in ops:
             record.left.append(LeftModule(path, class_name, f"op {rule.op!r} not in ops"))
             continue
-        if not path and rule.op != "linear_cross_entropy":  # the loss row keeps its module
+        if not path and rule.op not in ("linear_cross_entropy", "causal_mask"):  # these keep their module
             record.left.append(LeftModule(path, class_name, "the root module cannot be replaced in place"))
             continue
         fused = fused_by_original.get(id(module))
@@ -429,7 +453,11 @@ def swap(
                 record.left.append(LeftModule(path, class_name, f"fused factory failed: {error!r}"))
                 continue
             fused_by_original[id(module)] = fused
-        if isinstance(fused, causal_lm.HeadRoute):
+        if isinstance(fused, causal_mask.MaskRoute):
+            # The module stays; its config names the attention implementation whose mask is skipped.
+            record._replacements.append(_Replacement(path, None, "", module, None, causal_mask.attach(fused)))
+            counts[f"{class_name}.causal_mask"] += 1
+        elif isinstance(fused, causal_lm.HeadRoute):
             # The model stays; its lm_head becomes the fused head, and hooks hand it the labels.
             handle = causal_lm.attach(module, fused)
             record._replacements.append(_Replacement(path, None, "", module, None, handle))
@@ -507,6 +535,8 @@ def _under_compile(record: SwapRecord, model: nn.Module, measure: bool) -> dict[
             what[key] = _NOT_MEASURED if choice is None else f"Inductor ({choice})"
     if any(op == "rope" for op in record.replaced_ops.values()):
         what["rope"] = "Inductor (a routed function runs Hugging Face's code under compile)"
+    if any(op == "causal_mask" for op in record.replaced_ops.values()):
+        what["causal_mask"] = "none where Hugging Face skips it eagerly: SDPA's causal kernel"
     return what
 
 

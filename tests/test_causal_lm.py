@@ -205,3 +205,53 @@ def test_compiled_swapped_model_is_one_graph_with_the_same_loss():
     assert got.loss.item() == pytest.approx(expected.loss.item(), rel=1e-5)
     assert _rel(fused.lm_head.weight.grad, reference.lm_head.weight.grad) < 1e-4
     assert fused.lm_head.pending is None
+
+
+def _sdpa_masks(model: nn.Module, **inputs) -> list[bool]:
+    """Per attention layer, whether SDPA got an explicit mask (torch.compile's graph of the forward)."""
+    graphs = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(model, backend=backend)(**inputs)
+    calls = [n for g in graphs for n in g.graph.nodes if "scaled_dot_product_attention" in str(n.target)]
+    assert calls
+    return [n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) is not None for n in calls]
+
+
+def test_under_compile_sdpa_runs_causal_without_a_mask_where_eager_does(monkeypatch):
+    """transformers before 5.24 (or on torch < 2.14) build the (B, 1, T, T) mask whenever Dynamo
+    traces: that is simulated by turning Hugging Face's own skip off. The swapped model's SDPA
+    then still gets no mask (is_causal), unless a padding mask is given; the loss is the same."""
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", lambda *args, **kwargs: False)
+    reference = _model("llama")
+    fused = copy.deepcopy(reference)
+    record = swap(fused, ops=("causal_mask",))
+    assert record.replaced_ops == {"model": "causal_mask"} and fused.config._attn_implementation != "sdpa"
+    ids, labels = _batch(7)
+    assert all(_sdpa_masks(reference, input_ids=ids))
+    assert not any(_sdpa_masks(fused, input_ids=ids))
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    assert all(_sdpa_masks(fused, input_ids=ids, attention_mask=padded))  # padding: Hugging Face's mask
+    with torch.no_grad():
+        expected = reference(input_ids=ids, labels=labels).loss
+        got = fused(input_ids=ids, labels=labels).loss
+        expected_padded = reference(input_ids=ids, attention_mask=padded, labels=labels).loss
+        got_padded = fused(input_ids=ids, attention_mask=padded, labels=labels).loss
+    assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert got_padded.item() == pytest.approx(expected_padded.item(), rel=1e-5)
+    unswap(fused)
+    assert fused.config._attn_implementation == "sdpa"
+
+
+def test_a_model_without_sdpa_keeps_its_attention():
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["llama"][0](), attn_implementation="eager")
+    record = swap(model, ops=("causal_mask",))
+    left = {item.path: item.reason for item in record.left}
+    assert "not 'sdpa'" in left["model"] and "model" not in record.replaced_ops
+    assert model.config._attn_implementation == "eager"

@@ -76,7 +76,7 @@ def _bert() -> nn.Module:
 
 # family -> (builder, source classes whose every instance swap must replace, classes whose every
 # instance keeps its place but has its apply_rotary_pos_emb rerouted to the fused rope, whether the
-# root (a causal LM) keeps its place with its loss fused)
+# root (a causal LM) keeps its place with its loss fused and its base model its causal mask skipped)
 FAMILIES = {
     "gpt2": (_gpt2, (nn.LayerNorm, activations.NewGELUActivation), (), True),
     "llama": (_llama, (LlamaRMSNorm, LlamaMLP), (LlamaAttention,), True),
@@ -136,7 +136,8 @@ def test_swap_matches_logits_and_records_exactly(family):
     _, sources, rerouted, loss = FAMILIES[family]
     expected_paths = {path for path, m in model.named_modules() if type(m) in sources}
     rerouted_paths = {path for path, m in model.named_modules() if type(m) in rerouted}
-    kept_paths = rerouted_paths | ({""} if loss else set())
+    base = {"gpt2": "transformer", "llama": "model"}.get(family)
+    kept_paths = rerouted_paths | ({"", base} if loss else set())
     keys_before = list(swapped.state_dict())
 
     record = swap(swapped)
@@ -146,8 +147,13 @@ def test_swap_matches_logits_and_records_exactly(family):
     assert sum(record.replaced.values()) == len(expected_paths) + len(kept_paths)
     assert set(record.replaced) == {cls.__name__ for cls in sources} | {
         f"{cls.__name__}.apply_rotary_pos_emb" for cls in rerouted
-    } | ({f"{type(model).__name__}.lm_head"} if loss else set())
+    } | (
+        {f"{type(model).__name__}.lm_head", f"{type(model.get_submodule(base)).__name__}.causal_mask"}
+        if loss
+        else set()
+    )
     assert (record.replaced_ops.get("") == "linear_cross_entropy") == loss
+    assert (record.replaced_ops.get(base) == "causal_mask") == loss
     assert record.left == []
     assert all(isinstance(swapped.get_submodule(path), FUSED) for path in expected_paths)
     assert {path for path, op in record.replaced_ops.items() if op == "rope"} == rerouted_paths
@@ -201,7 +207,7 @@ def test_unswap_and_context_manager_restore_originals(family):
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
     with swap(model) as record:
-        kept = ("rope", "linear_cross_entropy")  # the module stays
+        kept = ("rope", "linear_cross_entropy", "causal_mask")  # the module stays
         modules = [path for path, op in record.replaced_ops.items() if op not in kept]
         assert modules and all(isinstance(model.get_submodule(path), FUSED) for path in modules)
         if FAMILIES[family][3]:
