@@ -59,6 +59,8 @@ CASES = {  # name: (V, schedule, options, seed)
     "mean-bias-phase2": (1000, IN_WEIGHT_GRAD, {}, 1),
     # sum, label smoothing, Gemma-2's soft cap; a buffer of its own, 3 blocks per program
     "sum-smooth-softcap": (1500, OWN_BUFFER, {"reduction": "sum", "label_smoothing": 0.1, "softcap": 2.5}, 2),
+    # an odd V (GPT-2's is 50,257): logits rows padded to 1000 inside grad_weight, phase 2's last slice short
+    "odd-vocab-phase2": (997, IN_WEIGHT_GRAD, {}, 11),
 }
 
 
