@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+import numpy
+
+# numba-cuda (0.30.4 and the lent H200 image's, 2026-11-25) registers an overload of
+# numpy.row_stack when its CUDA target loads; numpy 2.5 no longer has that alias of vstack, and the
+# first kernel compile then fails with AttributeError. The alias is put back for it.
+if not hasattr(numpy, "row_stack"):
+    numpy.row_stack = numpy.vstack
+
+from numba import cuda, float32  # noqa: E402
 
 SQRT_2_OVER_PI = 0.7978845608028654
 INV_SQRT_2 = 0.7071067811865476
