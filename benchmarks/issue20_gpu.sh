@@ -53,10 +53,13 @@ case $part in
     [ -f benchmarks/results/compile_choice_cache.h200.json ] && \
       cp benchmarks/results/compile_choice_cache.h200.json "$FUSED_LAYERS_CACHE_DIR/compile_choice.json"
     step build 150 python3 -c "from fused_layers.backends.cuda import build; build.load_extension(); print('built')"
-    for model in gpt2-124m llama-1b-32k llama-1b; do
-      step "ab_$model" 200 python3 -m benchmarks.ab_models --out "$work/ab" --models "$model" \
-        --variants per-model --no-profile --timeout 200
+    for model in llama-1b gpt2-124m llama-1b-32k; do
+      step "ab_$model" 220 python3 -m benchmarks.ab_models --out "$work/ab" --models "$model" \
+        --variants per-model --no-profile --timeout 215
     done
+    cp "$FUSED_LAYERS_CACHE_DIR/compile_choice.json" "$work/compile_choice_cache.json" 2>/dev/null
+    step numba 60 python3 -m benchmarks.numba_gelu --out "$work/numba"
+    step numba_test 60 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_fusedce_gpu.py -k numba
     cat "$work"/ab/*.md 2>/dev/null | grep -E "^\| |fused_layers.swap|liger:" | head -n 60
     ;;
 esac
