@@ -228,8 +228,6 @@ def test_under_compile_sdpa_runs_causal_without_a_mask_where_eager_does(monkeypa
     from transformers import masking_utils
 
     monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", lambda *args, **kwargs: False)
-    # Dynamo before torch 2.13 read torch.compiler.is_exporting() as True while compiling too
-    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
     reference = _model("llama")
     fused = copy.deepcopy(reference)
     record = swap(fused, ops=("causal_mask",))
@@ -249,6 +247,27 @@ def test_under_compile_sdpa_runs_causal_without_a_mask_where_eager_does(monkeypa
     assert got_padded.item() == pytest.approx(expected_padded.item(), rel=1e-5)
     unswap(fused)
     assert fused.config._attn_implementation == "sdpa"
+
+
+def test_the_skip_conditions(monkeypatch):
+    from fused_layers import causal_mask
+
+    plain = dict(
+        q_length=8, kv_length=8, q_offset=0, kv_offset=0, attention_mask=None, allow_is_causal_skip=True
+    )
+    # Dynamo before torch 2.13 read torch.compiler.is_exporting() as True while compiling too: unused
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    assert causal_mask._skippable(plain)
+    for change in (
+        {"attention_mask": torch.ones(2, 8)},
+        {"local_size": 4},
+        {"allow_is_causal_skip": False},
+        {"kv_length": 9},
+        {"q_offset": torch.tensor(0)},
+    ):
+        assert not causal_mask._skippable({**plain, **change}), change
+    monkeypatch.setattr(torch.compiler, "_is_exporting_flag", True)  # torch.export running
+    assert not causal_mask._skippable(plain)
 
 
 def test_a_model_without_sdpa_keeps_its_attention():
