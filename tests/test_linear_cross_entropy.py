@@ -218,3 +218,26 @@ def test_compile_keeps_one_node_and_matches_eager() -> None:
     eager.backward()
     assert torch.equal(loss, eager)
     assert torch.equal(compiled_grads[0], hidden.grad) and torch.equal(compiled_grads[1], weight.grad)
+
+
+def test_fp32_weights_under_autocast_accumulate_their_gradient_in_fp32() -> None:
+    """Mixed precision: fp32 master weights, bf16 compute. The weight gradient is accumulated in
+    fp32 across chunks and rounded once: its error is one chunk's (accumulated in bf16 over these
+    8 chunks it was 1.17 times one chunk's)."""
+    generator = torch.Generator().manual_seed(12)
+    hidden = torch.randn(64, WIDTH, generator=generator).requires_grad_()
+    weight = (torch.randn(1000, WIDTH, generator=generator) / 4).requires_grad_()
+    labels = torch.randint(0, 1000, (64,), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(hidden, weight, labels)  # default schedule: chunks of 512 > 64 rows
+        chunked = linear_cross_entropy(
+            hidden, weight, labels, schedule=Schedule(chunk_tokens=8, slice_columns=4096, block=256)
+        )
+    loss.backward()
+    assert weight.grad.dtype == torch.float32
+    # the same rounded inputs in float64: bf16 hidden and weight, as autocast feeds the products
+    _, (_, ref_w) = _reference(hidden.bfloat16(), weight.bfloat16(), labels, None)
+    one_chunk = _rel(weight.grad, ref_w)
+    weight.grad = None
+    chunked.backward()
+    assert _rel(weight.grad, ref_w) < 1.03 * one_chunk  # 8 chunks, one rounding: as one product

@@ -90,16 +90,21 @@ def linear_cross_entropy(
     Face's ``ForCausalLMLoss`` does, whatever ``reduction`` says. A mean over no counted rows is
     NaN, as in torch; a label outside [0, V) that is not ``ignore_index`` makes the loss NaN.
 
-    Returns a 0-d fp32 tensor. Accumulates in fp32 everywhere except across chunks of the weight
-    gradient (``fused_layers.backends.triton.linear_cross_entropy``). ``backend`` is None
+    Returns a 0-d fp32 tensor. Accumulates in fp32 everywhere except across chunks of a bf16/fp16
+    weight's gradient (``fused_layers.backends.triton.linear_cross_entropy``); an fp32 weight cast
+    by autocast has its gradient accumulated in fp32. ``backend`` is None
     (``DEFAULT_BACKEND["linear_cross_entropy"]``), "triton" (plain torch, with one warning, where
     it cannot run) or "torch" (the whole logits); ``schedule`` tunes the fused op's chunking
     (``fused_layers.backends.triton.linear_cross_entropy.Schedule``).
     """
     _check(hidden, weight, labels, bias, reduction, label_smoothing, softcap)
     device_type = hidden.device.type
+    # fp32 weights computed in a lower precision (mixed precision's master weights): the fused op
+    # accumulates their gradient in fp32 and rounds it once, as Hugging Face's one product does
+    weight_grad_fp32 = False
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
+        weight_grad_fp32 = weight.dtype == torch.float32 and dtype != torch.float32
         hidden, weight = hidden.to(dtype), weight.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
     if isinstance(num_items_in_batch, Tensor) and num_items_in_batch.device != hidden.device:
@@ -107,7 +112,7 @@ def linear_cross_entropy(
         num_items_in_batch = num_items_in_batch.item()
     return dispatch.call(
         "linear_cross_entropy", backend, hidden, weight, labels, bias, ignore_index, reduction,
-        label_smoothing, softcap, num_items_in_batch, schedule,
+        label_smoothing, softcap, num_items_in_batch, schedule, weight_grad_fp32,
     )  # fmt: skip
 
 

@@ -21,9 +21,11 @@ def linear_cross_entropy(
     softcap: float | None,
     num_items_in_batch: int | float | Tensor | None,
     schedule: Any = None,
+    weight_grad_fp32: bool = False,
 ) -> Tensor:
     """``F.cross_entropy(cap(F.linear(hidden, weight, bias).float()), labels)``; a sum over
-    ``num_items_in_batch`` when it is given. ``schedule`` (the fused op's chunking) is unused."""
+    ``num_items_in_batch`` when it is given. ``schedule`` and ``weight_grad_fp32`` (the fused op's
+    chunking and accumulation) are unused."""
     logits = F.linear(hidden, weight, bias).float()
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
