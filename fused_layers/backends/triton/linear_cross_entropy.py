@@ -245,6 +245,23 @@ def _fp32_accumulate(out: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
         out.addmm_(a.float(), b.float(), beta=0 if first else 1)
 
 
+def _product_over_vocabulary(grad_logits: Tensor, weight: Tensor, out: Tensor) -> None:
+    """``out = grad_logits @ weight`` for (rows, V) and (V, H): the reduction over V split at the
+    last multiple of 8, the rest added by a second product of fewer than 8 columns.
+
+    With GPT-2's V = 50,257 this is the one product of the op whose reduction length is odd, and at
+    that shape the op took 17.0 ms against Inductor's 4.8 (bf16, H200, 2026-11-25; Inductor pads
+    that product's operands); the split is the likely remedy, not yet timed on a GPU.
+    """
+    vocab = grad_logits.shape[1]
+    aligned = vocab // 8 * 8
+    if aligned == vocab or aligned == 0:
+        torch.mm(grad_logits, weight, out=out)
+        return
+    torch.mm(grad_logits[:, :aligned], weight[:aligned], out=out)
+    out.addmm_(grad_logits[:, aligned:], weight[aligned:])
+
+
 def _iters(schedule: Schedule, cols: int) -> int:
     """Steps per program for rows of ``cols`` columns: as many as asked, no more than the row needs."""
     return max(1, min(schedule.blocks_per_program, triton.cdiv(cols, schedule.block)))
@@ -283,9 +300,8 @@ def linear_cross_entropy_fwd(
     need_grads = need_grad_hidden or need_grad_weight or need_grad_bias
 
     chunk = max(1, min(n_tokens, schedule.chunk_tokens))
-    # The logits' row stride: V rounded up to 8 elements, so that every row starts 16-byte aligned.
-    # With GPT-2's V = 50,257 as the stride, cuBLAS took kernels that made the op 3.8x slower
-    # (17.8 ms against Inductor's 4.7, H200, 2026-11-25); the padding columns are never read.
+    # The logits' row stride: V rounded up to 8 elements, so that every row starts 16-byte aligned
+    # (cuBLAS's requirement for its tensor-core kernels); the padding columns are never read.
     row = -(-vocab // 8) * 8
     if grad_weight is not None and chunk * row > n_tokens * schedule.slice_columns and chunk <= width:
         # The chunk's logits live in grad_weight[split:], which phase 1 leaves unwritten; split
@@ -345,7 +361,7 @@ def linear_cross_entropy_fwd(
         )  # fmt: skip
         torch.sum(target_loss[:rows], 0, out=chunk_loss[start // chunk])
         if grad_hidden is not None:
-            torch.mm(logits, weight, out=grad_hidden[start : start + rows])
+            _product_over_vocabulary(logits, weight, grad_hidden[start : start + rows])
         if accumulator is not None:
             _fp32_accumulate(accumulator, logits[:, :split].t(), hidden_chunk, first=start == 0)
         elif grad_weight is not None and split > 0:
