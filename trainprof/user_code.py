@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import sysconfig
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,7 +204,10 @@ def _layout_for(top_level: tuple[str, ...], main_file: str | None) -> CodeLayout
             library.add(name)
             if where.endswith("/") and not where.startswith(installed):
                 roots.add(where)  # a source checkout or editable install of a known library
-            version = getattr(module, "__version__", None)
+            with warnings.catch_warnings():
+                # a deprecated attribute warns (MarkupSafe 3.0's __version__): not the user's business
+                warnings.simplefilter("ignore")
+                version = getattr(module, "__version__", None)
             if isinstance(version, str):
                 versions[name] = version
         else:
