@@ -108,7 +108,9 @@ IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
 #: differentiated calls. LayerNorm forward alone: Triton 132-149 µs, CUDA 134-145, level; Triton
 #: kept there. GELU: Triton ahead in both passes (3.75-4.15 TB/s against CUDA's 3.41-3.65,
 #: 2026-11-22), with the same Python autograd around either, so the CUDA GELU was dropped
-#: (``fused_layers.backends.cuda``). The other ops have only Triton kernels.
+#: (``fused_layers.backends.cuda``); a numba CUDA GELU is there to be chosen, 3-7x slower (2026-11-25).
+#: linear_cross_entropy: Triton kernels over cuBLAS chunks, the only version that does not make
+#: the whole logits. The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "gelu": ("triton", "triton"),
     "layer_norm": ("cuda", "triton"),
