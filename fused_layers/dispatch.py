@@ -1,17 +1,21 @@
 """Which implementation runs a fused op: one table from (op, backend) to implementation, one rule.
 
 The backends are folders of ``fused_layers.backends`` with the same file names: "triton" (the
-kernels), "cuda" (CUDA C++ LayerNorm and RMSNorm), "torch" (plain torch). A call leaves an op of
-``fused_layers.ops`` by :func:`call`, which picks the backend and runs the implementation, or, for
-an eager LayerNorm/RMSNorm call that can skip the checks, by :func:`eager_norm`. The rule:
+kernels), "cuda" (CUDA C++ LayerNorm and RMSNorm), "numba" (a numba CUDA GELU), "torch" (plain
+torch). A call leaves an op of ``fused_layers.ops`` by :func:`call`, which picks the backend and
+runs the implementation, or, for an eager LayerNorm/RMSNorm call that can skip the checks, by
+:func:`eager_norm`. The rule:
 
-1. ``backend=None`` takes :data:`DEFAULT_BACKEND` (under ``torch.compile``: "torch"); a CUDA
-   default where the tensors are not on a GPU or the extension does not build becomes "triton".
-2. "triton" without Triton installed, or a kernel backend on tensors not on a GPU (Triton's CPU
-   interpreter aside), becomes "torch", with one warning per process: a swapped model still trains.
+1. ``backend=None`` takes :data:`DEFAULT_BACKEND`; under ``torch.compile``, the backend measured
+   faster there for the op, dtype and shape class (``fused_layers.compile_choice``), else "torch"
+   (Inductor's code). A CUDA default where the tensors are not on a GPU or the extension does not
+   build becomes "triton".
+2. "triton" without Triton installed, "numba" without numba, or a kernel backend on tensors not on
+   a GPU (Triton's CPU interpreter and numba's CUDA simulator aside), becomes "torch", with one
+   warning per process: a swapped model still trains.
 3. An implementation that does not cover the call (``Implementation.covers``) hands it to its
    ``otherwise`` backend: RoPE shapes the kernel does not take go to torch, an RMSNorm weight of
-   another dtype than x goes from CUDA to Triton.
+   another dtype than x goes from CUDA to Triton, a bf16 GELU from numba to Triton.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from fused_layers import compile_choice
 from fused_layers.backends.cuda import build as cuda_build
 from fused_layers.backends.cuda import layer_norm as cuda_layer_norm
 from fused_layers.backends.cuda import rms_norm as cuda_rms_norm
+from fused_layers.backends.numba import gelu as numba_gelu
 from fused_layers.backends.torch import gated as torch_gated
 from fused_layers.backends.torch import gelu as torch_gelu
 from fused_layers.backends.torch import layer_norm as torch_layer_norm
+from fused_layers.backends.torch import linear_cross_entropy as torch_linear_cross_entropy
 from fused_layers.backends.torch import rms_norm as torch_rms_norm
 from fused_layers.backends.torch import rope as torch_rope
 from fused_layers.backends.triton import gated as triton_gated
@@ -36,6 +43,7 @@ from fused_layers.backends.triton import gelu as triton_gelu
 from fused_layers.backends.triton import language as triton_language
 from fused_layers.backends.triton import launch as triton_launch
 from fused_layers.backends.triton import layer_norm as triton_layer_norm
+from fused_layers.backends.triton import linear_cross_entropy as triton_linear_cross_entropy
 from fused_layers.backends.triton import rms_norm as triton_rms_norm
 from fused_layers.backends.triton import rope as triton_rope
 
@@ -51,7 +59,7 @@ __all__ = [
 ]
 
 #: Every backend name; an op has the ones :data:`IMPLEMENTATIONS` lists for it.
-BACKENDS = ("triton", "torch", "cuda")
+BACKENDS = ("triton", "torch", "cuda", "numba")
 
 
 class Implementation(NamedTuple):
@@ -69,6 +77,7 @@ class Implementation(NamedTuple):
 IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
     ("gelu", "triton"): Implementation(triton_gelu.gelu),
     ("gelu", "torch"): Implementation(torch_gelu.gelu),
+    ("gelu", "numba"): Implementation(numba_gelu.gelu, covers=numba_gelu.covers, otherwise="triton"),
     ("geglu", "triton"): Implementation(triton_gated.geglu),
     ("geglu", "torch"): Implementation(torch_gated.geglu),
     ("swiglu", "triton"): Implementation(triton_gated.swiglu),
@@ -83,6 +92,8 @@ IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
     ("rms_norm", "torch"): Implementation(torch_rms_norm.rms_norm),
     ("rope", "triton"): Implementation(triton_rope.rope, covers=triton_rope.covers, otherwise="torch"),
     ("rope", "torch"): Implementation(torch_rope.rope),
+    ("linear_cross_entropy", "triton"): Implementation(triton_linear_cross_entropy.linear_cross_entropy),
+    ("linear_cross_entropy", "torch"): Implementation(torch_linear_cross_entropy.linear_cross_entropy),
 }
 
 #: Backend each op uses when called with ``backend=None``: (for a call that autograd will
@@ -97,7 +108,9 @@ IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
 #: differentiated calls. LayerNorm forward alone: Triton 132-149 µs, CUDA 134-145, level; Triton
 #: kept there. GELU: Triton ahead in both passes (3.75-4.15 TB/s against CUDA's 3.41-3.65,
 #: 2026-11-22), with the same Python autograd around either, so the CUDA GELU was dropped
-#: (``fused_layers.backends.cuda``). The other ops have only Triton kernels.
+#: (``fused_layers.backends.cuda``); a numba CUDA GELU is there to be chosen, 3-7x slower (2026-11-25).
+#: linear_cross_entropy: Triton kernels over cuBLAS chunks, the only version that does not make
+#: the whole logits. The other ops have only Triton kernels.
 DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "gelu": ("triton", "triton"),
     "layer_norm": ("cuda", "triton"),
@@ -105,6 +118,7 @@ DEFAULT_BACKEND: dict[str, tuple[str, str]] = {
     "geglu": ("triton", "triton"),
     "swiglu": ("triton", "triton"),
     "rope": ("triton", "triton"),
+    "linear_cross_entropy": ("triton", "triton"),
 }
 
 
@@ -141,9 +155,12 @@ def _choose(op: str, backend: str | None, tensors: list[Tensor]) -> str:
     if choice == "triton" and not triton_language.AVAILABLE:
         _warn_fallback(f"{op}: Triton is not installed here (it is a Linux-only dependency)")
         return "torch"
+    if choice == "numba" and not numba_gelu.available():
+        _warn_fallback(f"{op}: numba is not installed here (the numba extra)")
+        return "torch"
     if choice == "torch" or all(t.is_cuda for t in tensors):
         return choice
-    if choice == "triton" and triton_launch.INTERPRETING:
+    if choice == "triton" and triton_launch.INTERPRETING or choice == "numba" and numba_gelu.simulating():
         return choice
     _warn_fallback(
         f"{op} got tensors that are not on a CUDA device (set TRITON_INTERPRET=1 to run the Triton "
@@ -170,16 +187,18 @@ def _warn_fallback(why: str) -> None:
 def _default_backend(op: str, tensors: list[Tensor]) -> str:
     """The measured default for this call; a CUDA default that cannot run here becomes Triton.
 
-    Under ``torch.compile`` it is "torch": Inductor then generates the op's kernels itself and
-    fuses them with their neighbours (residual adds, casts), which an opaque custom op prevents.
-    Measured with ``trainprof ab`` on an H200 (2026-11-22, bf16): GPT-2 124M compile 22.74 ms/step,
-    swap+compile through the Triton custom ops 24.06; Llama 1B 140.16 against 140.58. An explicit
-    ``backend="triton"`` still puts the custom ops into the graph.
+    Under ``torch.compile``: the backend measured faster inside a compiled graph for this op, dtype
+    and shape class (``fused_layers.compile_choice``), else "torch", whose plain ops Inductor
+    compiles and fuses with their neighbours itself. Measured for the fused layers as a whole on an
+    H200 (``trainprof ab``, 2026-11-22, bf16), before per-op measurement: GPT-2 124M compile 22.74
+    ms/step, swap+compile through the Triton custom ops 24.06; Llama 1B 140.16 against 140.58.
+    An explicit ``backend`` still puts that backend's custom op into the graph.
     """
     if torch.compiler.is_compiling():
-        return "torch"
-    differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    choice = DEFAULT_BACKEND[op][0 if differentiated else 1]
+        choice = compile_choice.backend_under_compile(op, tensors)
+    else:
+        differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        choice = DEFAULT_BACKEND[op][0 if differentiated else 1]
     if choice == "cuda" and not (all(t.is_cuda for t in tensors) and _cuda_extension_builds()):
         return "triton"
     return choice

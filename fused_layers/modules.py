@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fused_layers.ops.gated import geglu, swiglu
 from fused_layers.ops.gelu import gelu
 from fused_layers.ops.layer_norm import layer_norm
+from fused_layers.ops.linear_cross_entropy import causal_lm_loss
 from fused_layers.ops.rms_norm import rms_norm
 
-__all__ = ["FusedGELU", "FusedGatedMLP", "FusedLayerNorm", "FusedRMSNorm"]
+__all__ = ["FusedGELU", "FusedGatedMLP", "FusedLMHead", "FusedLayerNorm", "FusedRMSNorm"]
 
 
 class FusedLayerNorm(nn.LayerNorm):
@@ -130,3 +132,59 @@ class FusedGatedMLP(nn.Module):
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
+
+
+class FusedLMHead(nn.Linear):
+    """A causal LM's ``lm_head`` (its own Parameters, so tied embeddings stay tied) that computes the
+    loss by fused linear cross-entropy instead of the logits while its model's forward has labels.
+
+    ``fused_layers.swap`` puts it in place and hooks the model's forward
+    (``fused_layers.causal_lm``): with labels, the hooks hand them here, :meth:`forward` computes
+    Hugging Face's shifted causal-LM loss and returns a (..., 0) placeholder for the logits, and
+    the model returns the loss with ``logits=None``. Without labels it is the plain Linear.
+    ``softcap`` is the model's ``final_logit_softcapping`` (Gemma-2), applied inside the loss.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        softcap: float | None = None,
+        backend: str | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.softcap = softcap
+        self.backend = backend
+        self.pending: tuple[Tensor, dict] | None = None
+        self.loss: Tensor | None = None
+
+    @classmethod
+    def from_linear(
+        cls, source: nn.Linear, softcap: float | None = None, backend: str | None = None
+    ) -> FusedLMHead:
+        """Wrap ``source``'s own Parameter objects (no copy): same values, ties, optimizer state."""
+        head = cls.__new__(cls)
+        nn.Module.__init__(head)
+        head.in_features, head.out_features = source.in_features, source.out_features
+        head.register_parameter("weight", source.weight)
+        head.register_parameter("bias", source.bias)
+        head.softcap = softcap
+        head.backend = backend
+        head.pending = None
+        head.loss = None
+        return head
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.pending is None:
+            return F.linear(x, self.weight, self.bias)
+        labels, options = self.pending
+        self.loss = causal_lm_loss(
+            x, self.weight, labels, self.bias, softcap=self.softcap, backend=self.backend, **options
+        )
+        return x.new_empty(*x.shape[:-1], 0)  # what the model's forward gets as logits: none
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, softcap={self.softcap}"

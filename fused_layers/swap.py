@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fused_layers import dispatch, routing
-from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedRMSNorm
+from fused_layers import causal_lm, causal_mask, compile_choice, compile_probe, dispatch, routing
+from fused_layers.modules import FusedGatedMLP, FusedGELU, FusedLayerNorm, FusedLMHead, FusedRMSNorm
 from fused_layers.ops.rope import rope
 
 __all__ = ["OPS", "ROPE_FUNCTION", "TABLE", "LeftModule", "Reroute", "SwapRecord", "swap", "unswap"]
@@ -40,7 +40,7 @@ __all__ = ["OPS", "ROPE_FUNCTION", "TABLE", "LeftModule", "Reroute", "SwapRecord
 logger = logging.getLogger(__name__)
 
 #: The ops ``swap`` knows, each the ``op`` of rows of ``TABLE``.
-OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp", "rope")
+OPS = ("layer_norm", "gelu", "rms_norm", "gated_mlp", "rope", "linear_cross_entropy", "causal_mask")
 
 #: The function a RoPE row reroutes, in the modeling module of the attention class it names.
 ROPE_FUNCTION = "apply_rotary_pos_emb"
@@ -236,6 +236,24 @@ def _fused_rope(module: nn.Module, backend: str | None) -> Reroute:
     return Reroute(namespace, ROPE_FUNCTION, functools.partial(rope, backend=backend))
 
 
+def _fused_loss(module: nn.Module, backend: str | None) -> causal_lm.HeadRoute:
+    """The causal LM's lm_head and loss as one fused op while it is called with labels
+    (``fused_layers.causal_lm``); the model module stays."""
+    try:
+        return causal_lm.head_route(module, backend)
+    except causal_lm.LeaveReason as reason:
+        raise _Leave(str(reason)) from None
+
+
+def _skip_causal_mask(module: nn.Module, backend: str | None) -> causal_mask.MaskRoute:
+    """The base model's SDPA runs causal with no mask under compile where Hugging Face's eager
+    code does (``fused_layers.causal_mask``); the module stays."""
+    try:
+        return causal_mask.mask_route(module)
+    except causal_mask.LeaveReason as reason:
+        raise _Leave(str(reason)) from None
+
+
 @dataclass(frozen=True)
 class Rule:
     """One row of ``TABLE``: modules matching ``source`` become ``factory(module, backend)``.
@@ -266,6 +284,36 @@ TABLE: tuple[Rule, ...] = (
     Rule("rope", "transformers.models.mistral.modeling_mistral:MistralAttention", _fused_rope),
     Rule("rope", "transformers.models.qwen2.modeling_qwen2:Qwen2Attention", _fused_rope),
     Rule("rope", "transformers.models.qwen3.modeling_qwen3:Qwen3Attention", _fused_rope),
+    # Causal LMs whose forward is lm_head, Gemma's optional final_logit_softcapping, then
+    # self.loss_function (ForCausalLMLoss) (transformers 5.17-5.24); fused_layers.causal_lm.
+    *(
+        Rule("linear_cross_entropy", f"transformers.models.{family}:{name}", _fused_loss)
+        for family, name in (
+            ("gpt2.modeling_gpt2", "GPT2LMHeadModel"),
+            ("llama.modeling_llama", "LlamaForCausalLM"),
+            ("mistral.modeling_mistral", "MistralForCausalLM"),
+            ("qwen2.modeling_qwen2", "Qwen2ForCausalLM"),
+            ("qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
+            ("gemma.modeling_gemma", "GemmaForCausalLM"),
+            ("gemma2.modeling_gemma2", "Gemma2ForCausalLM"),
+            ("gemma3.modeling_gemma3", "Gemma3ForCausalLM"),
+        )
+    ),
+    # Their base models, whose create_causal_mask (or sliding-window one) reads the config's
+    # attention implementation (transformers 5.17-5.24); fused_layers.causal_mask.
+    *(
+        Rule("causal_mask", f"transformers.models.{family}:{name}", _skip_causal_mask)
+        for family, name in (
+            ("gpt2.modeling_gpt2", "GPT2Model"),
+            ("llama.modeling_llama", "LlamaModel"),
+            ("mistral.modeling_mistral", "MistralModel"),
+            ("qwen2.modeling_qwen2", "Qwen2Model"),
+            ("qwen3.modeling_qwen3", "Qwen3Model"),
+            ("gemma.modeling_gemma", "GemmaModel"),
+            ("gemma2.modeling_gemma2", "Gemma2Model"),
+            ("gemma3.modeling_gemma3", "Gemma3TextModel"),
+        )
+    ),
 )
 
 
@@ -285,7 +333,8 @@ class _Replacement:
     name: str
     original: nn.Module
     fused: nn.Module | None
-    route: routing.FunctionRoute | None = None  # a rerouted function instead of a new module
+    # a rerouted function, the causal LM's hooked loss or its attention's mask, instead of a new module
+    route: routing.FunctionRoute | causal_lm.HeadHandle | causal_mask.MaskHandle | None = None
 
 
 @dataclass
@@ -295,7 +344,9 @@ class SwapRecord:
     ``replaced``: source class name -> count ("LlamaAttention.apply_rotary_pos_emb" where a
     function the module calls was rerouted); ``replaced_paths``: module paths replaced (or
     rerouted), in walk order; ``replaced_ops``: path -> op (a name of ``OPS``); ``left``: modules
-    that matched a row (or look like a norm/GELU) but stayed, with why. Also a context manager:
+    that matched a row (or look like a norm/GELU) but stayed, with why; ``under_compile``: for each
+    op, dtype and shape class swapped in (``"rms_norm torch.bfloat16 w2048"``), what runs inside a
+    ``torch.compile`` graph and why (``fused_layers.compile_choice``). Also a context manager:
     leaving the ``with`` block restores the original modules and functions.
     """
 
@@ -303,13 +354,31 @@ class SwapRecord:
     replaced_paths: list[str] = field(default_factory=list)
     replaced_ops: dict[str, str] = field(default_factory=dict)
     left: list[LeftModule] = field(default_factory=list)
+    under_compile: dict[str, str] = field(default_factory=dict)
     _replacements: list[_Replacement] = field(default_factory=list, repr=False)
     _model: nn.Module | None = field(default=None, repr=False)
 
-    def summary(self) -> str:
-        """One line: counts replaced per class and how many modules were left."""
+    def summary(self, under_compile: bool = True) -> str:
+        """One line: counts replaced per class, how many modules were left and, with
+        ``under_compile``, what runs inside a compiled graph."""
         counts = ", ".join(f"{name} x{count}" for name, count in sorted(self.replaced.items())) or "nothing"
-        return f"replaced {counts}; left {len(self.left)}"
+        if not under_compile:
+            return f"replaced {counts}; left {len(self.left)}"
+        # Measured choices one by one; the rest (rope's routing aside) counted by why not measured.
+        unmeasured = Counter(
+            what for key, what in self.under_compile.items() if what.startswith(_UNMEASURED) and key != "rope"
+        )
+        compiled = [
+            f"{key}: {what}"
+            for key, what in self.under_compile.items()
+            if not what.startswith(_UNMEASURED) or key == "rope"
+        ]
+        compiled += [
+            f"Inductor for {count} op/dtype/shape classes ({what.removeprefix(_UNMEASURED)[:-1]})"
+            for what, count in unmeasured.items()
+        ]
+        compiled_text = f"; under torch.compile: {'; '.join(compiled)}" if compiled else ""
+        return f"replaced {counts}; left {len(self.left)}{compiled_text}"
 
     def __enter__(self) -> SwapRecord:
         return self
@@ -325,7 +394,9 @@ def _ancestors(path: str) -> Iterable[str]:
         yield path
 
 
-def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None) -> SwapRecord:
+def swap(
+    model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None, for_compile: bool = False
+) -> SwapRecord:
     """Replace ``model``'s layers by fused ones in place and return the record of what changed.
 
     ``ops`` picks rows of ``TABLE`` by op name (``OPS``); ``backend`` is passed to every fused op
@@ -333,6 +404,14 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
     default). A module whose factory fails unexpectedly is left with a warning, never half-replaced.
     RoPE rows leave the attention module in place and reroute its modeling module's
     ``apply_rotary_pos_emb`` for this model only (other models in the process keep Hugging Face's).
+    The loss rows (causal LMs) keep the model and put a fused loss behind its ``lm_head`` while it
+    is called with labels: it then returns ``logits=None`` (``fused_layers.causal_lm``).
+
+    ``for_compile``: the model will run under ``torch.compile``; measure, for each op, dtype and
+    shape class swapped in that the cache lacks, whether its custom op or Inductor's code is faster
+    inside a compiled graph (seconds per op, on a CUDA device; ``fused_layers.compile_probe``).
+    The dtypes measured are the parameters' and, for fp32 parameters, bf16 (autocast's). Without
+    it, cached measurements still apply; ``SwapRecord.under_compile`` says what runs.
     """
     ops = tuple(ops)
     unknown = sorted(set(ops) - set(OPS))
@@ -354,7 +433,7 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
         if rule.op not in ops:
             record.left.append(LeftModule(path, class_name, f"op {rule.op!r} not in ops"))
             continue
-        if not path:
+        if not path and rule.op not in ("linear_cross_entropy", "causal_mask"):  # these keep their module
             record.left.append(LeftModule(path, class_name, "the root module cannot be replaced in place"))
             continue
         fused = fused_by_original.get(id(module))
@@ -374,7 +453,17 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
                 record.left.append(LeftModule(path, class_name, f"fused factory failed: {error!r}"))
                 continue
             fused_by_original[id(module)] = fused
-        if isinstance(fused, Reroute):
+        if isinstance(fused, causal_mask.MaskRoute):
+            # The module stays; its config names the attention implementation whose mask is skipped.
+            record._replacements.append(_Replacement(path, None, "", module, None, causal_mask.attach(fused)))
+            counts[f"{class_name}.causal_mask"] += 1
+        elif isinstance(fused, causal_lm.HeadRoute):
+            # The model stays; its lm_head becomes the fused head, and hooks hand it the labels.
+            handle = causal_lm.attach(module, fused)
+            record._replacements.append(_Replacement(path, None, "", module, None, handle))
+            replaced.add(f"{path}.{causal_lm.HEAD}" if path else causal_lm.HEAD)
+            counts[f"{class_name}.{causal_lm.HEAD}"] += 1
+        elif isinstance(fused, Reroute):
             # The module stays (its children too); its calls of the function go to the fused op.
             if not routing.is_routed(module, fused.namespace, fused.function):  # once if under two paths
                 route = routing.route_function(module, fused.namespace, fused.function, fused.implementation)
@@ -390,9 +479,65 @@ def swap(model: nn.Module, ops: Iterable[str] = OPS, backend: str | None = None)
         record.replaced_paths.append(path)
         record.replaced_ops[path] = rule.op
     record.replaced = dict(counts)
+    record.under_compile = _under_compile(record, model, measure=for_compile)
     model.__dict__.setdefault(_RECORDS_ATTR, []).append(record)
     logger.info("fused_layers.swap: %s", record.summary())
     return record
+
+
+def _compile_requests(
+    record: SwapRecord, model: nn.Module
+) -> list[tuple[str, torch.dtype, tuple[int, ...], torch.device]]:
+    """(op, dtype, dims, device) of each fused module of ``record``, for the compile choice: the
+    dtypes its calls will likely see (its parameters'; also bf16 for fp32 ones, which autocast casts)."""
+    first = next(model.parameters(), None)
+    requests = []
+    for replacement in record._replacements:
+        fused = replacement.fused
+        if isinstance(replacement.route, causal_lm.HeadHandle):
+            fused = getattr(replacement.original, causal_lm.HEAD)
+        if isinstance(fused, FusedLayerNorm) and fused.weight is not None:
+            op, dims, param = "layer_norm", (fused.weight.shape[0],), fused.weight
+        elif isinstance(fused, FusedRMSNorm):
+            op, dims, param = "rms_norm", (fused.weight.shape[0],), fused.weight
+        elif isinstance(fused, FusedGELU) and first is not None:
+            op, dims, param = "gelu", (), first
+        elif isinstance(fused, FusedGatedMLP):
+            op = "swiglu" if fused.activation == "silu" else "geglu"
+            dims, param = (fused.gate_proj.out_features,), fused.gate_proj.weight
+        elif isinstance(fused, FusedLMHead):
+            op, dims, param = "linear_cross_entropy", (fused.in_features, fused.out_features), fused.weight
+        else:
+            continue
+        dtypes = [param.dtype] + ([torch.bfloat16] if param.dtype == torch.float32 else [])
+        requests += [(op, dtype, dims, param.device) for dtype in dtypes]
+    return requests
+
+
+_UNMEASURED = "Inductor ("  # what under_compile says of a choice not measured: "Inductor (why)"
+_NOT_MEASURED = "Inductor (not measured)"
+
+
+def _under_compile(record: SwapRecord, model: nn.Module, measure: bool) -> dict[str, str]:
+    """What runs inside a compiled graph for each op, dtype and shape class of ``record``."""
+    what: dict[str, str] = {}
+    for op, dtype, dims, device in _compile_requests(record, model):
+        key = f"{op} {str(dtype).removeprefix('torch.')} {compile_choice.shape_class(op, dims)}"
+        if key in what:
+            continue
+        if measure:
+            choice = compile_probe.measure_missing([(op, dtype, dims)], device).popitem()[1]
+        else:
+            choice = compile_choice.lookup(op, dtype, dims, device)
+        if isinstance(choice, compile_choice.Choice):
+            what[key] = choice.describe()
+        else:
+            what[key] = _NOT_MEASURED if choice is None else f"Inductor ({choice})"
+    if any(op == "rope" for op in record.replaced_ops.values()):
+        what["rope"] = "Inductor (a routed function runs Hugging Face's code under compile)"
+    if any(op == "causal_mask" for op in record.replaced_ops.values()):
+        what["causal_mask"] = "none where Hugging Face skips it eagerly: SDPA's causal kernel"
+    return what
 
 
 def unswap(model: nn.Module, record: SwapRecord | None = None) -> None:

@@ -1,10 +1,10 @@
 """Test setup shared by tests/ and tests/gpu/.
 
-Without CUDA, Triton kernels run under Triton's CPU interpreter, which must be switched on
-before any kernel is defined, i.e. before the first ``fused_layers`` import (importing torch
-to ask about CUDA is fine). Also provides ``fixtures_dir``, the one way a test reaches the
-checked-in traces, and ``op_case``: run one fused op and its float64 reference on the same
-inputs and compare the output and every gradient.
+Without CUDA, Triton kernels run under Triton's CPU interpreter and numba's under its CUDA
+simulator, which must be switched on before any kernel is defined, i.e. before the first
+``fused_layers`` import (importing torch to ask about CUDA is fine). Also provides
+``fixtures_dir``, the one way a test reaches the checked-in traces, and ``op_case``: run one
+fused op and its float64 reference on the same inputs and compare the output and every gradient.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # numba's kernels on the CPU too (before its import)
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 

@@ -51,7 +51,8 @@ def test_json_shape_and_host_clock(tiny_run):
         assert variant["tokens_per_s"] > 0 and 0 < variant["mfu"] < 1
         assert variant["peak_memory_bytes"] is None  # not measured on a CPU
     assert data["variants"][0]["speedup"] == 1.0
-    assert "replaced LayerNorm x5, NewGELUActivation x2" in data["variants"][1]["notes"][0]
+    notes = data["variants"][1]["notes"][0]
+    assert "lm_head x1, GPT2Model.causal_mask x1, LayerNorm x5, NewGELUActivation x2" in notes
     assert data["config"]["tokens_per_step"] == 2 * 32 and data["config"]["flops_per_step"] > 0
 
 

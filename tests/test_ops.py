@@ -125,7 +125,9 @@ def test_backend_errors():
         swiglu(x, x[:, :4])
     with pytest.raises(ValueError, match="weight must have shape"):
         layer_norm(x, torch.ones(7))
-    assert set(dispatch.DEFAULT_BACKEND) == {"gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "rope"}
+    assert set(dispatch.DEFAULT_BACKEND) == {
+        "gelu", "layer_norm", "rms_norm", "geglu", "swiglu", "rope", "linear_cross_entropy"
+    }
 
 
 def test_cpu_fallback_warns_once(monkeypatch):

@@ -75,11 +75,12 @@ def _bert() -> nn.Module:
 
 
 # family -> (builder, source classes whose every instance swap must replace, classes whose every
-# instance keeps its place but has its apply_rotary_pos_emb rerouted to the fused rope)
+# instance keeps its place but has its apply_rotary_pos_emb rerouted to the fused rope, whether the
+# root (a causal LM) keeps its place with its loss fused and its base model its causal mask skipped)
 FAMILIES = {
-    "gpt2": (_gpt2, (nn.LayerNorm, activations.NewGELUActivation), ()),
-    "llama": (_llama, (LlamaRMSNorm, LlamaMLP), (LlamaAttention,)),
-    "bert": (_bert, (nn.LayerNorm, activations.GELUActivation), ()),
+    "gpt2": (_gpt2, (nn.LayerNorm, activations.NewGELUActivation), (), True),
+    "llama": (_llama, (LlamaRMSNorm, LlamaMLP), (LlamaAttention,), True),
+    "bert": (_bert, (nn.LayerNorm, activations.GELUActivation), (), False),
 }
 FUSED = (FusedLayerNorm, FusedGELU, FusedRMSNorm, FusedGatedMLP)
 
@@ -132,19 +133,27 @@ def test_triton_path_is_exercised():
 def test_swap_matches_logits_and_records_exactly(family):
     model = _build(family).eval()
     swapped = copy.deepcopy(model)
-    _, sources, rerouted = FAMILIES[family]
+    _, sources, rerouted, loss = FAMILIES[family]
     expected_paths = {path for path, m in model.named_modules() if type(m) in sources}
     rerouted_paths = {path for path, m in model.named_modules() if type(m) in rerouted}
+    base = {"gpt2": "transformer", "llama": "model"}.get(family)
+    kept_paths = rerouted_paths | ({"", base} if loss else set())
     keys_before = list(swapped.state_dict())
 
     record = swap(swapped)
 
-    assert set(record.replaced_paths) == expected_paths | rerouted_paths
-    assert len(record.replaced_paths) == len(expected_paths) + len(rerouted_paths)
-    assert sum(record.replaced.values()) == len(expected_paths) + len(rerouted_paths)
+    assert set(record.replaced_paths) == expected_paths | kept_paths
+    assert len(record.replaced_paths) == len(expected_paths) + len(kept_paths)
+    assert sum(record.replaced.values()) == len(expected_paths) + len(kept_paths)
     assert set(record.replaced) == {cls.__name__ for cls in sources} | {
         f"{cls.__name__}.apply_rotary_pos_emb" for cls in rerouted
-    }
+    } | (
+        {f"{type(model).__name__}.lm_head", f"{type(model.get_submodule(base)).__name__}.causal_mask"}
+        if loss
+        else set()
+    )
+    assert (record.replaced_ops.get("") == "linear_cross_entropy") == loss
+    assert (record.replaced_ops.get(base) == "causal_mask") == loss
     assert record.left == []
     assert all(isinstance(swapped.get_submodule(path), FUSED) for path in expected_paths)
     assert {path for path, op in record.replaced_ops.items() if op == "rope"} == rerouted_paths
@@ -198,8 +207,11 @@ def test_unswap_and_context_manager_restore_originals(family):
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
     with swap(model) as record:
-        modules = [path for path, op in record.replaced_ops.items() if op != "rope"]
+        kept = ("rope", "linear_cross_entropy", "causal_mask")  # the module stays
+        modules = [path for path, op in record.replaced_ops.items() if op not in kept]
         assert modules and all(isinstance(model.get_submodule(path), FUSED) for path in modules)
+        if FAMILIES[family][3]:
+            assert isinstance(model.lm_head, fused_layers.FusedLMHead)
     assert _classes(model) == classes
     _assert_namespace_unchanged(modeling_llama, modeling)
     unswap(model)  # nothing left to undo: a no-op

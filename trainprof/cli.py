@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     from trainprof.cli_ab import add_ab_parsers
 
     add_ab_parsers(commands)  # `trainprof ab`, `trainprof diff` (trainprof.cli_ab)
+
+    from trainprof.ncu import add_ncu_parser
+
+    add_ncu_parser(commands)  # `trainprof ncu RUN -- command` (trainprof.ncu)
     return parser
 
 
@@ -390,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainprof.cli_ab import run
 
         return run(args)
+    if args.command == "ncu":
+        from trainprof.ncu import run_ncu
+
+        return run_ncu(args)
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 

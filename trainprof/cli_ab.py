@@ -19,13 +19,14 @@ def add_ab_parsers(commands: argparse._SubParsersAction) -> None:
     ab.add_argument(
         "--model",
         default="gpt2-tiny",
-        help="preset gpt2-tiny | gpt2-124m | llama-1b, or a Hugging Face config path "
+        help="preset gpt2-tiny | gpt2-124m | llama-1b | llama-1b-32k, or a Hugging Face config path "
         "(or a config name already in the local cache); default gpt2-tiny",
     )
     ab.add_argument(
         "--variants",
         default="bare,fused,compile,fused+compile",
-        help="comma-separated: bare, or fused|liger|compile joined by + (default %(default)s)",
+        help="comma-separated: bare, or fused|liger|liger-matched|compile joined by + (liger: Liger's "
+        "defaults, as users run it; liger-matched: Liger on the ops swap replaces) (default %(default)s)",
     )
     ab.add_argument("--steps", type=int, default=20, help="steps per variant, warm-up included (default 20)")
     ab.add_argument("--warmup", type=int, default=3, help="untimed first steps per variant (default 3)")

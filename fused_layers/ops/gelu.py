@@ -14,8 +14,8 @@ def gelu(x: Tensor, approximate: str = "tanh", backend: str | None = None) -> Te
     """GELU of ``x``, like ``F.gelu(x, approximate=approximate)``.
 
     ``approximate`` is "tanh" (GPT-2's NewGELU) or "none" (the erf form). ``backend`` is
-    None (``DEFAULT_BACKEND["gelu"]``), "triton" or "torch". Computes in fp32 and returns the
-    input's dtype and shape (contiguous).
+    None (``DEFAULT_BACKEND["gelu"]``), "triton", "numba" (float32/float16; bf16 runs on Triton)
+    or "torch". Computes in fp32 and returns the input's dtype and shape (contiguous).
     """
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"gelu: approximate must be one of {APPROXIMATIONS}, got {approximate!r}")

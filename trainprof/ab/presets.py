@@ -24,6 +24,7 @@ PRESETS = {
     "gpt2-124m": "GPT-2 124M (GPT2Config defaults: 12 layers, d=768, vocab 50257); B8 x T1024",
     "llama-1b": "Llama-3.2-1B's shape: 16 layers, d=2048, MLP 8192, 32 heads / 8 KV heads, vocab 128256, "
     "tied embeddings; B4 x T2048",
+    "llama-1b-32k": "llama-1b with Llama-2's vocabulary (32000) and an untied lm_head; B4 x T2048",
 }
 
 
@@ -45,7 +46,8 @@ def load_config(name: str):  # -> (transformers.PretrainedConfig, default batch,
         )
     if name == "gpt2-124m":
         return transformers.GPT2Config(), 8, 1024
-    if name == "llama-1b":
+    if name in ("llama-1b", "llama-1b-32k"):
+        vocab, tied = (128256, True) if name == "llama-1b" else (32000, False)
         return (
             transformers.LlamaConfig(
                 hidden_size=2048,
@@ -53,9 +55,9 @@ def load_config(name: str):  # -> (transformers.PretrainedConfig, default batch,
                 num_hidden_layers=16,
                 num_attention_heads=32,
                 num_key_value_heads=8,
-                vocab_size=128256,
+                vocab_size=vocab,
                 max_position_embeddings=8192,
-                tie_word_embeddings=True,
+                tie_word_embeddings=tied,
                 rope_theta=500000.0,
                 bos_token_id=0,
                 eos_token_id=0,

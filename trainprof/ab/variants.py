@@ -1,5 +1,6 @@
 """Which variant: a name such as ``"fused+compile"`` parsed into the parts it applies
-(``fused_layers.swap``, Liger-Kernel's patch, ``torch.compile``), and applying them to a model."""
+(``fused_layers.swap``, Liger-Kernel's patch as users run it or matched to swap's ops,
+``torch.compile``), and applying them to a model."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-PARTS = ("fused", "liger", "compile")
+#: ``liger``: Liger-Kernel as users run it, its family patch with its defaults (RoPE, RMSNorm,
+#: SwiGLU/GeGLU and fused linear cross-entropy on Llama-like models; nothing on GPT-2, which it has
+#: no patch for). ``liger-matched``: Liger's kernel for each op ``fused_layers.swap`` replaces and
+#: only those (the family patch with the loss fused where it has one, and LigerLayerNorm for the
+#: LayerNorms).
+PARTS = ("fused", "liger", "liger-matched", "compile")
 DEFAULT_VARIANTS = ("bare", "fused", "compile", "fused+compile")
+_KERNEL_PARTS = ("fused", "liger", "liger-matched")  # one at most per variant
 
 
 @dataclass
@@ -21,6 +28,8 @@ class Variant:
     fused: bool = False
     liger: bool = False
     compile: bool = False
+    liger_matched: bool = False
+    """With ``liger``: Liger on swap's ops only (``liger-matched``), not its defaults."""
     notes: list[str] = field(default_factory=list)
     """What ``apply`` did (e.g. the swap record's summary), for the report."""
 
@@ -30,12 +39,14 @@ class Variant:
         name = name.strip()
         parts = [] if name == "bare" else name.split("+")
         unknown = [p for p in parts if p not in PARTS]
-        if not name or unknown or len(set(parts)) != len(parts) or ("fused" in parts and "liger" in parts):
+        kernels = [p for p in parts if p in _KERNEL_PARTS]
+        if not name or unknown or len(set(parts)) != len(parts) or len(kernels) > 1:
             raise ValueError(
                 f"variant {name!r}: expected 'bare' or some of {PARTS} joined by '+' "
-                "(fused and liger exclusive)"
+                "(fused, liger and liger-matched exclusive)"
             )
-        return cls(name, "fused" in parts, "liger" in parts, "compile" in parts)
+        matched = "liger-matched" in parts
+        return cls(name, "fused" in parts, "liger" in parts or matched, "compile" in parts, matched)
 
     @property
     def slug(self) -> str:
@@ -47,10 +58,12 @@ class Variant:
         if self.fused:
             import fused_layers
 
-            record = fused_layers.swap(model)
-            self.notes.append(f"fused_layers.swap: {record.summary()}")
+            # Under compile, each op runs the faster of its custom op and Inductor's code there,
+            # measured now where the cache lacks it; the summary says which.
+            record = fused_layers.swap(model, for_compile=self.compile)
+            self.notes.append(f"fused_layers.swap: {record.summary(under_compile=self.compile)}")
         if self.liger:
-            self.notes.append(f"liger: {apply_liger(model)}")
+            self.notes.append(f"liger: {apply_liger(model, matched=self.liger_matched)}")
         if self.compile:
             model = torch.compile(model)
             self.notes.append("torch.compile(model) (default mode); the optimizer step runs eager")
@@ -66,17 +79,21 @@ def liger_available() -> bool:
     return True
 
 
-def apply_liger(model: torch.nn.Module) -> str:
-    """Liger-Kernel's patch of the ops fused_layers.swap also replaces, on this instance only.
+def apply_liger(model: torch.nn.Module, matched: bool = False) -> str:
+    """Liger-Kernel's patch on this instance only: as users run it, or matched to swap's ops.
 
-    RMSNorm, SwiGLU/GeGLU MLPs and RoPE through ``_apply_liger_kernel_to_instance`` (the model
-    families Liger knows; cross-entropy and fused linear cross-entropy off, as swap has none), then
-    any ``torch.nn.LayerNorm`` left becomes ``LigerLayerNorm`` sharing its Parameters (GPT-2: Liger
-    has LayerNorm only, no plain GELU). Liger's family patch also rebinds classes and functions in
-    the ``transformers`` modeling module; they are restored, so later models are built unpatched
-    and other models keep Hugging Face's functions. Its RoPE (a rebound ``apply_rotary_pos_emb``)
-    is then routed to this model's modules whose forward calls it, the way swap routes the fused
-    one (``fused_layers.routing``; eager only: under torch.compile Hugging Face's function runs).
+    Both go through ``_apply_liger_kernel_to_instance`` (the model families Liger knows; its
+    fused linear cross-entropy becomes the instance's forward, which returns ``logits=None`` in
+    training with labels). Default (``matched=False``): Liger's defaults, what
+    ``apply_liger_kernel_to_<family>(model=model)`` does. ``matched``: RoPE, RMSNorm, SwiGLU/GeGLU
+    MLPs and the fused linear cross-entropy (cross-entropy alone off), then any
+    ``torch.nn.LayerNorm`` left becomes ``LigerLayerNorm`` sharing its Parameters (GPT-2: Liger
+    has LayerNorm only, no plain GELU and no GPT-2 loss). Liger's family patch also rebinds classes
+    and functions in the ``transformers`` modeling module; they are restored, so later models are
+    built unpatched and other models keep Hugging Face's functions. Its RoPE (a rebound
+    ``apply_rotary_pos_emb``) is then routed to this model's modules whose forward calls it, the
+    way swap routes the fused one (``fused_layers.routing``; eager only: under torch.compile
+    Hugging Face's function runs).
     """
     from liger_kernel.transformers import LigerLayerNorm
     from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
@@ -85,17 +102,17 @@ def apply_liger(model: torch.nn.Module) -> str:
     saved = dict(vars(modeling)) if modeling is not None else {}
     before = {name: type(m).__name__ + m._get_name() for name, m in model.named_modules()}
     rebound_functions = {}
+    matched_ops = dict(
+        rope=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=True,
+        rms_norm=True,
+        swiglu=True,
+        geglu=True,
+        layer_norm=True,
+    )
     try:
-        _apply_liger_kernel_to_instance(
-            model=model,
-            rope=True,
-            cross_entropy=False,
-            fused_linear_cross_entropy=False,
-            rms_norm=True,
-            swiglu=True,
-            geglu=True,
-            layer_norm=True,
-        )
+        _apply_liger_kernel_to_instance(model=model, **(matched_ops if matched else {}))
     finally:
         for key, value in saved.items():
             if vars(modeling).get(key) is not value:
@@ -107,7 +124,7 @@ def apply_liger(model: torch.nn.Module) -> str:
         1 for name, m in model.named_modules() if before.get(name) != type(m).__name__ + m._get_name()
     )
     layer_norms = 0
-    for path, module in list(model.named_modules()):
+    for path, module in list(model.named_modules()) if matched else ():
         if (
             type(module) is torch.nn.LayerNorm
             and len(module.normalized_shape) == 1
@@ -124,9 +141,12 @@ def apply_liger(model: torch.nn.Module) -> str:
             parent, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent), name, liger)
             layer_norms += 1
+    family_loss = "forward" in vars(model)  # the fused linear cross-entropy: an instance forward
     return (
-        f"patched {patched} modules by family, LayerNorm -> LigerLayerNorm x{layer_norms}, "
-        f"{', '.join(sorted(rebound_functions)) or 'no function'} routed to Liger's in {routed} modules"
+        f"{'matched to swap' if matched else 'defaults'}: patched {patched} modules by family, "
+        f"LayerNorm -> LigerLayerNorm x{layer_norms}, "
+        f"{', '.join(sorted(rebound_functions)) or 'no function'} routed to Liger's in {routed} modules, "
+        f"{'fused linear cross-entropy forward' if family_loss else 'loss unchanged'}"
     )
 
 
