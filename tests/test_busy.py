@@ -733,7 +733,9 @@ def test_swappable_is_what_fused_layers_swap_replaces():
 
     ops_of = {name: row.op for row in SWAPPABLE for name in row.classes}
     for rule in TABLE:
-        if isinstance(rule.source, str):
+        # The loss and causal-mask rows save memory and attention time, not memory-bound kernel time:
+        # the memory_peak and attention findings speak for them, not the fusible_layers prediction.
+        if isinstance(rule.source, str) and rule.op in FUSED_BYTES_FACTOR:
             assert ops_of.get(rule.source.partition(":")[2]) == rule.op, rule.source
 
     import importlib

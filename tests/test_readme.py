@@ -66,6 +66,8 @@ weight, bias = torch.randn(256), torch.randn(256)
 gate, up = torch.randn(4, 64, 256), torch.randn(4, 64, 256)
 q, k = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 16, 32)
 cos, sin = torch.randn(2, 16, 32), torch.randn(2, 16, 32)
+hidden, lm_head = torch.randn(2, 16, 64), torch.nn.Linear(64, 1000, bias=False)
+labels = torch.randint(0, 1000, (2, 16))
 """,
 }
 
