@@ -7,3 +7,7 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 """What a folder's trace files end with, gzipped or not."""
 SYNCSITES_SUFFIX = ".syncsites.json"
 """`<worker>.syncsites.json`: the captured sync sites beside a worker's traces (DEVELOPING.md)."""
+SESSION_METADATA_KEY = "trainprof"
+"""A top-level key of a trace the session flushed at its stop: `{"steps_ended": N}`, the steps that
+ended in the process by then. `ProfilerStep#k` with k >= N was cut short by the loop's end; the
+session's analysis and `trainprof analyze` both leave it out."""

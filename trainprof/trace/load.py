@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib serves wher
     from zlib import decompressobj as _decompressobj
     from zlib import error as _InflateError
 
-from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIXES
+from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIXES
 from trainprof.trace.model import CATEGORY_ALIASES, FRAME_CATEGORIES, KEPT_CATEGORIES, EventTable, Trace
 from trainprof.user_code import CodeLayout
 
@@ -102,6 +102,10 @@ class TraceLoadError(ValueError):
     """A path that is not a readable torch.profiler trace; the message names the file and the problem."""
 
 
+class NoFinishedStep(TraceLoadError):
+    """A window the session flushed at its stop whose only recorded step never ended: nothing to analyse."""
+
+
 def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | None = None) -> list[Trace]:
     """Load one trace file, or every trace in a folder (one per rank/worker), sorted by rank then name.
 
@@ -117,14 +121,19 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
             root = run
         files = trace_files(root)
         traces = []
+        unfinished = []
         for index, file in enumerate(files):
             if on_file is not None:
                 on_file(file, index, len(files))
             try:
                 traces.append(load_trace(file))
+            except NoFinishedStep as error:
+                unfinished.append(error)
             except TraceLoadError:
                 if file.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) or len(files) == 1:
                     raise
+        if not traces and unfinished:
+            raise unfinished[0]
         if not traces:
             raise TraceLoadError(f"{root}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
         traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.path.name))
@@ -236,7 +245,7 @@ def load_trace(path: str | Path) -> Trace:
     sites_path = sync_sites_path(path)
     sites = read_sync_sites(sites_path) if sites_path.is_file() else None
     layout = read_code_layout(sites_path) if sites is not None else None
-    return Trace(
+    trace = Trace(
         path=path,
         worker=worker,
         rank=rank,
@@ -251,6 +260,28 @@ def load_trace(path: str | Path) -> Trace:
         sync_sites_path=sites_path if sites is not None else None,
         code_layout=layout,
     )
+    mark = metadata.get(SESSION_METADATA_KEY)
+    steps_ended = mark.get("steps_ended") if isinstance(mark, dict) else None
+    if type(steps_ended) is int and not drop_unfinished_steps(trace, steps_ended):
+        raise NoFinishedStep(f"{path}: holds no step that ended (the loop stopped inside the window's first "
+                             "recorded step); profile more steps")
+    return trace
+
+
+_PROFILER_STEP = re.compile(r"ProfilerStep#(\d{1,18})")
+
+
+def drop_unfinished_steps(trace: Trace, steps_ended: int) -> bool:
+    """Remove the `ProfilerStep#k` ranges with k >= `steps_ended` (steps the loop never finished:
+    torch closes the current one when it stops); True when a profiler step remains."""
+    annotations = trace.events["user_annotation"]
+    steps = ((i, _PROFILER_STEP.fullmatch(name)) for i, name in enumerate(trace.names))
+    number = {i: int(match.group(1)) for i, match in steps if match}
+    unfinished = [i for i, step in number.items() if step >= steps_ended]
+    if unfinished:
+        annotations = annotations.select(~np.isin(annotations.name, unfinished))
+        trace.events["user_annotation"] = annotations
+    return any(int(i) in number for i in np.unique(annotations.name))
 
 
 class _CompleteArgs(msgspec.Struct, gc=False):
@@ -369,6 +400,8 @@ class _Document(msgspec.Struct, Generic[EventT]):
     distributedInfo: Any = None  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
     traceName: Any = None  # noqa: N815
+    trainprof: Any = None
+    """The session's mark on a window it flushed at its stop (trainprof.files.SESSION_METADATA_KEY)."""
 
 
 def _as_list(value: Any) -> list:
