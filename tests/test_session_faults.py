@@ -105,7 +105,8 @@ def test_sessions_in_two_threads_never_end_either_thread(tmp_path):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            threads = [threading.Thread(target=run, args=(t,), name=n) for t, n in ((thread_a, "a"), (thread_b, "b"))]
+            threads = [threading.Thread(target=run, args=(target,), name=name)
+                       for target, name in ((thread_a, "a"), (thread_b, "b"))]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -294,7 +295,7 @@ def test_the_users_showwarning_installed_in_a_window_stays(tmp_path):
         assert warnings.showwarning is users_showwarning
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            warnings.warn("from the user")
+            warnings.warn("from the user", stacklevel=1)
         assert shown == ["from the user"]
     finally:
         warnings.showwarning = before

@@ -71,18 +71,30 @@ def max_trace_bytes() -> int:
     text = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
     if not text:
         return DEFAULT_MAX_TRACE_BYTES
-    limit = parse_size(text)
+    try:
+        limit = parse_size(text)
+    except ValueError as error:
+        raise TraceLoadError(f"{MAX_TRACE_BYTES_ENV}: {error}") from None
     if limit is None:
         raise TraceLoadError(f"{MAX_TRACE_BYTES_ENV}={text!r}: not a size (bytes, or e.g. 8G)")
     return limit
 
 
+LARGEST_SIZE_LIMIT = 2**53
+"""The largest size limit taken (8192T): beyond any memory, and inflating takes its lengths as C sizes."""
+
+
 def parse_size(text: str) -> int | None:
-    """`123`, `64K`, `8G` ... as bytes (powers of 1024); None when `text` is not a size."""
+    """`123`, `64K`, `8G` ... as bytes (powers of 1024); None when `text` is not a size.
+
+    ValueError for a size above `LARGEST_SIZE_LIMIT`."""
     match = re.fullmatch(r"\s*(\d{1,15})\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if match is None:
         return None
-    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+    size = int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+    if size > LARGEST_SIZE_LIMIT:
+        raise ValueError(f"{text.strip()!r} is too large (at most {LARGEST_SIZE_LIMIT // 2**40}T)")
+    return size
 
 
 @contextlib.contextmanager
@@ -670,8 +682,9 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
     count = len(events)
     args = [event.args or _NO_INSTANT_ARGS for event in events]
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
-    device = np.fromiter([arg.device_type for arg in args], dtype=np.int64, count=count)
-    keep = (device == 1) & np.isfinite(allocated)  # 1 = CUDA
+    # Compared as Python ints: a Device Type outside int64 (2**63) is simply not CUDA.
+    on_cuda = np.fromiter([arg.device_type == 1 for arg in args], dtype=bool, count=count)  # 1 = CUDA
+    keep = on_cuda & np.isfinite(allocated)
     kept = list(itertools.compress(events, keep.tolist())) if not keep.all() else events
     return EventTable.from_columns(
         [event.ts for event in kept],

@@ -43,6 +43,10 @@ CATEGORY_ALIASES = {
 # Categories whose events nest by time on a CPU thread and describe "what the code was doing".
 FRAME_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
 _FRAME_CATEGORY_NAMES = np.array(FRAME_CATEGORIES, dtype=object)  # code -> name, for whole arrays
+MAX_TIME_US = 2.0**53
+"""The largest start (in magnitude) and duration an event may have: 285 years of microseconds, far
+past any clock a trace uses (epoch microseconds are ~1.8e15), and exact in a float64; sums and
+differences of such times never overflow."""
 # Profiler timestamps are rounded to ns: a child may overhang its parent by 1 ns.
 NESTING_SLACK_US = 1e-3
 
@@ -83,15 +87,16 @@ class EventTable:
     ) -> EventTable:
         """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread` optional).
 
-        Events whose start or end is not a finite number are left out, and a negative duration
-        counts as 0: no real trace has them, and one such event would break every interval question.
+        Events whose start or duration is not a number within `MAX_TIME_US` are left out, and a
+        negative duration counts as 0: no real trace has them, and one such event would break every
+        interval question (near 1e308, a start plus a duration overflows to inf).
         """
         start_us = _column(start, np.float64)
         dur_us = np.maximum(_column(dur, np.float64), 0.0)
-        finite = np.isfinite(start_us + dur_us)
+        timed = (np.abs(start_us) <= MAX_TIME_US) & (dur_us <= MAX_TIME_US)  # False for NaN
         order = np.argsort(start_us, kind="stable")
-        if not finite.all():
-            order = order[finite[order]]
+        if not timed.all():
+            order = order[timed[order]]
         return cls(
             start_us=start_us[order],
             dur_us=dur_us[order],
