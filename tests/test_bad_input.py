@@ -125,7 +125,11 @@ def test_size_limit_flag_and_env(tmp_path, capsys, monkeypatch):
     trace = write_trace(tmp_path / "w.pt.trace.json", small_trace(50))
     size = trace.stat().st_size
     assert_one_line_error(analyze_cli(trace, capsys, "--max-trace-bytes", str(size - 1)), "more than")
-    assert_ok(analyze_cli(trace, capsys, "--max-trace-bytes", str(size)))
+    # These compact events have fewer than 128 bytes per object: the limit applies to their count.
+    counted = 128 * trace.read_bytes().count(b"{")
+    assert counted > size
+    assert_one_line_error(analyze_cli(trace, capsys, "--max-trace-bytes", str(counted - 1)), "JSON objects")
+    assert_ok(analyze_cli(trace, capsys, "--max-trace-bytes", str(counted)))
     packed = tmp_path / "p.pt.trace.json.gz"
     packed.write_bytes(gzip.compress(trace.read_bytes()))
     monkeypatch.setenv("TRAINPROF_MAX_TRACE_BYTES", str(packed.stat().st_size))  # the gzip fits
@@ -141,6 +145,8 @@ def test_size_limit_flag_and_env(tmp_path, capsys, monkeypatch):
 def test_deep_nesting_is_one_line(tmp_path, capsys):
     deep = tmp_path / "deep.json"
     deep.write_bytes(b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}")
+    assert_one_line_error(analyze_cli(deep, capsys), "malformed trace event")  # not an event: not read on
+    deep.write_bytes(b'{"traceEvents": [{"ph": "X", "more": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}")
     assert_one_line_error(analyze_cli(deep, capsys), "nested too deeply")
 
 
