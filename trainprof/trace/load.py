@@ -586,7 +586,9 @@ def _sync_sites_too_large(path: Path, what: str) -> str:
     return f"{path}: {what} (the limit of a sync sites file: sessions write kilobytes)"
 
 
-def _read_json(path: Path, limit: int, factor: int, too_large: Callable[[Path, str], str]) -> bytes:
+def _read_json(
+    path: Path, limit: int, factor: int, too_large: Callable[[Path, str], str]
+) -> bytes | bytearray:
     """The file's JSON text, gunzipped when it is gzip; regular files only. TraceLoadError (its
     message from `too_large` for the size) past `limit` counted bytes, or when `factor` x its
     counted size does not fit in the memory the process may still allocate (trainprof.trace.budget)."""
@@ -600,8 +602,9 @@ def _read_json(path: Path, limit: int, factor: int, too_large: Callable[[Path, s
             if info.st_size > limit:
                 raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
             budget.check_memory(info.st_size, 0, 1)
-            # A size of 0 may still hold text (/proc files): read those up to the limit only.
-            text = file.read() if info.st_size else file.read(limit + 1)
+            # A size of 0 may still hold text (/proc files): read those up to the limit only, in
+            # pieces (read(limit + 1) would allocate the limit at once).
+            text = file.read() if info.st_size else b"".join(_pieces_up_to(file, limit + 1))
     except OSError as error:
         raise TraceLoadError(f"{path}: cannot read ({error.strerror or error})") from None
     except budget.OutOfMemory as error:
@@ -625,7 +628,13 @@ def _read_json(path: Path, limit: int, factor: int, too_large: Callable[[Path, s
     return text
 
 
-def _gunzip(path: Path, raw: bytes, limit: int, too_large: Callable[[Path, str], str]) -> bytes:
+def _pieces_up_to(file: Any, most: int) -> Iterator[bytes]:
+    while most > 0 and (piece := file.read(min(most, 2**20))):
+        most -= len(piece)
+        yield piece
+
+
+def _gunzip(path: Path, raw: bytes, limit: int, too_large: Callable[[Path, str], str]) -> bytes | bytearray:
     try:
         text = budget.gunzip(raw, limit, room=lambda size: budget.check_memory(size, 0, 1))
     except (budget.InflateError, EOFError, OSError) as error:
