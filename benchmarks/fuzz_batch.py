@@ -86,6 +86,8 @@ def work(seeds: range, queue) -> None:
                 record.update(test_fuzz.run_mutant(seed, folder, FIXTURES))
             except test_fuzz.Outcome as failure:
                 record["failure"] = str(failure)[:600]
+            except Exception as error:  # noqa: BLE001 - the fuzzer's own bug: counted, the batch goes on
+                record["failure"] = f"seed {seed}: making the mutant failed: {type(error).__name__}: {error}"
             record["wall_s"] = time.perf_counter() - start
             record["cpu_s"] = time.process_time() - cpu
             record["peak_growth"] = max(_status("VmHWM:") - before, 0)

@@ -110,7 +110,9 @@ def base_documents(fixtures: Path) -> tuple[dict, ...]:
 
 
 def _some(rng: random.Random, events: list, most: int = 20) -> list:
-    return [rng.randrange(len(events)) for _ in range(rng.randint(1, most))] if events else []
+    """Indices of up to `most` events that are objects (another mutation may have added others)."""
+    objects = [i for i, event in enumerate(events) if isinstance(event, dict)]
+    return [rng.choice(objects) for _ in range(rng.randint(1, most))] if objects else []
 
 
 def drop_field(rng, doc):
@@ -177,7 +179,8 @@ def many_steps(rng, doc):
     if not events:
         return
     count = rng.randint(100, 3000)
-    t0 = min((e["ts"] for e in events if isinstance(e.get("ts"), (int, float))), default=0)
+    t0 = min((e["ts"] for e in events if isinstance(e, dict) and isinstance(e.get("ts"), (int, float))),
+             default=0)
     width = rng.choice((0, 1, 10, 1000))
     for _ in range(count):
         number = rng.randint(0, 10 ** rng.randint(1, 30))
@@ -201,8 +204,7 @@ def deep_nesting(rng, doc):
         for _ in range(depth):
             nested = [nested]
         events = doc["traceEvents"]
-        if events:
-            i = rng.randrange(len(events))
+        for i in _some(rng, events, 1):
             events[i] = {**events[i], "args": {"correlation": nested}}
         return None
     text = json.dumps(doc).encode()
@@ -281,6 +283,7 @@ def event_class(event: dict) -> str:
     if not isinstance(event, dict):
         return "other"
     phase, category, name = event.get("ph"), event.get("cat"), str(event.get("name", ""))
+    category = category if isinstance(category, str) else None
     if phase == "M":
         return "metadata"
     if phase in ("s", "t", "f"):
@@ -408,7 +411,8 @@ def class_fields(rng, doc, kind: str | None = None):
     events = doc["traceEvents"]
     by_class: dict[str, list[int]] = {}
     for i, event in enumerate(events):
-        by_class.setdefault(event_class(event), []).append(i)
+        if isinstance(event, dict):
+            by_class.setdefault(event_class(event), []).append(i)
     if kind not in by_class:
         if not by_class:
             return
@@ -676,6 +680,8 @@ def make_mutant(seed: int, folder: Path, fixtures: Path) -> tuple[Path, str]:
         class_fields(rng, doc, forced)
         applied.append(f"fields of {forced}")
     for _ in range(rng.choice((0, 0, 1, 2)) if text is None else 0):
+        if not isinstance(doc["traceEvents"], list):  # odd_metadata replaced the events: nothing to mutate
+            break
         mutation = rng.choice(MUTATIONS)
         applied.append(mutation.__name__)
         text = mutation(rng, doc)
