@@ -270,6 +270,17 @@ DOCUMENT_MUTATIONS = (
 # class is read from its phase, category and name (`event_class`).
 
 BIG_INTS = (2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30)
+ODD_INTS = (0, -1, 1, 7, *BIG_INTS)
+ODD_FLOATS = (0.0, -0.0, -1.5, 1e-9, 1e15, 2.0**53 + 1, 1.7e308, -1.7e308, 5e-324)
+TYPED_SHARE = 0.7
+"""The share of field mutants whose odd values all have the type the loader reads the field as
+(they reach the analyses); the others take any odd value (the loader must refuse it in one line)."""
+
+
+def _odd(rng, typed: bool, *pools: tuple) -> object:
+    """An odd value: from the `pools` (values of the field's type) when `typed`, else any."""
+    pool = tuple(value for values in pools for value in values)
+    return rng.choice(pool) if pool and typed else rng.choice(ODD_VALUES + BIG_INTS)
 RUNTIME_CALLS = (
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "hipGraphLaunch",
     "hipLaunchKernel", "hipExtModuleLaunchKernel", "cudaMemcpyAsync", "cudaMemcpy", "cudaMemsetAsync",
@@ -300,6 +311,12 @@ def event_class(event: dict) -> str:
     }.get(category, "other")
 
 
+def _number(event: dict, key: str) -> float:
+    """The event's number at `key`, 0 when it has none (another mutation may have retyped it)."""
+    value = event.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
 def _args(event: dict) -> dict:
     args = event.get("args")
     if not isinstance(args, dict):
@@ -307,22 +324,23 @@ def _args(event: dict) -> dict:
     return args
 
 
-def _step_field(rng, event, events):
+def _step_field(rng, event, events, typed):
     roll = rng.random()
     if roll < 0.35:
         event["name"] = rng.choice(("ProfilerStep#0", "ProfilerStep#-3", "ProfilerStep#" + "7" * 19,
                                     "ProfilerStep#" + str(rng.choice(BIG_INTS)), "ProfilerStep#1.5",
                                     "ProfilerStep#٣", "ProfilerStep# 4", "ProfilerStep#4\n"))
     elif roll < 0.6:
-        event["dur"] = rng.choice((0, -5, 1e-9, 1e15, 2.0**53 + 1, event.get("dur", 0) * 1000))
+        event["dur"] = rng.choice((0, -5, 1e-9, 1e15, 2.0**53 + 1, _number(event, "dur") * 1000))
     elif roll < 0.8:  # the step moved over another one, or nested inside itself
-        event["ts"] = event.get("ts", 0) + rng.choice((-1, 1)) * rng.random() * (event.get("dur") or 1000)
-        events.append({**event, "dur": (event.get("dur") or 10) / 2})
+        span = _number(event, "dur") or 1000
+        event["ts"] = _number(event, "ts") + rng.choice((-1, 1)) * rng.random() * span
+        events.append({**event, "dur": span / 2})
     else:
         events.append(dict(event))  # the same step twice
 
 
-def _python_field(rng, event, events):
+def _python_field(rng, event, events, typed):
     name = str(event.get("name", "f.py(1): f"))
     file, _, rest = name.partition("(")
     function = rest.partition("): ")[2] or "f"
@@ -333,69 +351,75 @@ def _python_field(rng, event, events):
         f"/abs/{file}(4): {function}", f"{file}(5): <lambda>", f"{file}(6): " + "[/x]" * 3,
     ))
     if rng.random() < 0.3:
-        _args(event)["Python id"] = rng.choice(ODD_VALUES + BIG_INTS)
-        _args(event)["Python parent id"] = rng.choice(ODD_VALUES + BIG_INTS)
+        _args(event)["Python id"] = _odd(rng, typed, ODD_INTS)
+        _args(event)["Python parent id"] = _odd(rng, typed, ODD_INTS)
 
 
-def _op_field(rng, event, events):
+def _op_field(rng, event, events, typed):
     args = _args(event)
     key = rng.choice(("Sequence number", "Fwd thread id", "Input Dims", "External id", "Record function id"))
-    args[key] = rng.choice(ODD_VALUES + BIG_INTS + (0, 1, 2, 12345))
+    args[key] = _odd(rng, typed, ODD_INTS, (2, 12345))
     if rng.random() < 0.3:
         event["name"] = rng.choice(("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::copy_",
                                     "autograd::engine::evaluate_function: MmBackward0", "aten::to"))
 
 
-def _runtime_field(rng, event, events):
+def _runtime_field(rng, event, events, typed):
     if rng.random() < 0.5:
         event["name"] = rng.choice(RUNTIME_CALLS)
     args = _args(event)
     others = [e.get("args", {}).get("correlation") for e in events if isinstance(e, dict)
               and isinstance(e.get("args"), dict)]
-    args["correlation"] = rng.choice(ODD_VALUES + BIG_INTS + tuple(others[:50] or [1]))
+    args["correlation"] = _odd(rng, typed, ODD_INTS, tuple(o for o in others[:50] if type(o) is int))
 
 
-def _kernel_field(rng, event, events):
+def _kernel_field(rng, event, events, typed):
     args = _args(event)
     key = rng.choice(("correlation", "stream", "device", "grid", "block", "External id", "queued"))
-    args[key] = rng.choice(ODD_VALUES + BIG_INTS + (0, 7, [1, 1, 1]))
+    args[key] = _odd(rng, typed, ODD_INTS, ([1, 1, 1],) if key != "correlation" else ())
     roll = rng.random()
     if roll < 0.3:  # before its own launch, or long after the trace
-        event["ts"] = event.get("ts", 0) + rng.choice((-1e6, -1, 1e9))
+        event["ts"] = _number(event, "ts") + rng.choice((-1e6, -1, 1e9))
     elif roll < 0.5:
         event["dur"] = rng.choice((0, -1, 1e-3, 1e12))
     elif roll < 0.6:
         event["pid"], event["tid"] = rng.choice(((0, 7), ("0", "stream 7"), (-1, -1), (2**63, 1)))
 
 
-def _copy_field(rng, event, events):
+def _copy_field(rng, event, events, typed):
     args = _args(event)
-    args["bytes"] = rng.choice((0, -1, 1e308, 2**80, "1024", None, 1.5))
+    args["bytes"] = _odd(rng, typed, ODD_FLOATS, ODD_INTS)
     if rng.random() < 0.3:
         event["name"] = rng.choice(("Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pinned -> Device)",
                                     "Memset (Device)", "Memcpy PtoP (Device -> Device)"))
 
 
-def _memory_field(rng, event, events):
+def _memory_field(rng, event, events, typed):
     args = _args(event)
     key = rng.choice(("Device Type", "Total Allocated", "Total Reserved", "Bytes", "Addr", "Device Id"))
-    args[key] = rng.choice(ODD_VALUES + BIG_INTS + (0, 1, 1.0, 1e308, -1e308))
+    pools = (ODD_INTS,) if key == "Device Type" else (ODD_FLOATS, ODD_INTS, (None,))
+    args[key] = _odd(rng, typed, *pools)
     if rng.random() < 0.3:
-        event["ts"] = rng.choice((-1.0, 0.0, 1e18, event.get("ts", 0)))
+        event["ts"] = rng.choice((-1.0, 0.0, 1e18, _number(event, "ts")))
 
 
-def _flow_field(rng, event, events):
+def _flow_field(rng, event, events, typed):
     key = rng.choice(("id", "bp", "ph", "ts"))
-    event[key] = rng.choice(ODD_VALUES + ("s", "f", "t", "e"))
+    pools = {"ts": (ODD_FLOATS,), "ph": (("s", "f", "t", "e", "X", "i"),)}.get(key, (ODD_INTS, ("",)))
+    event[key] = _odd(rng, typed, *pools)
 
 
-def _metadata_field(rng, event, events):
+def _metadata_field(rng, event, events, typed):
     args = _args(event)
     args[rng.choice(("name", "labels", "sort_index"))] = rng.choice(ODD_VALUES + HOSTILE_NAMES)
 
 
-def _generic_field(rng, event, events):
-    event[rng.choice(("ts", "dur", "pid", "tid", "name", "cat", "ph"))] = rng.choice(ODD_VALUES + BIG_INTS)
+def _generic_field(rng, event, events, typed):
+    key = rng.choice(("ts", "dur", "pid", "tid", "name", "cat", "ph"))
+    pools = {"ts": (ODD_FLOATS,), "dur": (ODD_FLOATS,), "pid": (ODD_INTS, ("0", "")),
+             "tid": (ODD_INTS, ("x",)), "name": (HOSTILE_NAMES,), "cat": (CATEGORIES,),
+             "ph": (tuple("XiBEMsf"),)}[key]
+    event[key] = _odd(rng, typed, *pools)
 
 
 FIELD_MUTATIONS = {
@@ -417,9 +441,10 @@ def class_fields(rng, doc, kind: str | None = None):
         if not by_class:
             return
         kind = rng.choice(sorted(by_class))
+    typed = rng.random() < TYPED_SHARE
     for i in rng.sample(by_class[kind], min(len(by_class[kind]), rng.randint(1, 30))):
         event = events[i] = copy.deepcopy(events[i])
-        FIELD_MUTATIONS[kind](rng, event, events)
+        FIELD_MUTATIONS[kind](rng, event, events, typed)
 
 
 MUTATIONS = DOCUMENT_MUTATIONS + (class_fields, class_fields, class_fields)
