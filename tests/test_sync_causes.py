@@ -8,6 +8,7 @@ calls and their GPU copies joined by correlation id, inside one `ProfilerStep#` 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -546,8 +547,10 @@ def test_recorded_layout_decides_ambiguous_top_level_names():
 
 
 def test_layout_round_trips_and_knows_this_process():
-    layout = current_layout()
-    assert "torch" in layout.library_packages and layout.version_of("torch")
+    layout = current_layout(versions=True)  # versions from the installed distributions (the capture's)
+    assert "torch" in layout.library_packages
+    assert layout.version_of("torch") == importlib.metadata.version("torch")
+    assert current_layout().versions == ()  # the analysis's fallback layout needs none
     assert CodeLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
     assert CodeLayout.from_dict({"roots": [3, "/x"], "user_packages": "nope"}) == CodeLayout(roots=("/x/",))
     assert CodeLayout.from_dict(["not", "a", "layout"]) is None
