@@ -187,14 +187,15 @@ def test_warnings_as_errors_with_markupsafe_loaded_still_profile(tmp_path):
     under -W error the warning failed the recorded step: the run was `not-profiled`."""
     pytest.importorskip("markupsafe")
     script = _script(f"""
-        import markupsafe, torch, trainprof
+        import json, markupsafe, torch, trainprof
         model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with trainprof.session(log_dir={str(tmp_path)!r}, run_name="run", wait=0, warmup=1, active=2,
                                console=False, tensorboard_scalars=False) as sess:
             for _ in range(4):
                 model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
         print("VERDICT", sess.summary.verdict)
-        print("VERSION", dict(sess._capture.layout.versions).get("markupsafe"))
+        sites = json.load(open(sess.run_dir / (sess.worker + ".syncsites.json")))
+        print("VERSION", sites["code_layout"]["versions"].get("markupsafe"))
     """, tmp_path)
     result = subprocess.run([sys.executable, "-W", "error", str(script)], capture_output=True, text=True,
                             env=_env(), cwd=tmp_path, timeout=240)

@@ -527,8 +527,11 @@ class Session:
             self._failure = ("exporting the trace", exc)
 
     def _write_sync_sites(self) -> None:
+        from trainprof.user_code import with_versions
+
         path = self.run_dir / f"{self.worker}{SYNCSITES_SUFFIX}"
         layout = self._capture.layout if self._capture is not None else None
+        layout = with_versions(layout) if layout is not None else None
         payload = {
             "version": 2,
             "worker": self.worker,

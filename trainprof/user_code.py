@@ -90,7 +90,7 @@ class CodeLayout:
     `library_packages` / `user_packages`: top-level module names the process imported from a
     library root / from the user's folders (the main script's name counts as the user's);
     `versions`: `(top-level name, version)` of the library packages whose installed distribution
-    gives one (`importlib.metadata`; only the live capture reads them, see `current_layout`).
+    gives one (`with_versions`: the session records them beside the sync sites).
     """
 
     roots: tuple[str, ...] = ()
@@ -179,21 +179,22 @@ def _module_folder(module: Any) -> str | None:
     return file.replace("\\", "/")
 
 
-def current_layout(versions: bool = False) -> CodeLayout:
-    """This process's layout, from the top-level modules it has imported (~1 ms; cached per import set).
-
-    `versions`: also the library packages' versions, from their installed distributions' metadata
-    (the first call reads every distribution's file list, ~50 ms; the capture asks in a warm-up step).
-    Never from `module.__version__`: some libraries warn on reading it (MarkupSafe 3), and under
-    `python -W error` that warning raised inside the profiled step.
-    """
+def current_layout() -> CodeLayout:
+    """This process's layout, from the top-level modules it has imported (~1 ms; cached per import set)."""
     _installation_roots()  # first: its first call imports a module, which would change the import set
     top_level = tuple(sorted(name for name in list(sys.modules) if "." not in name))
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
-    layout = _layout_for(top_level, main_file if isinstance(main_file, str) else None)
-    if not versions:
-        return layout
+    return _layout_for(top_level, main_file if isinstance(main_file, str) else None)
+
+
+def with_versions(layout: CodeLayout) -> CodeLayout:
+    """`layout` with its library packages' versions, from their installed distributions' metadata.
+
+    The first call reads every distribution's file list (~50 ms): the session asks when it writes a
+    window's sync sites, beside the export. Never `module.__version__`: some libraries warn on
+    reading it (MarkupSafe 3), and under `python -W error` a warning is an exception.
+    """
     found = ((name, _installed_version(name)) for name in sorted(layout.library_packages))
     return dataclasses.replace(layout, versions=tuple((name, v) for name, v in found if v is not None))
 

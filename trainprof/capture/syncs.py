@@ -225,7 +225,7 @@ class SyncCapture:
         analysis would count it as the user's host time.
         """
         if self.layout is None:
-            self.layout = current_layout(versions=True)
+            self.layout = current_layout()
         if self._undo:  # already installed (paused or active)
             return
         import torch
