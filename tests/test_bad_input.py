@@ -125,7 +125,11 @@ def test_size_limit_flag_and_env(tmp_path, capsys, monkeypatch):
     trace = write_trace(tmp_path / "w.pt.trace.json", small_trace(50))
     size = trace.stat().st_size
     assert_one_line_error(analyze_cli(trace, capsys, "--max-trace-bytes", str(size - 1)), "more than")
-    assert_ok(analyze_cli(trace, capsys, "--max-trace-bytes", str(size)))
+    # These compact events have fewer than 128 bytes per object: the limit applies to their count.
+    counted = 128 * trace.read_bytes().count(b"{")
+    assert counted > size
+    assert_one_line_error(analyze_cli(trace, capsys, "--max-trace-bytes", str(counted - 1)), "JSON objects")
+    assert_ok(analyze_cli(trace, capsys, "--max-trace-bytes", str(counted)))
     packed = tmp_path / "p.pt.trace.json.gz"
     packed.write_bytes(gzip.compress(trace.read_bytes()))
     monkeypatch.setenv("TRAINPROF_MAX_TRACE_BYTES", str(packed.stat().st_size))  # the gzip fits
@@ -141,6 +145,8 @@ def test_size_limit_flag_and_env(tmp_path, capsys, monkeypatch):
 def test_deep_nesting_is_one_line(tmp_path, capsys):
     deep = tmp_path / "deep.json"
     deep.write_bytes(b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}")
+    assert_one_line_error(analyze_cli(deep, capsys), "malformed trace event")  # not an event: not read on
+    deep.write_bytes(b'{"traceEvents": [{"ph": "X", "more": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}")
     assert_one_line_error(analyze_cli(deep, capsys), "nested too deeply")
 
 
@@ -368,3 +374,66 @@ def test_threads_in_linear_time(tmp_path):
     assert large["steps"][0]["kernel_count"] == 8_000
     assert large["steps"][0]["launch_count"] == 8_000
     assert growth < 10, f"8x the threads cost {growth:.1f}x the CPU time (linear: 8x; quadratic: up to 64x)"
+
+
+# -- inputs that gave an internal error or noise (issue 21, items 14-15) -----------------------------
+
+
+def test_a_python_frame_line_number_of_thousands_of_digits(tmp_path, capsys):
+    events = small_trace()
+    events[1] = {**events[1], "name": "train.py(" + "9" * 4301 + "): train"}  # int() refuses > 4300 digits
+    result = assert_ok(analyze_cli(write_trace(tmp_path / "t.json", events), capsys))
+    assert [s["step"] for s in result["steps"]] == [0, 1]
+
+
+def test_a_memory_device_type_outside_int64(tmp_path, capsys):
+    events = small_trace()
+    def memory(ts: float, device_type: int, allocated: int) -> dict:
+        return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Device Type": device_type, "Total Allocated": allocated}}
+
+    events += [memory(50, device_type, 4096) for device_type in (2**63, 2**64 + 1, -(2**63) - 1)]
+    events.append(memory(60, 1, 8192))
+    result = assert_ok(analyze_cli(write_trace(tmp_path / "t.json", events), capsys))
+    assert result["steps"][0]["peak_memory_bytes"] == 8192  # the CUDA one only
+
+
+@pytest.mark.parametrize("size", ["999999999999999T", "8193T", "9999999T"])
+def test_a_size_limit_beyond_any_memory_is_refused_by_the_parser(tmp_path, capsys, size):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": small_trace()}).encode()))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", str(path), "--max-trace-bytes", size])
+    assert exit_info.value.code == 2
+    assert "too large" in capsys.readouterr().err
+
+
+def test_the_largest_size_limit_the_parser_takes_reads_a_gzip(tmp_path, capsys):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": small_trace()}).encode()))
+    assert_ok(analyze_cli(path, capsys, "--max-trace-bytes", "8191T"))
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e999"])
+def test_a_threshold_that_is_not_a_finite_number_is_refused(tmp_path, capsys, value):
+    path = write_trace(tmp_path / "t.json", small_trace())
+    line = assert_one_line_error(analyze_cli(path, capsys, "--threshold", f"gpu_bound_busy_pct={value}"))
+    assert "gpu_bound_busy_pct" in line and "finite" in line
+
+
+@pytest.mark.parametrize("field", ["ts", "dur", "both"])
+def test_times_near_the_largest_float_print_no_numpy_warning(tmp_path, field):
+    events = small_trace(3)
+    for i in range(2, len(events), 3):
+        if field in ("ts", "both"):
+            events[i] = {**events[i], "ts": 1.7e308}
+        if field in ("dur", "both"):
+            events[i] = {**events[i], "dur": 1.7e308}
+    events.append(event("kernel", "late", 1.79e308, 1.79e308, pid=0, tid=7, correlation=2))
+    events.append(event("cuda_runtime", "cudaMemcpyAsync", 10, 1.0e308, correlation=99))
+    events.append(event("gpu_memcpy", "Memcpy HtoD", 30, 1e308, pid=0, tid=7, correlation=99, bytes=1e308))
+    path = write_trace(tmp_path / "t.json", events)
+    result = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "trainprof", "analyze",
+                             str(path), "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+    assert json.loads(result.stdout)["steps"]

@@ -18,6 +18,8 @@ from trainprof.capture.syncs import SYNC_WARNING_RE
 from trainprof.config import SessionConfig
 from trainprof.session import Session, worker_name
 
+session_module = importlib.import_module("trainprof.session")  # `trainprof.session` is the function
+
 FAST = {"console": False, "tensorboard_scalars": False}  # outputs not under test stay off
 
 
@@ -41,7 +43,10 @@ def _profiler_steps(trace_file: Path) -> list[int]:
 
 
 def _assert_clean_exit() -> None:
-    assert not torch_optimizer._global_optimizer_post_hooks
+    # One step hook per process, installed once and never removed (removing it could raise in another
+    # thread's optimizer.step()); inert outside a session.
+    hooks = list(torch_optimizer._global_optimizer_post_hooks.values())
+    assert hooks == [session_module._dispatch_optimizer_step] and session_module._ACTIVE is None
     assert not torch.autograd._profiler_enabled()
     assert warnings.showwarning is _ORIGINAL_SHOWWARNING
     assert not getattr(torch.cuda.synchronize, "__wrapped__", None)

@@ -8,6 +8,7 @@ calls and their GPU copies joined by correlation id, inside one `ProfilerStep#` 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from trainprof.analysis.syncs import CAUSES
 from trainprof.capture.syncs import SyncCapture
 from trainprof.catalog import match_sync_site, sync_sites, version_in
 from trainprof.trace import load_traces
-from trainprof.user_code import CodeLayout, current_layout, is_user_file, library_of
+from trainprof.user_code import CodeLayout, current_layout, is_user_file, library_of, with_versions
 
 ITEM_OPS = ["aten::item", "aten::_local_scalar_dense"]
 D2H = [("cudaMemcpyAsync", "Memcpy DtoH (Device -> Pinned)"), ("cudaStreamSynchronize", None)]
@@ -546,8 +547,10 @@ def test_recorded_layout_decides_ambiguous_top_level_names():
 
 
 def test_layout_round_trips_and_knows_this_process():
-    layout = current_layout()
-    assert "torch" in layout.library_packages and layout.version_of("torch")
+    layout = with_versions(current_layout())  # versions from the installed distributions
+    assert "torch" in layout.library_packages
+    assert layout.version_of("torch") == importlib.metadata.version("torch")
+    assert current_layout().versions == ()  # recorded beside the sync sites only
     assert CodeLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
     assert CodeLayout.from_dict({"roots": [3, "/x"], "user_packages": "nope"}) == CodeLayout(roots=("/x/",))
     assert CodeLayout.from_dict(["not", "a", "layout"]) is None

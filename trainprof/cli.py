@@ -91,7 +91,10 @@ def _parser() -> argparse.ArgumentParser:
 def _size(text: str) -> int:
     from trainprof.trace.load import parse_size
 
-    size = parse_size(text)
+    try:
+        size = parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if size is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or e.g. 512M, 8G)")
     return size

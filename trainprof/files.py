@@ -10,3 +10,7 @@ SYNCSITES_SUFFIX = ".syncsites.json"
 PEAKS_SUFFIX = ".peaks.json"
 """`<worker>.peaks.json`: the device's matmul and copy rates the session measured, beside its traces
 (`trainprof.capture.peaks`)."""
+SESSION_METADATA_KEY = "trainprof"
+"""A top-level key of a trace the session flushed at its stop: `{"steps_ended": N}`, the steps that
+ended in the process by then. `ProfilerStep#k` with k >= N was cut short by the loop's end; the
+session's analysis and `trainprof analyze` both leave it out."""

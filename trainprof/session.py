@@ -25,7 +25,14 @@ it); the analysis runs once, at exit, over the last `MAX_WINDOWS` windows (memor
 `repeat=0`).
 
 Only one profiler can run in a process (two overlapping torch profilers crash it): a session that
-finds one running, or sees another start while it runs, steps aside with one warning.
+finds one running (another thread's session included), or sees another start while it runs, steps
+aside with one warning. A session counts the optimizer steps of the thread that started it, in the
+process that started it: another thread's loop, or a child forked inside a window, is not recorded.
+
+Steps are seen through one process-wide optimizer-step hook, installed by the first session and
+never removed (inert outside a session): torch iterates its global hook dict inside every
+`optimizer.step()`, in every thread, and removing or adding a hook while another thread iterates
+it raises in that thread's `optimizer.step()`.
 
 Warnings from trainprof can never raise into the user's loop, even under `python -W error`: they
 are logged instead when the warnings filter turns them into exceptions.
@@ -36,19 +43,21 @@ This module imports no torch at import time: `import trainprof` stays cheap.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import logging
 import os
 import re
 import socket
+import threading
 import warnings
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprof.config import SessionConfig
-from trainprof.files import SYNCSITES_SUFFIX, TRACE_SUFFIX
+from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIX
 from trainprof.gather import GroupHandle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,7 +73,6 @@ MAX_WINDOWS = 8
 # A rank as torchrun writes it: ASCII digits, at most 9 (str.isdigit() also accepts '²', and int()
 # refuses 5000 digits).
 _RANK_VALUE = re.compile(r"[0-9]{1,9}")
-_PROFILER_STEP = re.compile(r"ProfilerStep#(\d{1,18})")
 
 
 def warn(message: str) -> None:
@@ -112,8 +120,11 @@ def worker_name(rank: int | None = None) -> str:
     env RANK / LOCAL_RANK, so ranks never overwrite each other's files even before (or without) a
     process group.
     """
-    if rank is None:
-        rank = process_rank()
+    return _worker_name(process_rank() if rank is None else rank)
+
+
+def _worker_name(rank: int | None) -> str:
+    """`worker_name` for a rank already decided (None: no rank)."""
     host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname().split(".")[0]) or "host"
     name = f"{host}_{os.getpid()}"
     return f"rank{rank}_{name}" if rank is not None else name
@@ -121,6 +132,10 @@ def worker_name(rank: int | None = None) -> str:
 
 _ACTIVE: Session | None = None
 """The session whose profiler runs in this process, if any (torch allows one profiler at a time)."""
+_ACTIVE_LOCK = threading.Lock()
+"""Held while a session claims `_ACTIVE` and while the step hook is installed (threads race there)."""
+_STEP_HOOK: Any = None
+"""The handle of the process-wide optimizer-step hook (`_dispatch_optimizer_step`), once installed."""
 
 _NOT_PROFILED = "not-profiled"
 
@@ -130,6 +145,11 @@ def _not_profiled(reason: str) -> Summary:
     from trainprof.analysis.result import Summary  # its first use imports msgspec, not `import trainprof`
 
     return Summary(verdict=_NOT_PROFILED, reason=reason)
+
+
+_OURS = (Exception, SystemExit)
+"""What trainprof's own code may raise and the session absorbs (rich raises SystemExit on a closed
+stdout); a KeyboardInterrupt is the user's and passes through."""
 
 
 class ProfilerBusy(RuntimeError):
@@ -152,12 +172,12 @@ class Session:
         # folder for the job, as `trainprof analyze` and the cross-rank report expect.
         shared = shared_run_name() if self.config.run_name is None else None
         self._named_run = self.config.run_name is not None or shared is not None
-        self.run_dir = Path(self.config.log_dir) / (shared or self.config.resolved_run_name())
+        self.run_dir = Path(self.config.log_dir).expanduser() / (shared or self.config.resolved_run_name())
         """This run's folder: `run_name`, else the launch's shared name under torchrun (or another
         launcher, `trainprof.run.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
         taken (decided at start)."""
         self.rank = process_rank()
-        self.worker = worker_name(self.rank)
+        self.worker = _worker_name(self.rank)
         self.analysis: Analysis | None = None
         self.findings: list[Finding] = []
         self.summary: Summary = _not_profiled("the session has not ended")
@@ -176,7 +196,10 @@ class Session:
         self._profiler: Any = None
         self._capture: SyncCapture | None = None
         self._compile_counters: dict[str, Any] | None = None  # Dynamo's, read as each window ends
-        self._optimizer_hook: Any = None
+        self._thread: int | None = None
+        """The thread that started the session: only its optimizer steps end steps."""
+        self._pid: int | None = None
+        """The process that started the session: a child forked inside a window records nothing."""
         self._primary_optimizer: weakref.ref[Any] | None = None
         self._manual = False
         self._last_step_by_optimizer = False
@@ -219,22 +242,25 @@ class Session:
             self._start()
         except ProfilerBusy as exc:
             self._step_aside(str(exc), None)
-        except Exception as exc:
+        except _OURS as exc:
             self._step_aside("starting the profiler", exc)
         return self
 
     def _start(self) -> None:
         global _ACTIVE
         import torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-        if _ACTIVE is not None and _ACTIVE._running:
-            raise ProfilerBusy("trainprof: another trainprof session is running in this process; this one "
-                               "steps aside (two profilers at once crash torch), training goes on")
-        if torch.autograd._profiler_enabled():
-            raise ProfilerBusy("trainprof: a torch profiler is already running; the session steps aside "
-                               "so that it keeps recording (two at once crash torch), training goes on")
+        with _ACTIVE_LOCK:  # two threads starting sessions at once: exactly one gets the profiler
+            if _ACTIVE is not None and _ACTIVE._running and _ACTIVE._pid == os.getpid():
+                raise ProfilerBusy("trainprof: another trainprof session is running in this process; this "
+                                   "one steps aside (two profilers at once crash torch), training goes on")
+            if torch.autograd._profiler_enabled():
+                raise ProfilerBusy("trainprof: a torch profiler is already running; the session steps aside "
+                                   "so that it keeps recording (two at once crash torch), training goes on")
+            _install_step_hook()
+            self._running, self._pid, self._thread = True, os.getpid(), threading.get_ident()
+            _ACTIVE = self
         config = self.config
         self._claim_run_dir()
         activities = [ProfilerActivity.CPU]
@@ -261,13 +287,10 @@ class Session:
 
             self._capture = SyncCapture()
         self._nvtx = _nvtx_module()
-        self._running = True
-        _ACTIVE = self
         self._unwatch = _watch_other_profilers(self)
         with torch_noise.quiet_torch_stderr():
             self._profiler.start()
         self._group.capture()
-        self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self._follow_schedule()
 
     def _claim_run_dir(self) -> None:
@@ -286,12 +309,15 @@ class Session:
             return
 
     def stop(self, user_error: bool = False) -> None:
-        """Stop profiling, remove every hook, and (unless the loop raised) analyse and report."""
-        try:
-            self._remove_optimizer_hook()
-        except Exception:
-            logger.debug("trainprof: removing the optimizer step hook failed", exc_info=True)
+        """Stop profiling, undo every hook, and (unless the loop raised) analyse and report.
+
+        Nothing of trainprof's own making leaves it (rich's `SystemExit` on a closed stdout
+        included); a KeyboardInterrupt does, once the profiler is stopped.
+        """
         if not self._running:
+            return
+        if os.getpid() != self._pid:
+            self._leave_forked_child()
             return
         try:
             self._stop_and_report(user_error)
@@ -302,7 +328,7 @@ class Session:
         self._user_error = user_error
         try:
             self._shutdown()  # flushes a partly recorded window through _on_trace_ready
-        except Exception as exc:
+        except _OURS as exc:
             self._step_aside("stopping the profiler", exc)
             return
         if self._failure is not None:
@@ -313,7 +339,7 @@ class Session:
             return
         try:
             self._finish()
-        except Exception as exc:
+        except _OURS as exc:
             self._step_aside("writing the report", exc)
 
     def _across_ranks(self) -> None:
@@ -333,7 +359,7 @@ class Session:
             gathered = gather_summaries(self._group, summary, self.config.gather_timeout_s)
             if gathered is not None:
                 self._write_cross_rank(*gathered)
-        except Exception as exc:  # the cross-rank report must never end the run
+        except _OURS as exc:  # the cross-rank report must never end the run
             logger.debug("trainprof: the cross-rank report failed", exc_info=True)
             warn(f"trainprof: the cross-rank report failed ({type(exc).__name__}: {exc}); each rank's "
                  "own report is written")
@@ -352,32 +378,37 @@ class Session:
         written = write_cross_rank(self.cross_rank, findings, self.run_dir, self._group.world_size, missing)
         self.written["ranks_summary"], self.written["ranks_report"] = written["summary"], written["report"]
         if self.config.console:
-            print_cross_rank(self.cross_rank, written["report"])
+            self._print(print_cross_rank, self.cross_rank, written["report"])
 
     def _shutdown(self) -> None:
         """Stop capturing and profiling; every part is attempted, the first error is raised.
 
-        The optimizer hook stays (inert once not running) until `stop()`: this may run inside that
-        hook, and torch iterates its hook dict while calling it.
+        A KeyboardInterrupt in one part still lets the others run, then is raised.
         """
         global _ACTIVE
         self._running = False
-        if _ACTIVE is self:
-            _ACTIVE = None
+        with _ACTIVE_LOCK:
+            if _ACTIVE is self:
+                _ACTIVE = None
         errors: list[BaseException] = []
         for undo in (self._stop_capture, self._stop_profiler, self._remove_cycle_filter,
                      self._remove_watch, self._close_nvtx):
             try:
                 undo()
-            except Exception as exc:
+            except BaseException as exc:  # noqa: BLE001 - every part runs; the first error is raised
                 errors.append(exc)
         if errors:
-            raise errors[0]
+            raise next((e for e in errors if not isinstance(e, _OURS)), errors[0])
 
-    def _remove_optimizer_hook(self) -> None:
-        if self._optimizer_hook is not None:
-            hook, self._optimizer_hook = self._optimizer_hook, None
-            hook.remove()
+    def _leave_forked_child(self) -> None:
+        """In a child forked while the session ran: record nothing and leave the parent's profiler
+        alone (stopping it here would export the child's copy under the parent's name, or abort)."""
+        self._running = False
+        self._profiler = None
+        self._nvtx = None
+        self._capture = None
+        self.summary = _not_profiled("a process forked inside the session: only the parent is profiled")
+        logger.debug("trainprof: %s", self.summary.reason)
 
     def _remove_cycle_filter(self) -> None:
         entry, self._cycle_filter = self._cycle_filter, None
@@ -400,8 +431,21 @@ class Session:
             from trainprof.capture import torch_noise
 
             profiler, self._profiler = self._profiler, None
+            self._mark_unfinished_step(profiler)
             with torch_noise.quiet_torch_stderr():
                 profiler.stop()
+
+    def _mark_unfinished_step(self, profiler: Any) -> None:
+        """Stopping inside a recorded window exports it with the step that never ended: say so in
+        the trace itself, so that re-analysing the run folder drops that step as the session does."""
+        from torch.profiler import ProfilerAction
+
+        if profiler.current_action not in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            return
+        try:
+            profiler.add_metadata_json(SESSION_METADATA_KEY, json.dumps({"steps_ended": self.steps_ended}))
+        except Exception:  # the session's own analysis still drops the step
+            logger.debug("trainprof: marking the unfinished step failed", exc_info=True)
 
     def _step_aside(self, what: str, exc: BaseException | None) -> None:
         """A failure inside trainprof: warn once, stop everything, let the training loop run on.
@@ -412,7 +456,7 @@ class Session:
         self._discard = True  # a window flushed while stopping is not exported
         try:
             self._shutdown()
-        except Exception:
+        except _OURS:
             logger.debug("trainprof: error while stepping aside", exc_info=True)
         if exc is None:
             message = what
@@ -441,8 +485,8 @@ class Session:
         self._advance()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._manual:
-            return
+        if self._manual or threading.get_ident() != self._thread:
+            return  # another thread's loop (its own session stepped aside): not this session's steps
         # With several optimizers, the first one to step defines the step.
         if self._primary_optimizer is None:
             self._primary_optimizer = weakref.ref(optimizer)
@@ -452,7 +496,7 @@ class Session:
         self._last_step_by_optimizer = True
 
     def _advance(self) -> None:
-        if not self._running:
+        if not self._running or os.getpid() != self._pid:
             return
         self._group.capture()  # a script may create its process group after the session started
         self.steps_ended += 1
@@ -473,7 +517,7 @@ class Session:
                 self._profiler.step()
             if self._failure is None:
                 self._follow_schedule()
-        except Exception as exc:
+        except _OURS as exc:
             self._step_aside("the profiler step", exc)
             return
         if self._failure is not None:
@@ -564,14 +608,20 @@ class Session:
             self._compile_counters = dynamo_counters() or self._compile_counters
             if self._capture is not None or self._compile_counters:
                 self._write_sync_sites()
-        except Exception as exc:
-            for partial in written:  # a failed or truncated export is not left as a trace
+        except BaseException as exc:
+            for partial in written:  # a failed, truncated or interrupted export is not left as a trace
                 partial.unlink(missing_ok=True)
+            if not isinstance(exc, _OURS):  # Ctrl-C: the user's, raised on once the file is gone
+                self._discard = True
+                raise
             self._failure = ("exporting the trace", exc)
 
     def _write_sync_sites(self) -> None:
+        from trainprof.user_code import with_versions
+
         path = self.run_dir / f"{self.worker}{SYNCSITES_SUFFIX}"
         layout = self._capture.layout if self._capture is not None else None
+        layout = with_versions(layout) if layout is not None else None
         payload = {
             "version": 2,
             "worker": self.worker,
@@ -602,25 +652,16 @@ class Session:
 
         torch closes the current `ProfilerStep#N` when it stops; step N never ran to its end, so
         counting it would report a step that is only the time between the last step and the exit.
+        The loader drops it too, from the mark `_mark_unfinished_step` leaves in the trace.
         """
-        import numpy as np
-
         from trainprof.trace import load_traces
+        from trainprof.trace.load import NoFinishedStep, drop_unfinished_steps
 
         traces = []
         for path, _ in self._windows:
-            for trace in load_traces(str(path)):
-                unfinished = [
-                    i for i, name in enumerate(trace.names)
-                    if (m := _PROFILER_STEP.fullmatch(name)) and int(m.group(1)) >= self.steps_ended
-                ]
-                annotations = trace.events["user_annotation"]
-                if unfinished:
-                    annotations = annotations.select(~np.isin(annotations.name, unfinished))
-                    trace.events["user_annotation"] = annotations
-                if any(_PROFILER_STEP.fullmatch(trace.names[i]) for i in set(annotations.name.tolist())):
-                    traces.append(trace)
-        return traces
+            with contextlib.suppress(NoFinishedStep):
+                traces += load_traces(str(path))
+        return [trace for trace in traces if drop_unfinished_steps(trace, self.steps_ended)]
 
     def _finish(self) -> None:
         """At exit: one analysis of the kept windows, then the reports, then say where files went."""
@@ -654,9 +695,13 @@ class Session:
             self.analysis,
             self.run_dir,
             tensorboard_scalars=self.config.tensorboard_scalars,
-            console=self.config.console,
+            console=False,
             rank=self.rank,
         )
+        if self.config.console:
+            from trainprof.report.console import print_report
+
+            self._print(print_report, self.analysis)
         self._say_where(analysed=True)
 
     def _say_nothing_recorded(self) -> None:
@@ -679,8 +724,39 @@ class Session:
         if self.config.console:
             from trainprof.report.console import print_written
 
-            print_written(self.run_dir, names, self.windows_written)
+            self._print(print_written, self.run_dir, names, self.windows_written)
         logger.info("trainprof: wrote %s: %s", self.run_dir, ", ".join(names))
+
+    def _print(self, printer: Any, *args: Any) -> None:
+        """Print to the console; a closed stdout (`python train.py | head`) only logs.
+
+        rich turns a broken pipe into `SystemExit(1)` (after pointing stdout at /dev/null); the files
+        are written by then, and the user's code after the session must run with its own status.
+        """
+        try:
+            printer(*args)
+        except _OURS as exc:
+            logger.info("trainprof: could not print to the console (%s: %s)", type(exc).__name__, exc)
+
+
+def _dispatch_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The one optimizer-step hook: hands the step to the running session, if any."""
+    session = _ACTIVE
+    if session is not None:
+        session._on_optimizer_step(optimizer, args, kwargs)
+
+
+def _install_step_hook() -> None:
+    """Install `_dispatch_optimizer_step` once per process (caller holds `_ACTIVE_LOCK`).
+
+    Never removed: see the module docstring. Adding it can still race with another thread that is
+    inside its own global optimizer hooks at that moment (a user's); it happens once per process.
+    """
+    global _STEP_HOOK
+    if _STEP_HOOK is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STEP_HOOK = register_optimizer_step_post_hook(_dispatch_optimizer_step)
 
 
 class _TorchSchedule:
@@ -735,7 +811,7 @@ def _watch_other_profilers(owner: Session) -> Any:
 
     def _prepare_trace(prof: Any, *args: Any, **kwargs: Any) -> Any:
         session = session_ref()
-        if session is not None and session._running:
+        if session is not None and session._running and session._pid == os.getpid():
             ours = getattr(session._profiler, "profiler", None)
             if prof is not ours:
                 session._yield_to_other_profiler()

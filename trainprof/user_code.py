@@ -23,12 +23,12 @@ where the live capture drew it; without one, this process's layout and the known
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
 import sys
 import sysconfig
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +89,8 @@ class CodeLayout:
     `roots`: absolute folders (`/`-separated, ending in `/`) holding library code;
     `library_packages` / `user_packages`: top-level module names the process imported from a
     library root / from the user's folders (the main script's name counts as the user's);
-    `versions`: `(top-level name, version)` of the library packages that say their version.
+    `versions`: `(top-level name, version)` of the library packages whose installed distribution
+    gives one (`with_versions`: the session records them beside the sync sites).
     """
 
     roots: tuple[str, ...] = ()
@@ -187,12 +188,46 @@ def current_layout() -> CodeLayout:
     return _layout_for(top_level, main_file if isinstance(main_file, str) else None)
 
 
+def with_versions(layout: CodeLayout) -> CodeLayout:
+    """`layout` with its library packages' versions, from their installed distributions' metadata.
+
+    The first call reads every distribution's file list (~50 ms): the session asks when it writes a
+    window's sync sites, beside the export. Never `module.__version__`: some libraries warn on
+    reading it (MarkupSafe 3), and under `python -W error` a warning is an exception.
+    """
+    found = ((name, _installed_version(name)) for name in sorted(layout.library_packages))
+    return dataclasses.replace(layout, versions=tuple((name, v) for name, v in found if v is not None))
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions_by_package() -> dict[str, list[str]]:
+    """Top-level module name -> the installed distributions that provide it."""
+    import importlib.metadata  # ~10 ms of imports: only the live capture needs it
+
+    try:
+        return importlib.metadata.packages_distributions()
+    except Exception:  # a broken distribution's metadata: no versions rather than no capture
+        return {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _installed_version(package: str) -> str | None:
+    """The version of the installed distribution that provides top-level module `package`, or None."""
+    import importlib.metadata
+
+    for distribution in _distributions_by_package().get(package, ()):
+        try:
+            return importlib.metadata.version(distribution)
+        except Exception:  # PackageNotFoundError, or unreadable metadata
+            continue
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def _layout_for(top_level: tuple[str, ...], main_file: str | None) -> CodeLayout:
     installed = _installation_roots()
     roots = set(installed)
     library, user = set(), set()
-    versions = {}
     for name in top_level:
         if name.startswith("__") or not name.isidentifier():
             continue  # __main__, __mp_main__, <stdin>: not importable names a trace could show
@@ -204,11 +239,6 @@ def _layout_for(top_level: tuple[str, ...], main_file: str | None) -> CodeLayout
             library.add(name)
             if where.endswith("/") and not where.startswith(installed):
                 roots.add(where)  # a source checkout or editable install of a known library
-            with warnings.catch_warnings():  # MarkupSafe deprecates `__version__`: not ours to report
-                warnings.simplefilter("ignore")
-                version = getattr(module, "__version__", None)
-            if isinstance(version, str):
-                versions[name] = version
         else:
             user.add(name)
     if main_file:
@@ -217,7 +247,6 @@ def _layout_for(top_level: tuple[str, ...], main_file: str | None) -> CodeLayout
         roots=tuple(sorted(roots)),
         library_packages=frozenset(library - user),
         user_packages=frozenset(user),
-        versions=tuple(sorted(versions.items())),
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainprof.trace.load import (
+    NoFinishedStep,
     load_candidate,
     max_trace_bytes,
     no_trace_in,
@@ -48,10 +49,10 @@ def analyze_files(
     report: Callable[[str, int, int], None],
     views: bool = False,
 ) -> list[TraceResult]:
-    """The `TraceResult` of each file that is a trace (`trace.load.load_candidate`), in the order
-    `load_traces` sorts traces (by rank, then file name) and with their windows numbered as it numbers
-    them. `workers` None: one per core from `PARALLEL_MIN_FILES` files on, else this process; 1: this
-    process. `views`: as `analyze`'s."""
+    """The `TraceResult` of each file that is a trace with a finished step (`trace.load.load_candidate`),
+    in the order `load_traces` sorts traces (by rank, then file name) and with their windows numbered as
+    it numbers them. `workers` None: one per core from `PARALLEL_MIN_FILES` files on, else this
+    process; 1: this process. `views`: as `analyze`'s."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     alone = len(files) == 1 or not in_folder
@@ -63,9 +64,10 @@ def analyze_files(
                    for index, file in enumerate(files)]
     else:
         results = _parallel(files, alone, sync_sites, limits, workers, report, views)
-    kept = [result for result in results if result is not None]
+    unfinished = [result for result in results if isinstance(result, NoFinishedStep)]
+    kept = [result for result in results if result is not None and not isinstance(result, NoFinishedStep)]
     if not kept:
-        raise no_trace_in(files[0].parent)
+        raise no_trace_in(files[0].parent, unfinished)
     kept.sort(key=_order)
     _number_windows(kept)
     return kept
@@ -90,13 +92,13 @@ def _order(result: TraceResult) -> tuple:
 def _serial(
     file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     report: Callable[[str, int, int], None], views: bool,
-) -> TraceResult | None:
+) -> TraceResult | NoFinishedStep | None:
     from trainprof.analysis.core import analyze_trace
 
     report(f"loading {file.name}", 2 * index, 2 * count)
     trace = load_candidate(file, alone)
-    if trace is None:
-        return None
+    if trace is None or isinstance(trace, NoFinishedStep):
+        return trace
     report(f"analysing {file.name}", 2 * index + 1, 2 * count)
     return analyze_trace(trace, sync_sites, limits, views)
 
@@ -104,12 +106,12 @@ def _serial(
 def _parallel(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
-) -> list[TraceResult | None]:
+) -> list[TraceResult | NoFinishedStep | None]:
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
     overrides = limits.overridden()
     limit = max_trace_bytes()  # the caller's limit holds in the workers too
-    results: list[TraceResult | None] = [None] * len(files)
+    results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
     report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         pending = {
@@ -126,13 +128,13 @@ def _parallel(
 def _analyze_file(
     file: str, alone: bool, sync_sites: list[dict] | None, overrides: dict[str, float], limit: int,
     views: bool,
-) -> TraceResult | None:
+) -> TraceResult | NoFinishedStep | None:
     """In a worker: load one file, analyse it, return its result (the trace is dropped here)."""
     from trainprof.analysis.core import analyze_trace
     from trainprof.analysis.thresholds import Thresholds
 
     with trace_size_limit(limit):
         trace = load_candidate(Path(file), alone)
-    if trace is None:
-        return None
+    if trace is None or isinstance(trace, NoFinishedStep):
+        return trace
     return analyze_trace(trace, sync_sites, Thresholds(overrides), views)

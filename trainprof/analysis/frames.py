@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from trainprof.trace import Trace
 from trainprof.user_code import is_user_file
 
-_PY_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+# A line number of more than 18 digits is no line (and int() refuses 4,301 digits and more).
+_PY_FRAME = re.compile(r"^(.*)\((\d{1,18})\): (.*)$")
 # python_function names of the profiler's own frames (its stop/exit path synchronizes the device).
 PROFILER_FILES = ("torch/profiler/", "torch/autograd/profiler")
 

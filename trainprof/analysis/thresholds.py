@@ -8,6 +8,7 @@ The analysis reads them through `Thresholds`; a caller overrides any of them by 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -251,6 +252,8 @@ class Thresholds:
                 values[name] = float(value)
             except (TypeError, ValueError):
                 raise ValueError(f"threshold {name} must be a number, got {value!r}") from None
+            if not math.isfinite(values[name]):
+                raise ValueError(f"threshold {name} must be a finite number, got {value!r}")
         self._values = values
 
     def __getattr__(self, name: str) -> float:
@@ -279,5 +282,7 @@ def parse_threshold_args(items: list[str]) -> dict[str, float]:
             out[name.strip()] = float(value)
         except ValueError:
             raise ValueError(f"--threshold {name.strip()}: {value!r} is not a number") from None
+        if not math.isfinite(out[name.strip()]):
+            raise ValueError(f"--threshold {name.strip()}: {value!r} is not a finite number")
     Thresholds(out)  # unknown names fail here, with the list of known ones
     return out

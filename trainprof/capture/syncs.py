@@ -190,6 +190,8 @@ class SyncCapture:
         capture = self
 
         def showwarning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+            if not capture._undo:  # removed, but still called through a hook the user put over it
+                return original(message, category, filename, lineno, file, line)
             try:
                 text = str(message)
                 is_sync = SYNC_WARNING_RE.search(text) is not None
@@ -233,8 +235,8 @@ class SyncCapture:
         self._patch(getattr(torch.cuda, "Stream", None), "synchronize", "Stream.synchronize")
 
         previous_showwarning = warnings.showwarning
-        warnings.showwarning = self._showwarning(previous_showwarning)
-        self._undo.append(lambda: setattr(warnings, "showwarning", previous_showwarning))
+        ours = warnings.showwarning = self._showwarning(previous_showwarning)
+        self._undo.append(lambda: _restore(warnings, "showwarning", ours, previous_showwarning))
         # "always": the default filter shows a warning once per code location; every sync counts.
         for pattern in (SYNC_WARNING_RE.pattern, _PROTOTYPE_WARNING_RE.pattern):
             warnings.filterwarnings("always", message=f".*{pattern}")
@@ -250,8 +252,9 @@ class SyncCapture:
         original = getattr(owner, attribute, None) if owner is not None else None
         if original is None:
             return
-        setattr(owner, attribute, self._explicit_wrapper(call, original))
-        self._undo.append(lambda: setattr(owner, attribute, original))
+        wrapper = self._explicit_wrapper(call, original)
+        setattr(owner, attribute, wrapper)
+        self._undo.append(lambda: _restore(owner, attribute, wrapper, original))
 
     def pause(self) -> None:
         """Stop recording but keep the hooks: around the profiler's own step, whose syncs are not
@@ -270,6 +273,13 @@ class SyncCapture:
                 failures.append(exc)
         if failures:
             raise failures[0]
+
+
+def _restore(owner: Any, attribute: str, ours: Any, original: Any) -> None:
+    """Put `original` back, unless the user replaced `ours` meanwhile: then theirs stays (ours, if
+    theirs calls it, passes everything through once the capture is off)."""
+    if getattr(owner, attribute, None) is ours:
+        setattr(owner, attribute, original)
 
 
 def _remove_filter(entry: tuple[Any, ...]) -> None:

@@ -14,11 +14,14 @@ Matching rules, exactly:
   `rank` (e.g. `rank1`, `rank_1`, `trainer-rank-3`), else None. Several files of one worker are the
   windows of one process (`schedule(repeat=N)`): `Trace.window` numbers them by start time.
 - Only regular files are read (a FIFO or a device would block or never end), and at most
-  `max_trace_bytes()` bytes of JSON per file, after gunzip (env `TRAINPROF_MAX_TRACE_BYTES`).
+  `max_trace_bytes()` bytes of JSON per file as `trainprof.trace.budget` counts them (its bytes, or
+  128 per JSON object when more), after gunzip (env `TRAINPROF_MAX_TRACE_BYTES`); a sync sites file
+  (and a peaks file) at most `MAX_SYNC_SITES_BYTES`. Memory stays within the bound `budget` states.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gc
 import itertools
@@ -36,18 +39,13 @@ from typing import Any, Generic, TypeVar, Union
 import msgspec
 import numpy as np
 
-try:  # ISA-L's inflate: 4 ms against zlib's 26 ms for the 15 MB gpt2_pathologies trace
-    from isal.isal_zlib import decompressobj as _decompressobj
-    from isal.isal_zlib import error as _InflateError
-except ImportError:  # pragma: no cover - isal is a dependency; zlib serves where it has no wheel
-    from zlib import decompressobj as _decompressobj
-    from zlib import error as _InflateError
-
-from trainprof.files import PEAKS_SUFFIX, SYNCSITES_SUFFIX, TRACE_SUFFIXES
+from trainprof.files import PEAKS_SUFFIX, SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIXES
+from trainprof.trace import budget
 from trainprof.trace.model import (
     CATEGORY_ALIASES,
     FRAME_CATEGORIES,
     KEPT_CATEGORIES,
+    MAX_MEMORY_BYTES,
     CollectiveCalls,
     EventTable,
     OpInputs,
@@ -64,10 +62,16 @@ _TIMESTAMP = re.compile(r"\.\d{10,}$")
 _NAN = math.nan
 
 MAX_TRACE_BYTES_ENV = "TRAINPROF_MAX_TRACE_BYTES"
-# The largest trace (JSON bytes, after gunzip) read by default. Loading holds the text plus its parsed
-# events (~2x), so this bounds memory near 6 GiB; a gzip bomb (6 MB that inflates to 6 GiB) stops
-# here instead of exhausting memory. The largest real trace measured here was 1 GB.
+# The largest trace (counted bytes of JSON, after gunzip) read by default: with the memory bound
+# (trainprof.trace.budget: 3x) at most 6 GiB of memory. The largest real trace measured here was 1 GB.
 DEFAULT_MAX_TRACE_BYTES = 2 * 2**30
+MAX_SYNC_SITES_BYTES = 64 * 2**20
+"""The largest `<worker>.syncsites.json` read (counted bytes): the session writes kilobytes (136 KB
+for the largest fixture), and this one is decoded into dicts (memory: 8x, `budget`). A
+`<worker>.peaks.json` (a few hundred bytes) has the same limit."""
+METADATA_BYTES = 2**20
+"""A trace's top-level metadata fields (`deviceProperties`, `distributedInfo`) larger than this are
+ignored: Kineto writes a few kilobytes, and they are decoded into dicts."""
 _max_bytes_override: int | None = None
 
 
@@ -81,18 +85,30 @@ def max_trace_bytes() -> int:
     text = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
     if not text:
         return DEFAULT_MAX_TRACE_BYTES
-    limit = parse_size(text)
+    try:
+        limit = parse_size(text)
+    except ValueError as error:
+        raise TraceLoadError(f"{MAX_TRACE_BYTES_ENV}: {error}") from None
     if limit is None:
         raise TraceLoadError(f"{MAX_TRACE_BYTES_ENV}={text!r}: not a size (bytes, or e.g. 8G)")
     return limit
 
 
+LARGEST_SIZE_LIMIT = 2**53
+"""The largest size limit taken (8192T): beyond any memory, and inflating takes its lengths as C sizes."""
+
+
 def parse_size(text: str) -> int | None:
-    """`123`, `64K`, `8G` ... as bytes (powers of 1024); None when `text` is not a size."""
+    """`123`, `64K`, `8G` ... as bytes (powers of 1024); None when `text` is not a size.
+
+    ValueError for a size above `LARGEST_SIZE_LIMIT`."""
     match = re.fullmatch(r"\s*(\d{1,15})\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if match is None:
         return None
-    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+    size = int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+    if size > LARGEST_SIZE_LIMIT:
+        raise ValueError(f"{text.strip()!r} is too large (at most {LARGEST_SIZE_LIMIT // 2**40}T)")
+    return size
 
 
 @contextlib.contextmanager
@@ -112,6 +128,10 @@ class TraceLoadError(ValueError):
     """A path that is not a readable torch.profiler trace; the message names the file and the problem."""
 
 
+class NoFinishedStep(TraceLoadError):
+    """A window the session flushed at its stop whose only recorded step never ended: nothing to analyse."""
+
+
 def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | None = None) -> list[Trace]:
     """Load one trace file, or every trace in a folder (one per rank/worker), sorted by rank then name.
 
@@ -119,22 +139,27 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
     """
     root = Path(path)
     files = trace_paths(root)
-    traces = []
+    traces, unfinished = [], []
     for index, file in enumerate(files):
         if on_file is not None:
             on_file(file, index, len(files))
         trace = load_candidate(file, alone=len(files) == 1 or not root.is_dir())
-        if trace is not None:
+        if isinstance(trace, NoFinishedStep):
+            unfinished.append(trace)
+        elif trace is not None:
             traces.append(trace)
     if not traces:
-        raise no_trace_in(files[0].parent)
+        raise no_trace_in(files[0].parent, unfinished)
     traces.sort(key=trace_order)
     _number_windows(traces)
     return traces
 
 
-def no_trace_in(folder: Path) -> TraceLoadError:
-    """The error for a folder none of whose candidate files is a trace."""
+def no_trace_in(folder: Path, unfinished: list[NoFinishedStep]) -> TraceLoadError:
+    """The error for a folder none of whose candidate files is a trace with a finished step: the
+    first `unfinished` window's, else that it holds no trace."""
+    if unfinished:
+        return unfinished[0]
     return TraceLoadError(f"{folder}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
 
 
@@ -153,11 +178,16 @@ def trace_paths(path: str | Path) -> list[Path]:
     return trace_files(root)
 
 
-def load_candidate(file: Path, alone: bool) -> Trace | None:
+def load_candidate(file: Path, alone: bool) -> Trace | NoFinishedStep | None:
     """One of a folder's candidate files as a `Trace`; None for a file that is not a trace, unless
-    it must be one (a `*.pt.trace.json[.gz]` file, or the only file: `alone`)."""
+    it must be one (a `*.pt.trace.json[.gz]` file, or the only file: `alone`).
+
+    A window whose only step was cut short gives its `NoFinishedStep`, returned, not raised: the
+    folder's other windows may hold finished steps (`no_trace_in` raises it when none does)."""
     try:
         return load_trace(file)
+    except NoFinishedStep as unfinished:
+        return unfinished
     except TraceLoadError:
         if file.name.endswith(TRACE_SUFFIXES) or alone:
             raise
@@ -283,11 +313,9 @@ def load_trace(path: str | Path) -> Trace:
         match = _RANK_IN_NAME.search(worker)
         rank = int(match.group(1)) if match else None
     sites_path = sync_sites_path(path)
-    sites = read_sync_sites(sites_path) if sites_path.is_file() else None
-    layout = read_code_layout(sites_path) if sites is not None else None
-    counters = read_compile_counters(sites_path) if sites is not None else None
+    sites, layout, counters = _read_sync_sites_file(sites_path) if sites_path.is_file() else (None,) * 3
     peaks_file = peaks_path(path)
-    return Trace(
+    trace = Trace(
         path=path,
         worker=worker,
         rank=rank,
@@ -306,6 +334,28 @@ def load_trace(path: str | Path) -> Trace:
         op_inputs=op_inputs,
         device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
     )
+    mark = metadata.get(SESSION_METADATA_KEY)
+    steps_ended = mark.get("steps_ended") if isinstance(mark, dict) else None
+    if type(steps_ended) is int and not drop_unfinished_steps(trace, steps_ended):
+        raise NoFinishedStep(f"{path}: holds no step that ended (the loop stopped inside the window's first "
+                             "recorded step); profile more steps")
+    return trace
+
+
+_PROFILER_STEP = re.compile(r"ProfilerStep#(\d{1,18})")
+
+
+def drop_unfinished_steps(trace: Trace, steps_ended: int) -> bool:
+    """Remove the `ProfilerStep#k` ranges with k >= `steps_ended` (steps the loop never finished:
+    torch closes the current one when it stops); True when a profiler step remains."""
+    annotations = trace.events["user_annotation"]
+    steps = ((i, _PROFILER_STEP.fullmatch(name)) for i, name in enumerate(trace.names))
+    number = {i: int(match.group(1)) for i, match in steps if match}
+    unfinished = [i for i, step in number.items() if step >= steps_ended]
+    if unfinished:
+        annotations = annotations.select(~np.isin(annotations.name, unfinished))
+        trace.events["user_annotation"] = annotations
+    return any(int(i) in number for i in np.unique(annotations.name))
 
 
 _NO_RAW = msgspec.Raw(b"")
@@ -448,15 +498,18 @@ EventT = TypeVar("EventT")
 class _Document(msgspec.Struct, Generic[EventT]):
     """A trace file's top level: the events plus the metadata the analyses read.
 
-    The metadata is decoded as it is (`Any`) and checked by its readers: a wrong-typed
-    `deviceProperties` must not make the events unreadable.
+    The metadata is kept as raw JSON text (no allocation while parsing), then decoded as it is when
+    small (`_metadata`) and checked by its readers: a wrong-typed `deviceProperties` must not make
+    the events unreadable.
     """
 
     traceEvents: list[EventT]  # noqa: N815 (the trace format's name)
-    deviceProperties: Any = None  # noqa: N815
-    distributedInfo: Any = None  # noqa: N815
-    schemaVersion: Any = None  # noqa: N815
-    traceName: Any = None  # noqa: N815
+    deviceProperties: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # noqa: N815
+    distributedInfo: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # noqa: N815
+    schemaVersion: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # noqa: N815
+    traceName: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # noqa: N815
+    trainprof: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    """The session's mark on a window it flushed at its stop (trainprof.files.SESSION_METADATA_KEY)."""
 
 
 def _as_list(value: Any) -> list:
@@ -467,63 +520,92 @@ def _as_list(value: Any) -> list:
 # generic JSON parse into dicts on a 15 MB trace (0.03 s against 0.17 s for orjson on this
 # project's gpt2_pathologies fixture, 2026-11-21).
 _DOCUMENT = msgspec.json.Decoder(_Document[_AnyEvent] | list[_AnyEvent])
+# A trace from another tool whose field types differ from torch's (e.g. string times): the same
+# typed decoding with msgspec's lax conversions, never a generic parse into dicts first (that costs
+# 20-60x the text's size in memory).
+_LENIENT = msgspec.json.Decoder(_Document[_Event] | list[_Event], strict=False)
 
 
 def _parse(path: Path):
     """Read, parse and bucket one file; returns (names, threads, tables, memory, collectives, op_inputs,
     metadata)."""
-    raw = _read_bytes(path)
+    text = _read_json(path, max_trace_bytes(), budget.TRACE_MEMORY_FACTOR, _trace_too_large)
     try:
-        document = _decode(path, raw)
+        document = _decode(path, text)
     except UnicodeDecodeError:
         # Kineto can cut a name inside a multi-byte character; read such bytes as U+FFFD. Only here
         # (rare) is the text scanned a second time.
-        document = _decode(path, raw.decode("utf-8", "replace").encode())
+        text = _with_replacement_characters(text)
+        document = _decode(path, text)
     if isinstance(document, _Document):
-        events = document.traceEvents
-        metadata = {
-            field: getattr(document, field)
-            for field in _Document.__struct_fields__
-            if field != "traceEvents" and getattr(document, field) is not None
-        }
+        events, metadata = document.traceEvents, _metadata(path, document)
     else:
         events, metadata = document, {}
+    del document, text  # the events hold copies: the text goes back before bucketing (memory bound)
     if not events:
         raise TraceLoadError(f"{path}: trace has no events")
     return (*_bucket(events, path), metadata)
 
 
-def _decode(path: Path, raw: bytes) -> _Document | list:
+def _metadata(path: Path, document: _Document) -> dict[str, Any]:
+    """The document's metadata fields that are present, not null and at most `METADATA_BYTES`, decoded."""
+    metadata = {}
+    for field in _Document.__struct_fields__:
+        raw = getattr(document, field) if field != "traceEvents" else None
+        if raw is None or not len(raw):
+            continue
+        if len(raw) > METADATA_BYTES:
+            logger.info("%s: ignoring its %s (%d bytes)", path, field, len(raw))
+            continue
+        try:
+            try:
+                value = msgspec.json.decode(raw)
+            except UnicodeDecodeError:  # the typed decoding skipped it unchecked
+                value = msgspec.json.decode(_with_replacement_characters(raw))
+        except (msgspec.DecodeError, RecursionError):  # nested too deeply for msgspec
+            continue
+        if value is not None:
+            metadata[field] = value
+    return metadata
+
+
+def _with_replacement_characters(text: bytes | bytearray) -> bytearray:
+    """`text` with each invalid UTF-8 sequence as U+FFFD, converted in pieces (memory: the text
+    twice, not the text plus a str of it)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    view = memoryview(text)
+    out = bytearray()
+    for start in range(0, len(text), _UTF8_PIECE):
+        out += decoder.decode(view[start:start + _UTF8_PIECE]).encode()
+    out += decoder.decode(b"", final=True).encode()
+    return out
+
+
+_UTF8_PIECE = 2**20
+
+
+def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
     """Parse the JSON text into events; TraceLoadError when it is not a trace (UnicodeDecodeError passes)."""
     try:
         try:
-            return _DOCUMENT.decode(raw)
+            return _DOCUMENT.decode(text)
         except msgspec.ValidationError:
-            return _lenient_document(path, raw)
+            return _lenient_document(path, text)
     except msgspec.DecodeError as error:
         raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
     except RecursionError:
         raise TraceLoadError(f"{path}: JSON nested too deeply to be a profiler trace") from None
 
 
-def _lenient_document(path: Path, raw: bytes) -> _Document | list:
-    """A trace from another tool whose field types differ from torch's (e.g. string times), or no trace."""
+def _lenient_document(path: Path, text: bytes | bytearray) -> _Document | list:
+    """The trace read with lax types (`_LENIENT`), its events as the tagged decoding gives them."""
     try:
-        generic = msgspec.json.decode(raw)
-    except msgspec.ValidationError as error:  # valid JSON that msgspec cannot hold, e.g. 1e400
-        raise TraceLoadError(f"{path}: unreadable number in the JSON ({_first_line(error)})") from None
-    if isinstance(generic, dict):
-        if not isinstance(generic.get("traceEvents"), list):
-            raise TraceLoadError(f"{path}: JSON but not a profiler trace (no 'traceEvents' list)")
-        target: Any = _Document[_Event]
-    elif isinstance(generic, list):
-        target = list[_Event]
-    else:
-        raise TraceLoadError(f"{path}: JSON but not a profiler trace (top level is {type(generic).__name__})")
-    try:
-        document = msgspec.convert(generic, target, strict=False)
+        document = _LENIENT.decode(text)
     except msgspec.ValidationError as error:
-        raise TraceLoadError(f"{path}: malformed trace event ({_first_line(error)})") from None
+        message = _first_line(error)
+        if " - at `$" not in message:  # the top level itself: not an object with traceEvents, nor a list
+            raise TraceLoadError(f"{path}: JSON but not a profiler trace ({message})") from None
+        raise TraceLoadError(f"{path}: malformed trace event ({message})") from None
     if isinstance(document, _Document):
         document.traceEvents = _tagged(document.traceEvents)
         return document
@@ -545,18 +627,26 @@ def read_sync_sites(path: Path) -> list[dict]:
 
     Wrong-typed fields of a site or stack frame are removed; a site that is not an object is an error.
     """
+    return _read_sync_sites_file(path)[0]
+
+
+def _read_sync_sites_file(path: Path) -> tuple[list[dict], CodeLayout | None, dict | None]:
+    """The sites, the recorded code layout and Dynamo's counters of a sync sites file, decoded once."""
+    text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
     try:
-        document = msgspec.json.decode(_read_bytes(path))
+        document = msgspec.json.decode(text)
     except UnicodeDecodeError:
         raise TraceLoadError(f"{path}: not UTF-8 text") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
     except RecursionError:
         raise TraceLoadError(f"{path}: JSON nested too deeply to be a sync sites file") from None
+    del text
     sites = document.get("sites") if isinstance(document, dict) else None
     if not isinstance(sites, list) or not all(isinstance(s, dict) for s in sites):
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
-    return [_typed_site(site) for site in sites]
+    layout = CodeLayout.from_dict(document.get("code_layout"))
+    return [_typed_site(site) for site in sites], layout, _compile_counters(document)
 
 
 def _typed_fields(record: dict, fields: dict[str, type]) -> dict:
@@ -583,7 +673,8 @@ def read_device_peaks(path: Path) -> dict | None:
     the peaks only refine the report, so a damaged file never stops the trace from loading.
     `trainprof.analysis.peaks` checks the fields."""
     try:
-        document = msgspec.json.decode(_read_bytes(path))
+        text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _peaks_too_large)
+        document = msgspec.json.decode(text)
     except (TraceLoadError, msgspec.DecodeError, UnicodeDecodeError, RecursionError) as error:
         logger.warning("%s: ignored, not a peaks file (%s)", path, _first_line(error))
         return None
@@ -595,14 +686,17 @@ def read_device_peaks(path: Path) -> dict | None:
 
 def read_code_layout(path: Path) -> CodeLayout | None:
     """The run's `code_layout` recorded in a version-2 sync sites file (None in version 1)."""
-    document = msgspec.json.decode(_read_bytes(path))  # already read and checked by read_sync_sites
-    return CodeLayout.from_dict(document.get("code_layout")) if isinstance(document, dict) else None
+    return _read_sync_sites_file(path)[1]
 
 
 def read_compile_counters(path: Path) -> dict | None:
-    """Dynamo's counters recorded in a sync sites file (`compile`: `graph_breaks`, an int, and
+    """Dynamo's counters recorded in a sync sites file (`_compile_counters`); None when absent."""
+    return _read_sync_sites_file(path)[2]
+
+
+def _compile_counters(document: Any) -> dict | None:
+    """Dynamo's counters recorded in a decoded sync sites file (`compile`: `graph_breaks`, an int, and
     `graph_break`, reason -> count), wrong-typed entries dropped; None when absent."""
-    document = msgspec.json.decode(_read_bytes(path))  # already read and checked by read_sync_sites
     counters = document.get("compile") if isinstance(document, dict) else None
     if not isinstance(counters, dict):
         return None
@@ -617,19 +711,25 @@ def read_compile_counters(path: Path) -> dict | None:
     return out or None
 
 
-class _TooLarge(Exception):
-    """The inflated text passed the size limit."""
+def _trace_too_large(path: Path, what: str) -> str:
+    return (f"{path}: {what}; to read it anyway, raise the limit with --max-trace-bytes or env "
+            f"{MAX_TRACE_BYTES_ENV} (e.g. 8G)")
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip: at most `max_trace_bytes()`, regular files only."""
-    limit = max_trace_bytes()
-    def too_large(where: str = "") -> str:
-        return (
-            f"{path}: more than {limit:,} bytes of JSON{where}; to read it anyway, raise the limit "
-            f"with --max-trace-bytes or env {MAX_TRACE_BYTES_ENV} (e.g. 8G)"
-        )
+def _sync_sites_too_large(path: Path, what: str) -> str:
+    return f"{path}: {what} (the limit of a sync sites file: sessions write kilobytes)"
 
+
+def _peaks_too_large(path: Path, what: str) -> str:
+    return f"{path}: {what} (the limit of a peaks file, as of a sync sites file: sessions write bytes)"
+
+
+def _read_json(
+    path: Path, limit: int, factor: int, too_large: Callable[[Path, str], str]
+) -> bytes | bytearray:
+    """The file's JSON text, gunzipped when it is gzip; regular files only. TraceLoadError (its
+    message from `too_large` for the size) past `limit` counted bytes, or when `factor` x its
+    counted size does not fit in the memory the process may still allocate (trainprof.trace.budget)."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -638,25 +738,50 @@ def _read_bytes(path: Path) -> bytes:
             if not stat.S_ISREG(info.st_mode):
                 raise TraceLoadError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
             if info.st_size > limit:
-                raise TraceLoadError(too_large())
-            # A size of 0 may still hold text (/proc files): read those up to the limit only.
-            raw = file.read() if info.st_size else file.read(limit + 1)
+                raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
+            budget.check_memory(info.st_size, 0, 1)
+            # A size of 0 may still hold text (/proc files): read those up to the limit only, in
+            # pieces (read(limit + 1) would allocate the limit at once).
+            text = file.read() if info.st_size else b"".join(_pieces_up_to(file, limit + 1))
     except OSError as error:
         raise TraceLoadError(f"{path}: cannot read ({error.strerror or error})") from None
-    if len(raw) > limit:
-        raise TraceLoadError(too_large())
-    if not raw:
+    except budget.OutOfMemory as error:
+        raise TraceLoadError(f"{path}: {error}") from None
+    if len(text) > limit:
+        raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
+    if not text:
         raise TraceLoadError(f"{path}: empty file")
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = _gunzip(raw, limit)
-        except (_InflateError, EOFError, OSError) as error:
-            raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
-        except _TooLarge:
-            raise TraceLoadError(too_large(" after gunzip")) from None
-        if not raw:
-            raise TraceLoadError(f"{path}: empty file (inside gzip)")
-    return raw
+    try:
+        if text[:2] == b"\x1f\x8b":
+            text = _gunzip(path, text, limit, too_large)
+        counted = budget.counted_size(text, limit, factor)
+        if counted > limit:
+            objects = counted // budget.BYTES_PER_OBJECT
+            raise TraceLoadError(too_large(path, (
+                f"{objects:,} JSON objects in {len(text):,} bytes count as {counted:,} bytes "
+                f"({budget.BYTES_PER_OBJECT} per object: what decoding them costs), more than {limit:,}")))
+        budget.check_memory(counted, len(text), factor)
+    except budget.OutOfMemory as error:
+        raise TraceLoadError(f"{path}: {error}") from None
+    return text
+
+
+def _pieces_up_to(file: Any, most: int) -> Iterator[bytes]:
+    while most > 0 and (piece := file.read(min(most, 2**20))):
+        most -= len(piece)
+        yield piece
+
+
+def _gunzip(path: Path, raw: bytes, limit: int, too_large: Callable[[Path, str], str]) -> bytes | bytearray:
+    try:
+        text = budget.gunzip(raw, limit, room=lambda size: budget.check_memory(size, 0, 1))
+    except (budget.InflateError, EOFError, OSError) as error:
+        raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
+    except budget.TooLarge:
+        raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON after gunzip")) from None
+    if not text:
+        raise TraceLoadError(f"{path}: empty file (inside gzip)")
+    return text
 
 
 _FILE_KINDS = (
@@ -670,30 +795,6 @@ _FILE_KINDS = (
 
 def _file_kind(mode: int) -> str:
     return next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
-
-
-def _gunzip(raw: bytes, limit: int) -> bytes:
-    """Inflate a gzip file's bytes, every member, stopping past `limit` bytes (raises `_TooLarge`).
-
-    Raises EOFError when a stream ends early. The output is bounded as it is produced, so a gzip
-    bomb costs at most `limit` bytes of memory.
-    """
-    parts = []
-    size = 0
-    rest = raw
-    while rest:
-        inflater = _decompressobj(wbits=31)
-        data = inflater.decompress(rest, limit - size + 1)
-        size += len(data)
-        if size > limit:
-            raise _TooLarge
-        if not inflater.eof:
-            raise EOFError("the compressed stream ends early")
-        parts.append(data)
-        rest = inflater.unused_data  # more gzip members follow (rare)
-        if not rest.strip(b"\0"):  # zero padding after the last member, as gzip tolerates
-            break
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _bucket(events: list, path: Path):
@@ -825,15 +926,17 @@ def _has_inputs(name: str) -> bool:
 
 def _memory_table(events: list, ids: _Ids) -> EventTable:
     """CUDA `[memory]` instants: time, `Total Allocated`, and the block's `Bytes` and `Addr` (NaN
-    when absent). Host memory (`Device Type` 0) and values that are absent or not finite numbers
-    (`"Total Allocated": "inf"`) are left out."""
+    when absent, and `Bytes` beyond `MAX_MEMORY_BYTES`). Host memory (`Device Type` 0) and totals
+    that are absent or not numbers within `MAX_MEMORY_BYTES` (`"Total Allocated": "inf"`) are left out."""
     count = len(events)
     args = [event.args or _NO_INSTANT_ARGS for event in events]
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
-    device = np.fromiter([arg.device_type for arg in args], dtype=np.int64, count=count)
-    keep = (device == 1) & np.isfinite(allocated)  # 1 = CUDA
+    # Compared as Python ints: a Device Type outside int64 (2**63) is simply not CUDA.
+    on_cuda = np.fromiter([arg.device_type == 1 for arg in args], dtype=bool, count=count)  # 1 = CUDA
+    keep = on_cuda & (np.abs(allocated) <= MAX_MEMORY_BYTES)  # False for NaN
     kept = list(itertools.compress(events, keep.tolist())) if not keep.all() else events
     block_bytes = np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)[keep]
+    block_bytes[~(np.abs(block_bytes) <= MAX_MEMORY_BYTES)] = _NAN  # sums of such would overflow
     addr = np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)[keep]
     return EventTable.from_columns(
         [event.ts for event in kept],

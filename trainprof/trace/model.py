@@ -45,6 +45,14 @@ CATEGORY_ALIASES = {
 # Categories whose events nest by time on a CPU thread and describe "what the code was doing".
 FRAME_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
 _FRAME_CATEGORY_NAMES = np.array(FRAME_CATEGORIES, dtype=object)  # code -> name, for whole arrays
+MAX_TIME_US = 2.0**53
+"""The largest start (in magnitude) and duration an event may have: 285 years of microseconds, far
+past any clock a trace uses (epoch microseconds are ~1.8e15), and exact in a float64; sums and
+differences of such times never overflow."""
+MAX_MEMORY_BYTES = 2.0**53
+"""The largest memory figure (a `[memory]` event's `Total Allocated` or `Bytes`, in magnitude) an event
+may have: 8 PiB, past any device's memory, and exact in a float64 (and in the int64 the memory views
+are written as)."""
 # Profiler timestamps are rounded to ns: a child may overhang its parent by 1 ns.
 NESTING_SLACK_US = 1e-3
 
@@ -95,15 +103,13 @@ class EventTable:
         """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread`, `block_bytes`/
         `addr`, `inputs` optional).
 
-        Events whose start or end is not a finite number are left out, and a negative duration
-        counts as 0: no real trace has them, and one such event would break every interval question.
+        Events whose start or duration is not a number within `MAX_TIME_US` are left out, and a
+        negative duration counts as 0: no real trace has them, and one such event would break every
+        interval question (near 1e308, a start plus a duration overflows to inf).
         """
         start_us = _column(start, np.float64)
         dur_us = np.maximum(_column(dur, np.float64), 0.0)
-        finite = np.isfinite(start_us + dur_us)
-        order = np.argsort(start_us, kind="stable")
-        if not finite.all():
-            order = order[finite[order]]
+        order = _timed_order(start_us, dur_us)
         return cls(
             start_us=start_us[order],
             dur_us=dur_us[order],
@@ -133,6 +139,13 @@ class EventTable:
             None if self.addr is None else self.addr[mask],
             None if self.inputs is None else self.inputs[mask],
         )
+
+
+def _timed_order(start_us: np.ndarray, dur_us: np.ndarray) -> np.ndarray:
+    """The rows by start time, less those whose start or duration is not a number within `MAX_TIME_US`."""
+    timed = (np.abs(start_us) <= MAX_TIME_US) & (dur_us <= MAX_TIME_US)  # False for NaN
+    order = np.argsort(start_us, kind="stable")
+    return order if timed.all() else order[timed[order]]
 
 
 def _column(values, dtype) -> np.ndarray:
@@ -435,15 +448,15 @@ class CollectiveCalls:
     def from_columns(
         cls, start, dur, thread, collective, in_nelems, out_nelems, dtype, group_size
     ) -> CollectiveCalls:
-        """Build the table from Python lists (each value checked once: the args are the trace's)."""
+        """Build the table from Python lists (each value checked once: the args are the trace's); calls
+        timed beyond `MAX_TIME_US` are left out, as `EventTable.from_columns` leaves such events out."""
         start_us = _column(start, np.float64)
-        end_us = start_us + np.maximum(_column(dur, np.float64), 0.0)
-        order = np.argsort(start_us, kind="stable")
-        order = order[np.isfinite(end_us[order])]
+        dur_us = np.maximum(_column(dur, np.float64), 0.0)
+        order = _timed_order(start_us, dur_us)
         rows = order.tolist()
         return cls(
             start_us=start_us[order],
-            end_us=end_us[order],
+            end_us=start_us[order] + dur_us[order],
             thread=_column(thread, np.int32)[order],
             collective=[collective[i] for i in rows],
             in_nelems=_int64_column(in_nelems)[order],
