@@ -62,7 +62,7 @@ def _exporting() -> bool:
     ``torch.compiler.is_exporting()``: Dynamo before torch 2.13 folds that call to True while it
     compiles as well (its constant table in ``torch/_dynamo/variables/torch.py``), which kept the
     mask in every compiled graph. So it did in the measured run: torch 2.11 on the H200,
-    2026-11-25, fused+compile 139.70 ms/step against compile's 140.78 (BENCHMARKS.md)."""
+    2026-11-25, fused+compile 139.70 ms/step against compile's 140.78 (that run is in git history)."""
     return bool(getattr(torch.compiler, "_is_exporting_flag", False))
 
 

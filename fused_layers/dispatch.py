@@ -100,7 +100,7 @@ IMPLEMENTATIONS: dict[tuple[str, str], Implementation] = {
 #: differentiate, for a forward-only call), the faster of Triton and CUDA C++ as measured on an
 #: H200 (``python -m benchmarks.kernels --launch``, bf16, widths 1024 / 4096 / 8192 / 16384,
 #: forward+backward; BENCHMARKS.md). RMSNorm, 2026-11-24 (two runs, the later one
-#: ``benchmarks/results/norm_launch_cuda8.h200.md``): CUDA C++ kernels
+#: ``benchmarks/results/norm_launch.h200.md``): CUDA C++ kernels
 #: 330-340 µs against Triton's 325-424 (93-95% of copy against 74-97%), host 184-258 µs against
 #: Triton's 459-708, through a C++ autograd node; so CUDA where it builds and weight and input share
 #: a dtype. LayerNorm, the same runs: CUDA kernels 333-335 / 340-361 / 350-353 / 355-357 µs per

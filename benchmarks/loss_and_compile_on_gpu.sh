@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Issue 20's GPU work in two device calls (each under 10 minutes):
-#   bash benchmarks/issue20_gpu.sh first    # CUDA build, GPU tests, compile choices + Inductor's
-#                                           # code, the fused linear cross-entropy benchmark, ncu, numba
-#   bash benchmarks/issue20_gpu.sh second   # trainprof ab on GPT-2 124M, Llama 1B (32k) and
-#                                           # Llama-3.2-1B's shape (128k, Liger's defaults)
-# Results go to /tmp/issue20-<part>/ and, tarred after every step (a call stopped at its limit still
-# returns what was done), to $OUT/<part>.tar.gz. Each step is bounded by its own limit and by the
+# The fused loss, the compile choices and `trainprof ab` on a GPU, in two calls of under 10 minutes:
+#   bash benchmarks/loss_and_compile_on_gpu.sh first    # CUDA build, GPU tests, compile choices +
+#                                                       # Inductor's code, the fused linear
+#                                                       # cross-entropy benchmark, ncu, numba
+#   bash benchmarks/loss_and_compile_on_gpu.sh second   # trainprof ab on GPT-2 124M, Llama 1B (32k)
+#                                                       # and Llama-3.2-1B's shape (128k, Liger's defaults)
+# Results go to /tmp/loss-compile-<part>/ and, tarred after every step (a call stopped at its limit
+# still returns what was done), to $OUT/<part>.tar.gz. Each step is bounded by its own limit and by the
 # part's deadline. `second` reads the compile choices `first` measured from
 # benchmarks/results/compile_choice_cache.h200.json when it is there (a fresh machine).
 set -uo pipefail
-part=${1:?usage: issue20_gpu.sh first|second}
-out=${OUT:-/tmp/issue20-out}
-work=/tmp/issue20-$part
+part=${1:?usage: loss_and_compile_on_gpu.sh first|second}
+out=${OUT:-/tmp/loss-compile-out}
+work=/tmp/loss-compile-$part
 mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 FUSED_LAYERS_CACHE_DIR=$work/cache
 mkdir -p "$FUSED_LAYERS_CACHE_DIR"
@@ -27,7 +28,7 @@ step() {  # step NAME LIMIT_S command...: bounded, logged, summarised, tarred
   local rc=$?
   echo "$name: rc=$rc $(( $(date +%s) - start )) s (limit $limit)" | tee -a "$work/steps.txt"
   tail -n 25 "$work/$name.log"
-  tar czf "$out/$part.tar.gz" -C /tmp "issue20-$part" 2>/dev/null
+  tar czf "$out/$part.tar.gz" -C /tmp "loss-compile-$part" 2>/dev/null
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$work/device.txt"
