@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -655,7 +656,7 @@ def test_memory_bound_kernels_far_below_the_copy_bandwidth(tmp_path):
     assert not _findings(_slow_elementwise_trace(tmp_path / "fast", 4), "memory_bound_kernels")
 
 
-def _gemm_shape_trace(tmp_path: Path, vocab: int) -> Analysis:
+def _gemm_shape_trace(tmp_path: Path, vocab: int, head_us: float | None = None) -> Analysis:
     trace = TraceBuilder()
     trace.step(1, 0, 40_000)
     healthy = 2 * 8192 * 768 * 3072
@@ -671,7 +672,7 @@ def _gemm_shape_trace(tmp_path: Path, vocab: int) -> Analysis:
         "void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1>",
         60,
         1_000,
-        head / 95e12 * 1e6,
+        head / 95e12 * 1e6 if head_us is None else head_us,
     )
     return analyze(trace.write(tmp_path))
 
@@ -686,6 +687,13 @@ def test_gemm_shape_names_the_unaligned_dim_and_the_padding(tmp_path):
     assert finding.gpu_ms_per_step == pytest.approx((head / 95e12 - head / 600e12) * 1e3, rel=1e-3)
     assert "50,304" in finding.fix and finding.where.function == "Linear"
     assert not _findings(_gemm_shape_trace(tmp_path / "padded", 50304), "gemm_shape")
+
+
+def test_a_gemm_kernel_of_zero_duration_has_no_rate_to_judge(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's divide-by-zero warning included
+        result = _gemm_shape_trace(tmp_path, 50257, head_us=0)
+    assert not _findings(result, "gemm_shape")
 
 
 # ---- the loader keeps what the analysis reads -----------------------------------------------------------

@@ -578,8 +578,8 @@ def _gemm_shapes(context: _Context) -> Finding | None:
     for index, signature in enumerate(signatures.tolist()):
         shape = work.works[signature].gemm
         dtype = MATH_DTYPES[dtype_of[index]] if dtype_of[index] >= 0 else None
-        if shape is None or dtype is None or sig_flops[index] <= 0:
-            continue
+        if shape is None or dtype is None or sig_flops[index] <= 0 or sig_us[index] <= 0:
+            continue  # no shape, no FLOPs or no time (a kernel of zero duration): no rate to judge
         batch, m, n, k = shape
         unaligned = [d for d in (m, n, k) if (d * _ELEMENT_BYTES[dtype]) % ALIGNMENT_BYTES]
         skinny = min(m, n) < SKINNY_GEMM_ROWS
