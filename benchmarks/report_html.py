@@ -37,7 +37,7 @@ BUDGET = 0.20
 
 def _one_run(folder: str, out: Path) -> dict[str, float]:
     from trainprof.analysis import analyze, core
-    from trainprof.analysis.timeline_view import _category_code
+    from trainprof.analysis.kernel_classes import classify_name
     from trainprof.analysis.views import trace_views
     from trainprof.report.console import print_report
     from trainprof.report.html import write_html
@@ -46,7 +46,7 @@ def _one_run(folder: str, out: Path) -> dict[str, float]:
     from trainprof.trace import load_traces
 
     times: dict[str, float] = {}
-    _category_code.cache_clear()  # a session categorises its kernel names once: not cached yet
+    classify_name.cache_clear()  # a session classifies its kernel names once: not cached yet
     start = time.process_time()
     traces = load_traces(folder)
     times["load_s"] = time.process_time() - start

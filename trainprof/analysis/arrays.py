@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -66,6 +68,16 @@ class StringTable:
     def ids(self, texts: list[str | None]) -> np.ndarray:
         """Per text, its number (-1 for None)."""
         return np.array([-1 if text is None else self.id(text) for text in texts], dtype=np.int64)
+
+    def coded(self, codes: np.ndarray, text: Callable[[int], str | None]) -> np.ndarray:
+        """Per code (an int standing for one text, `text(code)`; None gives -1), its text's number,
+        as `ids` numbers them; each distinct code's text is looked up and numbered once."""
+        distinct_codes, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        numbers = np.empty(len(distinct_codes), dtype=np.int64)
+        for at in np.argsort(first, kind="stable").tolist():  # in order of first use, as `ids` goes
+            found = text(int(distinct_codes[at]))
+            numbers[at] = -1 if found is None else self.id(found)
+        return numbers[inverse.reshape(-1)]
 
     @property
     def strings(self) -> list[str]:

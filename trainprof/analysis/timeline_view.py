@@ -181,10 +181,10 @@ def timeline_view(
             dur_us=ends - start[on][first],
             busy_us=np.add.reduceat(dur[on], first),
             count=np.diff(np.append(first, len(on))),
-            name=strings.ids([trace.names[i] for i in name[rep].tolist()]),
+            name=strings.coded(name[rep], trace.names.__getitem__),
             category=category[rep],
-            op=strings.ids([owners.ops[i] if i >= 0 else None for i in op[rep].tolist()]),
-            module=strings.ids([owners.modules[i].path if i >= 0 else None for i in module[rep].tolist()]),
+            op=strings.coded(op[rep], lambda i: owners.ops[i] if i >= 0 else None),
+            module=strings.coded(module[rep], lambda i: owners.modules[i].path if i >= 0 else None),
             phase=phase[rep],
         ))
     syncs = SyncMarks(  # before the table is read below: these add the ops and calls they name

@@ -63,6 +63,8 @@ def safe_text(value: Any, max_chars: int | None = None) -> str:
     if max_chars is not None and len(text) > 4 * max_chars:
         text = _UNSAFE.sub(_replace, text[: 4 * max_chars])
         return cut(text, max_chars, always=True)
+    if text.isascii() and text.isprintable():  # most names: nothing to remove (C0 and DEL fail this)
+        return text if max_chars is None else cut(text, max_chars)
     text = _UNSAFE.sub(_replace, text)
     return text if max_chars is None else cut(text, max_chars)
 
