@@ -727,6 +727,22 @@ def test_the_lenient_loader_keeps_recorded_inputs_too(tmp_path):
     assert loaded.op_inputs.decode(ops.inputs)[0] == [[[8, 16], [16, 4]]]
 
 
+def test_recorded_inputs_that_are_not_utf8_read_as_not_recorded(tmp_path):
+    # The loader keeps an op's inputs as raw JSON, decoded when an analysis asks: bytes that are not
+    # UTF-8 there must not fail the analysis.
+    trace = TraceBuilder()
+    trace.step(1, 0, 1_000)
+    trace.op("aten::mm", 10, 50, [[8, 16], [16, 4]], ["MARKER", F32])
+    trace.op("aten::mm", 70, 50, [[8, 16], [16, 4]], [F32, F32])
+    path = trace.write(tmp_path)
+    path.write_bytes(path.read_bytes().replace(b"MARKER", b"\xed\xa0\x80"))
+    loaded = load_trace(path)
+    ops = loaded.events["cpu_op"]
+    dims, types = loaded.op_inputs.decode(ops.inputs)
+    assert dims == [[[8, 16], [16, 4]]] * 2 and types == [None, [F32, F32]]
+    analyze(path)
+
+
 # ---- the swap table is fused_layers.swap's ----------------------------------------------------------------
 
 

@@ -410,7 +410,7 @@ def _decode_lists(blob: bytes, offsets: list[int], slots: np.ndarray) -> list:
         return []
     try:
         values = msgspec.json.decode(b"[" + b",".join(pieces) + b"]")
-    except (msgspec.DecodeError, RecursionError):  # a malformed arg: decode one by one
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # a malformed arg: one by one
         values = [_decode_one(piece) for piece in pieces]
     return [value if isinstance(value, list) else None for value in values]
 
@@ -418,7 +418,7 @@ def _decode_lists(blob: bytes, offsets: list[int], slots: np.ndarray) -> list:
 def _decode_one(text: bytes):
     try:
         return msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # read as not recorded
         return None
 
 
