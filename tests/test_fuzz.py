@@ -770,14 +770,14 @@ def run_in_process(path: Path) -> tuple[int, str, str, list[str], float, object]
     from trainprof.report import json as report_json
 
     printed = []
-    real_dumps = report_json.dumps
+    real_write = report_json.write_json_to
 
     def keeping(value, *args, **kwargs):
         printed.append(value)
-        return real_dumps(value, *args, **kwargs)
+        return real_write(value, *args, **kwargs)
 
     start = time.process_time()
-    with mock.patch.object(report_json, "dumps", keeping):
+    with mock.patch.object(report_json, "write_json_to", keeping):
         code, out, err, caught = _quiet(main, ["analyze", str(path), "--json", "--debug"])
     return code, out, err, caught, time.process_time() - start, printed[0] if printed else None
 
@@ -858,6 +858,7 @@ def run_mutant(seed: int, folder: Path, fixtures: Path) -> dict:
         *result, analysis = run_in_process(path)
         record["seconds"] = result[-1]
         record["analyze"] = check_outcome(*result)
+        assert (analysis is not None) == (record["analyze"] == "ok"), "the printed Analysis was not caught"
         if analysis is not None:
             start = time.process_time()
             (folder / "out").mkdir()
