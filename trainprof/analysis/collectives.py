@@ -306,9 +306,13 @@ def collectives(timeline: Timeline, compute: Coverage) -> list[Collective]:
     return out
 
 
-def _is_rocm(trace: Trace) -> bool:
-    device = trace.device_properties[0].get("name") if trace.device_properties else None
+def is_rocm_device(device: str | None) -> bool:
+    """Whether a trace's GPU (`deviceProperties[].name`) is AMD's: its collectives are RCCL's."""
     return isinstance(device, str) and device.startswith("AMD")
+
+
+def _is_rocm(trace: Trace) -> bool:
+    return is_rocm_device(trace.device_properties[0].get("name") if trace.device_properties else None)
 
 
 def _records_of_launches(trace: Trace, calls: EventTable, call: np.ndarray) -> np.ndarray:

@@ -19,10 +19,12 @@ from trainprof.analysis.collectives import (
     collectives,
     comm_totals,
     compute_spans,
+    is_rocm_device,
 )
 from trainprof.analysis.comm_findings import (
     exposed_comm_finding,
     framework_of,
+    hand_over_exposure,
     no_sync_finding,
     slow_collective_findings,
 )
@@ -116,6 +118,7 @@ def compose(results: list[TraceResult], limits: Thresholds) -> Analysis:
         findings.extend(cross_findings)
     else:
         findings.extend(_slow_on_one_rank(summaries[0], limits))
+    findings = hand_over_exposure(findings, limits)
     straggler = next((f for f in findings if f.kind == "straggler"), None)
     findings.sort(key=finding_order)
     return Analysis(
@@ -139,9 +142,13 @@ def _slow_on_one_rank(summary: RankSummary, limits: Thresholds) -> list[Finding]
         len(summary.step_ms_by_step),
         lambda group: link_for(summary.device, summary.visible_gpus, group),
     )
-    step_ms = sum(summary.step_ms_by_step) / max(len(summary.step_ms_by_step), 1)
+    n = max(len(summary.step_ms_by_step), 1)
+    step_ms = sum(summary.step_ms_by_step) / n
+    exposed_ms = sum(summary.exposed_comm_ms_by_step) / n
     rank = summary.rank if isinstance(summary.rank, int) else None
-    return slow_collective_findings(stats, step_ms, False, rank, limits)
+    return slow_collective_findings(
+        stats, step_ms, exposed_ms, False, rank, is_rocm_device(summary.device), limits
+    )
 
 
 class TraceResult(msgspec.Struct):

@@ -16,9 +16,9 @@ removed or changes meaning; new fields may appear without it.
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
 `ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
-`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`;
-`distributed.RankRow`), `step_count` (distinct step numbers), `summary`, `cross_rank` (null with one
-rank).
+`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`,
+`exposed_wait_ms_per_step`; `distributed.RankRow`), `step_count` (distinct step numbers),
+`summary`, `cross_rank` (null with one rank).
 
 trace.cross_rank (`distributed.CrossRank`): `ranks` (as trace.ranks), `step_skew_ms`,
 `step_skew_pct`, `straggler_rank`, `straggler_doing` (its verdict and largest GPU-idle holder in
@@ -155,7 +155,9 @@ in `traces[].verdict`):
   `memory_saved_bytes` (what the fix would save: what the family holds at the peak), `peak_bytes`,
   `by_category`, `largest` (the family's, as in `traces[].memory`).
 - exposed_communication (`comm_findings.ExposedCommDetails`): `comm_ms_per_step`,
-  `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`.
+  `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`,
+  `held_elsewhere` (`[{kind, op, ms_per_step}]`: the exposed time at stake in the straggler or a
+  slow-collective finding instead; the finding's `gpu_ms_per_step` is the rest).
 - no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
   `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
 - slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),

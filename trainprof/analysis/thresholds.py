@@ -137,6 +137,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "trace is communication-bound): from there hiding it is a gain a benchmark can tell from noise.",
     ),
     Threshold(
+        "exposed_comm_straggler_share",
+        0.5,
+        "When at least half of a rank's exposed communication is its wait for the straggler, the "
+        "exposed-communication finding points at the straggler instead of the overlap knobs: a "
+        "bucket size or prefetch setting cannot hide a wait for a late rank.",
+    ),
+    Threshold(
         "slow_collective_min_bytes",
         1048576.0,
         "A collective is held to its link's bandwidth only from 1 MiB: below, its time is latency "
