@@ -24,6 +24,7 @@ from trainprof.analysis.kernel_classes import KernelClass, classify_name
 from trainprof.analysis.peaks import KNOWN_DEVICES, known_device, measured_peaks
 from trainprof.analysis.work import op_work
 from trainprof.trace import load_trace
+from trainprof.report._format import headline
 
 MAIN = 100
 H200 = {"bf16": 804.0, "fp16": 773.0, "tf32": 404.0, "fp32": 50.5}  # the table's measured row
@@ -336,6 +337,31 @@ def test_a_gemm_gets_its_flops_dtype_share_and_the_mfu(tmp_path):
     assert result.summary.mfu_pct == busy.mfu_pct
     assert busy.peaks.source == "table" and "H200" in result.summary.peaks_source
     assert busy.model_tflop_per_step == pytest.approx(flops / 1e12, abs=1e-4)
+
+
+CONV = "void implicit_convolve_sgemm<float, float, 1024, 6, 7, 3, 3, 5, 1, false, true, true>(...)"
+
+
+@pytest.mark.parametrize("conv_us", [3_600, 40])
+def test_the_mfu_is_unknown_when_kernels_of_unknown_flops_hold_most_of_the_compute(tmp_path, conv_us):
+    # A bf16 GEMM of known FLOPs (400 µs) beside a convolution whose FLOPs no one recorded.
+    trace = TraceBuilder()
+    trace.step(1, 0, 10_000)
+    trace.op_kernel("aten::mm", [[4096, 4096], [4096, 4096]], [BF16, BF16], NVJET, 100, 200, 400)
+    trace.op_kernel("aten::cudnn_convolution", [[64, 3, 224, 224]], [F32], CONV, 150, 700, conv_us)
+    result = analyze(trace.write(tmp_path))
+    busy = _busy(result)
+    known_pct = 100 * 400 / (400 + conv_us)
+    assert busy.flops_known_pct == pytest.approx(known_pct, abs=0.01)
+    assert result.summary.mfu_flops_known_pct == pytest.approx(known_pct, abs=0.01)
+    (mfu,) = [value for label, value in headline(result) if label == "MFU"]
+    if conv_us > 400:  # 10% known: no misleading 0.x %
+        assert busy.mfu_pct is None and result.summary.mfu_pct is None
+        assert all(step.mfu_pct is None for step in busy.steps)
+        assert mfu == "unknown: FLOPs known for only 10% of the compute time"
+    else:
+        assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 804e12 / 10e-3, abs=0.01)
+        assert mfu.endswith("(counts the FLOPs of 91% of the compute time)")
 
 
 def test_the_step_is_the_gpu_time_of_its_kernels_when_the_host_runs_ahead(tmp_path):

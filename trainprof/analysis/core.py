@@ -215,7 +215,7 @@ def _analyze_one(
     busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
-        busy = busy_breakdown(timeline, work, costs)
+        busy = busy_breakdown(timeline, work, costs, limits)
         swap, swapped = swap_prediction(timeline, owners, work)
         findings.extend(busy_findings(trace, work, busy, swap, swapped, costs, trace.rank, limits))
     compiled = compile_stats(timeline)
@@ -351,8 +351,9 @@ def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
 
 
 def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
-    """The headline's GPU step time, MFU and peaks source over the traces (time-weighted), as
-    `Summary` fields; empty without GPU work."""
+    """The headline's GPU step time, MFU (and the share of the compute time whose FLOPs it
+    counts) and peaks source over the traces (time-weighted), as `Summary` fields; empty without
+    GPU work."""
     if not busy:
         return {}
     total_ms = sum(b.step_ms * n for b, n in busy)
@@ -360,9 +361,14 @@ def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
     mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
     dtypes = [b.mfu_dtype for b, _ in with_mfu]
     sources = [b.peaks.label for b, _ in busy if b.peaks is not None]
+    with_known = [(b, n) for b, n in busy if b.flops_known_pct is not None]
+    known_ms = sum(b.step_ms * n for b, n in with_known)
     return {
         "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
         "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
         "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
+        "mfu_flops_known_pct": round(sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms, 2)
+        if known_ms
+        else None,
         "peaks_source": max(set(sources), key=sources.count) if sources else None,
     }

@@ -36,8 +36,9 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
 work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
-`mfu_dtype`, `peaks_source` (the last four absent without GPU work; `mfu_pct` null without FLOPs or
-peaks).
+`mfu_dtype`, `mfu_flops_known_pct`, `peaks_source` (the last five absent without GPU work; `mfu_pct`
+null without FLOPs or peaks, or when the FLOPs it counts are those of less than
+`mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
@@ -87,7 +88,10 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
   summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
   attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
-  (those FLOPs at their dtype's peak over `step_ms`), `mfu_dtype`, `peaks` (`peaks.DevicePeaks`:
+  (those FLOPs at their dtype's peak over `step_ms`; null when the kernels whose FLOPs are known
+  hold less than `mfu_min_flops_known_share` of the compute time), `mfu_dtype`, `flops_known_pct`
+  (that share: the time of the FLOP-bound classes but unfused attention, and of `other`, whose
+  FLOPs are counted), `peaks` (`peaks.DevicePeaks`:
   `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s}`),
   `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
   achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
@@ -442,6 +446,9 @@ class Summary(Record, frozen=True):
     """Model FLOPs at the peak of their dtype over the GPU step time, time-weighted over the traces."""
     mfu_dtype: str | None = None
     """The math dtype holding most of the model FLOPs (the peak MFU is mostly read against)."""
+    mfu_flops_known_pct: float | None = None
+    """The share of the compute time whose FLOPs the MFU counts (`busy.flops_known_share`),
+    time-weighted; the MFU is null below `mfu_min_flops_known_share`."""
     peaks_source: str | None = None
     """Where the device peaks came from (`peaks.DevicePeaks.label`)."""
     reason: str | None = None

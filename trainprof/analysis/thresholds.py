@@ -163,6 +163,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "the gain is within a benchmark's run-to-run noise.",
     ),
     Threshold(
+        "mfu_min_flops_known_share",
+        0.5,
+        "The MFU counts the FLOPs it knows (GEMMs and attention from recorded shapes, convolutions "
+        "where `with_flops` recorded them); when kernels of unknown FLOPs (convolutions without "
+        "them, kernels of unknown class) hold more than half of the compute time, the MFU would be "
+        "a small fraction of the real one (0.0% on a ResNet): it is unknown instead.",
+    ),
+    Threshold(
         "gemm_shape_max_rate_share",
         0.5,
         "A GEMM with an unaligned or skinny shape is slow when it runs at under half the FLOP rate of "
