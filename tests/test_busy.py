@@ -23,8 +23,8 @@ from trainprof.analysis.fusion import FORWARD_BYTES_FACTOR, FUSED_BYTES_FACTOR, 
 from trainprof.analysis.kernel_classes import KernelClass, classify_name
 from trainprof.analysis.peaks import KNOWN_DEVICES, known_device, measured_peaks
 from trainprof.analysis.work import op_work
-from trainprof.trace import load_trace
 from trainprof.report._format import headline
+from trainprof.trace import load_trace
 
 MAIN = 100
 H200 = {"bf16": 804.0, "fp16": 773.0, "tf32": 404.0, "fp32": 50.5}  # the table's measured row

@@ -363,12 +363,11 @@ def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
     sources = [b.peaks.label for b, _ in busy if b.peaks is not None]
     with_known = [(b, n) for b, n in busy if b.flops_known_pct is not None]
     known_ms = sum(b.step_ms * n for b, n in with_known)
+    known_pct = sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms if known_ms else None
     return {
         "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
         "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
         "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
-        "mfu_flops_known_pct": round(sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms, 2)
-        if known_ms
-        else None,
+        "mfu_flops_known_pct": round(known_pct, 2) if known_pct is not None else None,
         "peaks_source": max(set(sources), key=sources.count) if sources else None,
     }
