@@ -410,6 +410,19 @@ def test_a_peaks_file_beside_the_trace_wins_over_the_table(tmp_path):
     assert "2026-12-01" in result.summary.peaks_source
 
 
+@pytest.mark.parametrize(
+    "device, short",
+    [("NVIDIA H100 80GB HBM3", "H100 SXM datasheet"), ("AMD Instinct MI300X", "Instinct MI300X datasheet")],
+)
+def test_table_peaks_have_a_short_label_and_their_source_in_full(tmp_path, device, short):
+    trace = TraceBuilder(device=device)
+    trace.step(1, 0, 10_000)
+    trace.op_kernel("aten::mm", [[4096, 4096], [4096, 4096]], [BF16, BF16], NVJET, 100, 200, 400)
+    summary = analyze(trace.write(tmp_path)).summary
+    assert summary.peaks_label == short
+    assert summary.peaks_source.startswith("table: ") and "datasheet, dense" in summary.peaks_source
+
+
 def test_a_damaged_peaks_file_is_ignored_with_a_warning(tmp_path, caplog):
     trace = TraceBuilder()
     trace.step(1, 0, 10_000)

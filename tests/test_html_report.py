@@ -4,6 +4,7 @@ session (`write_reports`) and by `trainprof report`. What a browser makes of it:
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import re
@@ -15,6 +16,7 @@ from trainprof.analysis import analyze
 from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE
 from trainprof.cli import main
 from trainprof.report import output_names, write_reports
+from trainprof.report._format import headline
 from trainprof.report.html import DATA_ELEMENT, render_html
 
 # The elements report.html is made of: a name from a trace becoming an element would show here.
@@ -105,6 +107,19 @@ def test_report_shows_the_analysis(pathologies_page):
         assert starts == pytest.approx(source.start_us[::500].tolist(), abs=0.02)  # deltas add up
     assert len(data["traces"][0]["flame"]["parent"]) == len(analysis.traces[0].views.flame.parent)
     assert [cause["key"] for cause in data["causes"]][:2] == ["launch", "sync"]
+
+
+def test_device_peaks_are_a_few_words_with_their_source_in_the_tooltip(pathologies_page):
+    analysis, page = pathologies_page
+    summary = analysis.summary
+    assert summary.peaks_label == "H200 (measured)"
+    assert "2026-11-25" in summary.peaks_source and len(summary.peaks_source) > 80  # the detail: JSON
+    (shown,) = [value for label, value in headline(analysis) if label == "device peaks"]
+    assert shown == summary.peaks_label
+    card = re.search(r'<div class="card" title="([^"]*)"><div class="label">device peaks</div>'
+                     r'<div class="value">([^<]*)</div>', page)
+    assert card is not None and card.group(2) == "H200 (measured)"
+    assert html.unescape(card.group(1)) == summary.peaks_source
 
 
 def test_hostile_names_are_text(hostile_page, hostile_trace):

@@ -360,7 +360,9 @@ def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
     with_mfu = [(b, n) for b, n in busy if b.mfu_pct is not None]
     mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
     dtypes = [b.mfu_dtype for b, _ in with_mfu]
-    sources = [b.peaks.label for b, _ in busy if b.peaks is not None]
+    peaks = [b.peaks for b, _ in busy if b.peaks is not None]
+    sources = [p.label for p in peaks]
+    labels = [p.short_label for p in peaks]
     with_known = [(b, n) for b, n in busy if b.flops_known_pct is not None]
     known_ms = sum(b.step_ms * n for b, n in with_known)
     known_pct = sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms if known_ms else None
@@ -370,4 +372,5 @@ def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
         "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
         "mfu_flops_known_pct": round(known_pct, 2) if known_pct is not None else None,
         "peaks_source": max(set(sources), key=sources.count) if sources else None,
+        "peaks_label": max(set(labels), key=labels.count) if labels else None,
     }

@@ -36,7 +36,8 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
 work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
-`mfu_dtype`, `mfu_flops_known_pct`, `peaks_source` (the last five absent without GPU work; `mfu_pct`
+`mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
+(measured)`, `H100 SXM datasheet`) (the last six absent without GPU work; `mfu_pct`
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
 `mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`).
 
@@ -92,7 +93,8 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   hold less than `mfu_min_flops_known_share` of the compute time), `mfu_dtype`, `flops_known_pct`
   (that share: the time of the FLOP-bound classes but unfused attention, and of `other`, whose
   FLOPs are counted), `peaks` (`peaks.DevicePeaks`:
-  `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s}`),
+  `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s,
+  short_label}`),
   `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
   achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
   `kernel_class` one of `kernel_classes.KernelClass`'s keys: gemm_fp32, gemm_tf32, gemm_bf16_fp16,
@@ -451,6 +453,8 @@ class Summary(Record, frozen=True):
     time-weighted; the MFU is null below `mfu_min_flops_known_share`."""
     peaks_source: str | None = None
     """Where the device peaks came from (`peaks.DevicePeaks.label`)."""
+    peaks_label: str | None = None
+    """The same in a few words, for a headline (`peaks.DevicePeaks.short_label`)."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 

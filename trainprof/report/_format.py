@@ -147,8 +147,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
     mfu = mfu_line(summary)
     if mfu is not None:
         rows.append(("MFU", mfu))
-    if summary.peaks_source is not None:
-        rows.append(("device peaks", clean(summary.peaks_source)))
+    if summary.peaks_label is not None:
+        rows.append(("device peaks", clean(summary.peaks_label)))
     if summary.peak_memory_bytes is not None:
         rows.append(("peak memory", size(summary.peak_memory_bytes)))
     memory = max((t.memory for t in analysis.traces if t.memory is not None), key=lambda m: m.peak_bytes,
@@ -167,6 +167,12 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
 
 FLOPS_ALL_KNOWN_PCT = 99.5
 """From this share of the compute time with known FLOPs the MFU line names no coverage."""
+
+
+def headline_notes(analysis: Analysis) -> dict[str, str]:
+    """The detail behind some headline rows, by label, for the HTML report's tooltips."""
+    source = analysis.summary.peaks_source
+    return {"device peaks": clean(source)} if source is not None else {}
 
 
 def mfu_line(summary: Summary) -> str | None:

@@ -122,9 +122,11 @@ def _subtitle(analysis: Analysis) -> str:
 
 
 def _summary(analysis: Analysis) -> str:
+    details = _format.headline_notes(analysis)
     cards = "".join(
-        f'<div class="card{" verdict" if label == "verdict" else ""}"><div class="label">{esc(label)}</div>'
-        f'<div class="value">{esc(value)}</div></div>'
+        f'<div class="card{" verdict" if label == "verdict" else ""}"'
+        + (f' title="{esc(details[label])}"' if label in details else "")
+        + f'><div class="label">{esc(label)}</div><div class="value">{esc(value)}</div></div>'
         for label, value in _format.headline(analysis)
     )
     verdicts = {trace.verdict.why: trace.verdict for trace in analysis.traces}
