@@ -15,7 +15,7 @@ import pytest
 from trainprof.analysis import analyze
 from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE
 from trainprof.cli import main
-from trainprof.report import output_names, write_reports
+from trainprof.report import output_names, ranks, write_reports
 from trainprof.report._format import headline
 from trainprof.report.html import DATA_ELEMENT, render_html
 
@@ -153,6 +153,38 @@ def test_report_size_is_bounded(fixtures_dir, fixture):
         assert all(len(lane["start"]) <= TIMELINE_EVENTS_PER_LANE for lane in trace["timeline"]["lanes"])
     if len(analysis.traces) > 1:
         assert '<section id="ranks">' in page and 'id="trace-select"' in page
+
+
+def test_ranks_section_shows_the_cross_rank_report_as_the_console_does(fixtures_dir):
+    analysis = analyze(fixtures_dir / "traces" / "ddp_straggler")
+    page = render_html(analysis)
+    section = page[page.index('<section id="ranks">'):]
+    section = section[: section.index("</section>")]
+    for label, value in ranks.headline(analysis.cross_rank):  # the skew and the straggler
+        assert f"<b>{label}</b>: {html.escape(value)}" in section
+    tables = ranks.tables(analysis.cross_rank)
+    assert [t.title.split()[0] for t in tables] == ["Ranks", "Collectives", "Longest"]
+    for table in tables:
+        heads = re.findall(r"<th[^>]*>([^<]*)</th>", section[section.index(html.escape(table.title)):])
+        assert heads[: len(table.columns)] == [html.escape(column.name) for column in table.columns]
+        for row in table.rows:
+            cells = "".join(
+                f'<td class="{"num" if column.numeric else "text"}"[^>]*>{re.escape(html.escape(cell))}</td>'
+                for column, cell in zip(table.columns, row, strict=True)
+            )
+            assert re.search(cells, section), row
+    by_rank = {row.rank: row for row in analysis.cross_rank.ranks}
+    straggler, waiter = by_rank[1], by_rank[0]  # rank 1 arrives last; rank 0 waits for it
+    assert analysis.cross_rank.straggler_rank == 1 and waiter.exposed_wait_ms_per_step > 40
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", section)
+    assert "1 (straggler)" in cells and "0" in cells and "0 (straggler)" not in cells
+    assert f"{waiter.exposed_wait_ms_per_step:,.1f}" in cells
+    assert " ".join(f"{ms:,.1f}" for ms in straggler.step_ms_by_step) in cells
+
+
+def test_single_rank_report_has_no_ranks_section(fixtures_dir):
+    page = render_html(analyze(fixtures_dir / "thirdparty" / "tl_mi300_resnet_act_ckpt"))
+    assert '<section id="ranks">' not in page and '<section id="findings">' in page
 
 
 def test_report_without_views_has_no_drawings(fixtures_dir):
