@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,13 @@ import pytest
 from trainprof.analysis import Analysis, analyze
 from trainprof.analysis.busy_findings import FUSED_ATTENTION_PEAK_SHARE, KERNEL_FLOOR_US
 from trainprof.analysis.fusion import FORWARD_BYTES_FACTOR, FUSED_BYTES_FACTOR, SWAPPABLE, rope_bytes
-from trainprof.analysis.kernel_classes import KernelClass, classify_name
+from trainprof.analysis.kernel_classes import (
+    GEMM_DTYPE_RULES,
+    NAME_RULES,
+    OP_RULES,
+    KernelClass,
+    classify_name,
+)
 from trainprof.analysis.peaks import KNOWN_DEVICES, known_device, measured_peaks
 from trainprof.analysis.work import op_work
 from trainprof.report._format import headline
@@ -209,6 +216,15 @@ def _class_row(result: Analysis, key: str):
 )
 def test_kernel_names_classify(name, kernel_class, dtype):
     assert classify_name(name) == (kernel_class, dtype)
+    # the rules match case-insensitively: the name's case changes nothing
+    assert classify_name(name.upper().replace("VOID ", "void ", 1)) == (kernel_class, dtype)
+
+
+def test_class_rules_are_lowercase_as_the_lowercased_names_they_search():
+    patterns = [rule.pattern for rule in NAME_RULES + OP_RULES] + [p for _, p in GEMM_DTYPE_RULES]
+    for pattern in patterns:
+        literal = re.sub(r"\\.", "", pattern)  # an escape (\b, \w) is not a letter to match
+        assert literal == literal.lower(), pattern
 
 
 def test_op_work_counts_flops_as_torch_does_and_bytes_read_and_written():

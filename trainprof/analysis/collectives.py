@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.links import Link
 from trainprof.analysis.result import Record
 from trainprof.analysis.thresholds import COLLECTIVES_KEPT
@@ -322,7 +323,7 @@ def _records_of_launches(trace: Trace, calls: EventTable, call: np.ndarray) -> n
     records = trace.collective_calls
     if records is None or not len(records):
         return found
-    for thread in np.unique(records.thread).tolist():
+    for thread in distinct(records.thread).tolist():
         mine = np.flatnonzero(records.thread == thread)
         rows = np.flatnonzero((call >= 0) & (calls.thread[np.clip(call, 0, None)] == thread))
         if not rows.size:

@@ -50,7 +50,6 @@ from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syn
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline, build_timeline
 from trainprof.analysis.verdict import Verdict, verdict
-from trainprof.analysis.views import trace_views
 from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace
 from trainprof.trace.load import first_event_us, gc_paused, trace_paths
@@ -237,7 +236,11 @@ def _analyze_one(
             findings.append(maybe)
     comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
     known_peaks = [p for p in peaks if p is not None]
-    drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work) if views else None
+    drawn = None
+    if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
+        from trainprof.analysis.views import trace_views
+
+        drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work)
     info = TraceInfo(
         file=str(trace.path),
         worker=trace.worker,
