@@ -285,12 +285,12 @@ def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, 
     import torch
 
     import trainprof
-    import trainprof.analysis.core as core
+    import trainprof.analysis.views as views
 
     def broken(*args):
         raise ValueError("broken view")
 
-    monkeypatch.setattr(core, "trace_views", broken)
+    monkeypatch.setattr(views, "trace_views", broken)
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with caplog.at_level(logging.WARNING, logger="trainprof"):
