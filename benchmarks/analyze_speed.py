@@ -6,6 +6,10 @@ contenders per fixture: trainprof in-process (`analyze(path)`), trainprof as a w
 (`trainprof analyze PATH --json`, interpreter start and imports included), and HTA
 (`TraceAnalysis(trace_dir=...)` plus its temporal, idle-time and kernel breakdowns).
 
+Both run from compiled bytecode, as an installed package does: the children write and read it in a
+scratch `PYTHONPYCACHEPREFIX` (even where `PYTHONDONTWRITEBYTECODE` is set), after one untimed run
+of each contender. Each figure is the median of `--repeat` runs, with their range.
+
     python -m benchmarks.analyze_speed --hta-python /tmp/hta/bin/python --out speed.json
 
 Scaling (time and peak RSS against trace size; synthetic traces made by repeating a real fixture's
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,22 +92,24 @@ def measure_argv(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "benchmarks.analyze_speed", "--measure", json.dumps(argv)]
 
 
-def best_of(runs: list[dict]) -> dict:
-    """Each time's minimum over the runs (noise on a shared machine only adds), and the largest peak RSS."""
+def median_of(runs: list[dict]) -> dict:
+    """Each figure's median over the runs, with its range (`*_range`: lowest, highest)."""
     good = [run for run in runs if "error" not in run]
     if not good:
         return runs[0]
-
-    def pick(key: str, choose) -> float | None:
+    summary: dict = {"runs": len(good)}
+    for key in ("process_s", "load_analyze_s", "peak_rss_mib"):
         values = [run[key] for run in good if run.get(key) is not None]
-        return choose(values) if values else None
+        summary[key] = round(statistics.median(values), 3) if values else None
+        summary[f"{key}_range"] = [min(values), max(values)] if values else None
+    return summary
 
-    return {
-        "process_s": pick("process_s", min),
-        "load_analyze_s": pick("load_analyze_s", min),
-        "peak_rss_mib": pick("peak_rss_mib", max),
-        "runs": len(good),
-    }
+
+def compiled_bytecode_env(cache: Path) -> dict[str, str]:
+    """The children's environment: bytecode written to and read from `cache`, as from an install."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache)
+    return env
 
 
 def trace_links(folder: Path, into: Path) -> Path:
@@ -118,11 +126,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES)
     parser.add_argument("--hta-python", default=None, help="interpreter of a venv with HolisticTraceAnalysis")
-    parser.add_argument("--repeat", type=int, default=5, help="runs per measurement; the fastest is kept")
+    parser.add_argument("--repeat", type=int, default=7, help="runs per measurement; the median is kept")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     rows = []
+    bytecode = tempfile.TemporaryDirectory()
+    env = compiled_bytecode_env(Path(bytecode.name))
     for folder in sorted(p for p in args.fixtures.iterdir() if p.is_dir()):
         size_mb = sum(f.stat().st_size for f in folder.glob("*.pt.trace.json*")) / 1e6
         row = {"fixture": folder.name, "gz_mb": round(size_mb, 2)}
@@ -142,20 +152,15 @@ def main() -> None:
                 # Peak RSS needs a process whose peak exceeds every earlier child's: measure it in a
                 # fresh wrapper process each time (the wrapper's RUSAGE_CHILDREN starts at zero).
                 runs = []
-                for _ in range(args.repeat):
-                    runs.append(
-                        json.loads(
-                            subprocess.run(
-                                measure_argv(argv),
-                                capture_output=True,
-                                text=True,
-                                cwd=REPO,
-                            ).stdout
-                            or '{"error": "no output"}'
-                        )
+                for run in range(args.repeat + 1):  # the first writes the bytecode: not kept
+                    done = subprocess.run(
+                        measure_argv(argv), capture_output=True, text=True, cwd=REPO, env=env
                     )
-                row[name] = best_of(runs)
+                    if run:
+                        runs.append(json.loads(done.stdout or '{"error": "no output"}'))
+                row[name] = median_of(runs)
         rows.append(row)
+    bytecode.cleanup()
 
     header = (
         f"{'fixture':18} {'gz MB':>6} | {'load+analysis s':>15} {'HTA s':>6} {'ratio':>6} |"

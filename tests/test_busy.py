@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -21,9 +22,16 @@ import pytest
 from trainprof.analysis import Analysis, analyze
 from trainprof.analysis.busy_findings import FUSED_ATTENTION_PEAK_SHARE, KERNEL_FLOOR_US
 from trainprof.analysis.fusion import FORWARD_BYTES_FACTOR, FUSED_BYTES_FACTOR, SWAPPABLE, rope_bytes
-from trainprof.analysis.kernel_classes import KernelClass, classify_name
+from trainprof.analysis.kernel_classes import (
+    GEMM_DTYPE_RULES,
+    NAME_RULES,
+    OP_RULES,
+    KernelClass,
+    classify_name,
+)
 from trainprof.analysis.peaks import KNOWN_DEVICES, known_device, measured_peaks
 from trainprof.analysis.work import op_work
+from trainprof.report._format import headline
 from trainprof.trace import load_trace
 
 MAIN = 100
@@ -209,6 +217,15 @@ def _class_row(result: Analysis, key: str):
 )
 def test_kernel_names_classify(name, kernel_class, dtype):
     assert classify_name(name) == (kernel_class, dtype)
+    # the rules match case-insensitively: the name's case changes nothing
+    assert classify_name(name.upper().replace("VOID ", "void ", 1)) == (kernel_class, dtype)
+
+
+def test_class_rules_are_lowercase_as_the_lowercased_names_they_search():
+    patterns = [rule.pattern for rule in NAME_RULES + OP_RULES] + [p for _, p in GEMM_DTYPE_RULES]
+    for pattern in patterns:
+        literal = re.sub(r"\\.", "", pattern)  # an escape (\b, \w) is not a letter to match
+        assert literal == literal.lower(), pattern
 
 
 def test_op_work_counts_flops_as_torch_does_and_bytes_read_and_written():
@@ -339,6 +356,31 @@ def test_a_gemm_gets_its_flops_dtype_share_and_the_mfu(tmp_path):
     assert busy.model_tflop_per_step == pytest.approx(flops / 1e12, abs=1e-4)
 
 
+CONV = "void implicit_convolve_sgemm<float, float, 1024, 6, 7, 3, 3, 5, 1, false, true, true>(...)"
+
+
+@pytest.mark.parametrize("conv_us", [3_600, 40])
+def test_the_mfu_is_unknown_when_kernels_of_unknown_flops_hold_most_of_the_compute(tmp_path, conv_us):
+    # A bf16 GEMM of known FLOPs (400 µs) beside a convolution whose FLOPs no one recorded.
+    trace = TraceBuilder()
+    trace.step(1, 0, 10_000)
+    trace.op_kernel("aten::mm", [[4096, 4096], [4096, 4096]], [BF16, BF16], NVJET, 100, 200, 400)
+    trace.op_kernel("aten::cudnn_convolution", [[64, 3, 224, 224]], [F32], CONV, 150, 700, conv_us)
+    result = analyze(trace.write(tmp_path))
+    busy = _busy(result)
+    known_pct = 100 * 400 / (400 + conv_us)
+    assert busy.flops_known_pct == pytest.approx(known_pct, abs=0.01)
+    assert result.summary.mfu_flops_known_pct == pytest.approx(known_pct, abs=0.01)
+    (mfu,) = [value for label, value in headline(result) if label == "MFU"]
+    if conv_us > 400:  # 10% known: no misleading 0.x %
+        assert busy.mfu_pct is None and result.summary.mfu_pct is None
+        assert all(step.mfu_pct is None for step in busy.steps)
+        assert mfu == "unknown: FLOPs known for only 10% of the compute time"
+    else:
+        assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 804e12 / 10e-3, abs=0.01)
+        assert mfu.endswith("(counts the FLOPs of 91% of the compute time)")
+
+
 def test_the_step_is_the_gpu_time_of_its_kernels_when_the_host_runs_ahead(tmp_path):
     # Host windows of 2 ms; each step launches 10 ms of kernels, which queue behind the previous step's.
     trace = TraceBuilder()
@@ -383,6 +425,19 @@ def test_a_peaks_file_beside_the_trace_wins_over_the_table(tmp_path):
     assert busy.peaks.source == "measured" and busy.peaks.matmul_tflops == {"bf16": 500.0}
     assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 500e12 / 10e-3, abs=0.01)
     assert "2026-12-01" in result.summary.peaks_source
+
+
+@pytest.mark.parametrize(
+    "device, short",
+    [("NVIDIA H100 80GB HBM3", "H100 SXM datasheet"), ("AMD Instinct MI300X", "Instinct MI300X datasheet")],
+)
+def test_table_peaks_have_a_short_label_and_their_source_in_full(tmp_path, device, short):
+    trace = TraceBuilder(device=device)
+    trace.step(1, 0, 10_000)
+    trace.op_kernel("aten::mm", [[4096, 4096], [4096, 4096]], [BF16, BF16], NVJET, 100, 200, 400)
+    summary = analyze(trace.write(tmp_path)).summary
+    assert summary.peaks_label == short
+    assert summary.peaks_source.startswith("table: ") and "datasheet, dense" in summary.peaks_source
 
 
 def test_a_damaged_peaks_file_is_ignored_with_a_warning(tmp_path, caplog):

@@ -4,6 +4,7 @@ session (`write_reports`) and by `trainprof report`. What a browser makes of it:
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import re
@@ -14,7 +15,8 @@ import pytest
 from trainprof.analysis import analyze
 from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE
 from trainprof.cli import main
-from trainprof.report import output_names, write_reports
+from trainprof.report import output_names, ranks, write_reports
+from trainprof.report._format import headline
 from trainprof.report.html import DATA_ELEMENT, render_html
 
 # The elements report.html is made of: a name from a trace becoming an element would show here.
@@ -107,6 +109,19 @@ def test_report_shows_the_analysis(pathologies_page):
     assert [cause["key"] for cause in data["causes"]][:2] == ["launch", "sync"]
 
 
+def test_device_peaks_are_a_few_words_with_their_source_in_the_tooltip(pathologies_page):
+    analysis, page = pathologies_page
+    summary = analysis.summary
+    assert summary.peaks_label == "H200 (measured)"
+    assert "2026-11-25" in summary.peaks_source and len(summary.peaks_source) > 80  # the detail: JSON
+    (shown,) = [value for label, value in headline(analysis) if label == "device peaks"]
+    assert shown == summary.peaks_label
+    card = re.search(r'<div class="card" title="([^"]*)"><div class="label">device peaks</div>'
+                     r'<div class="value">([^<]*)</div>', page)
+    assert card is not None and card.group(2) == "H200 (measured)"
+    assert html.unescape(card.group(1)) == summary.peaks_source
+
+
 def test_hostile_names_are_text(hostile_page, hostile_trace):
     page = hostile_page
     for name in (hostile_trace.kernel, hostile_trace.op, hostile_trace.python):
@@ -138,6 +153,38 @@ def test_report_size_is_bounded(fixtures_dir, fixture):
         assert all(len(lane["start"]) <= TIMELINE_EVENTS_PER_LANE for lane in trace["timeline"]["lanes"])
     if len(analysis.traces) > 1:
         assert '<section id="ranks">' in page and 'id="trace-select"' in page
+
+
+def test_ranks_section_shows_the_cross_rank_report_as_the_console_does(fixtures_dir):
+    analysis = analyze(fixtures_dir / "traces" / "ddp_straggler")
+    page = render_html(analysis)
+    section = page[page.index('<section id="ranks">'):]
+    section = section[: section.index("</section>")]
+    for label, value in ranks.headline(analysis.cross_rank):  # the skew and the straggler
+        assert f"<b>{label}</b>: {html.escape(value)}" in section
+    tables = ranks.tables(analysis.cross_rank)
+    assert [t.title.split()[0] for t in tables] == ["Ranks", "Collectives", "Longest"]
+    for table in tables:
+        heads = re.findall(r"<th[^>]*>([^<]*)</th>", section[section.index(html.escape(table.title)):])
+        assert heads[: len(table.columns)] == [html.escape(column.name) for column in table.columns]
+        for row in table.rows:
+            cells = "".join(
+                f'<td class="{"num" if column.numeric else "text"}"[^>]*>{re.escape(html.escape(cell))}</td>'
+                for column, cell in zip(table.columns, row, strict=True)
+            )
+            assert re.search(cells, section), row
+    by_rank = {row.rank: row for row in analysis.cross_rank.ranks}
+    straggler, waiter = by_rank[1], by_rank[0]  # rank 1 arrives last; rank 0 waits for it
+    assert analysis.cross_rank.straggler_rank == 1 and waiter.exposed_wait_ms_per_step > 40
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", section)
+    assert "1 (straggler)" in cells and "0" in cells and "0 (straggler)" not in cells
+    assert f"{waiter.exposed_wait_ms_per_step:,.1f}" in cells
+    assert " ".join(f"{ms:,.1f}" for ms in straggler.step_ms_by_step) in cells
+
+
+def test_single_rank_report_has_no_ranks_section(fixtures_dir):
+    page = render_html(analyze(fixtures_dir / "thirdparty" / "tl_mi300_resnet_act_ckpt"))
+    assert '<section id="ranks">' not in page and '<section id="findings">' in page
 
 
 def test_report_without_views_has_no_drawings(fixtures_dir):
@@ -238,12 +285,12 @@ def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, 
     import torch
 
     import trainprof
-    import trainprof.analysis.core as core
+    import trainprof.analysis.views as views
 
     def broken(*args):
         raise ValueError("broken view")
 
-    monkeypatch.setattr(core, "trace_views", broken)
+    monkeypatch.setattr(views, "trace_views", broken)
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with caplog.at_level(logging.WARNING, logger="trainprof"):

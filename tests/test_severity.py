@@ -8,12 +8,16 @@ third-party traces keep their verdicts.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 from test_idle_causes import STEP_US, TraceBuilder
 
-from trainprof.analysis import analyze
+from trainprof.analysis import Analysis, analyze
+
+# One worker analyses each fixture once for the tests that read it (`_analysed`).
+pytestmark = pytest.mark.xdist_group("severity")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -131,9 +135,14 @@ VERDICTS = {
 }
 
 
+@functools.cache
+def _analysed(folder: str) -> Analysis:
+    return analyze(FIXTURES / folder)
+
+
 @pytest.mark.parametrize("folder", _fixture_dirs())
 def test_no_finding_is_high_unless_it_costs_the_gpu_a_fifth_of_its_step(folder):
-    result = analyze(FIXTURES / folder)
+    result = _analysed(folder)
     if folder in VERDICTS:
         assert result.summary.verdict == VERDICTS[folder]
     for finding in result.findings:
@@ -145,6 +154,25 @@ def test_no_finding_is_high_unless_it_costs_the_gpu_a_fifth_of_its_step(folder):
                 t.verdict.step_ms for t in result.traces
             ]
             assert finding.gpu_ms_per_step >= 0.2 * min(steps), (finding.kind, finding.title)
+
+
+@pytest.mark.parametrize("folder", _fixture_dirs())
+def test_the_findings_of_a_step_never_put_more_gpu_time_at_stake_than_it_has(folder):
+    # Per trace, the GPU time its findings could win back adds up to at most its step as the GPU
+    # runs it (idle + busy: the longer of the host's window and the GPU's step). The straggler's
+    # time is the other ranks' wait for it: it counts on theirs; a finding across ranks on every one.
+    result = _analysed(folder)
+    straggler = next((f.rank for f in result.findings if f.kind == "straggler"), None)
+    for trace in result.traces:
+        at_stake = sum(
+            f.gpu_ms_per_step or 0.0
+            for f in result.findings
+            if (f.rank is None and f.window is None)
+            or (f.kind == "straggler" and trace.rank != straggler)
+            or (f.kind != "straggler" and f.rank == trace.rank and f.window in (None, trace.window))
+        )
+        step_ms = max(trace.verdict.step_ms, trace.busy.step_ms if trace.busy is not None else 0.0)
+        assert at_stake <= step_ms * (1 + 1e-6), [(f.kind, f.gpu_ms_per_step) for f in result.findings]
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,16 @@ def test_mi300_hip_launches_counted_and_comm_heavy(fixtures_dir, result_of):
     assert result.steps[0].times.comm_ms > 0  # RCCL
 
 
+def test_mi300_resnet_mfu_is_unknown_without_convolution_flops(result_of):
+    # ResNet's convolutions (MIOpen, no with_flops) hold most of its compute: its MFU is not 0.0%.
+    result = result_of("tl_mi300_resnet_act_ckpt")
+    (trace,) = _traces(result)
+    convolution = next(row for row in trace.busy.classes if row.kernel_class == "convolution")
+    assert convolution.achieved_tflops is None
+    assert result.summary.mfu_pct is None and trace.busy.mfu_pct is None
+    assert result.summary.mfu_flops_known_pct < 50
+
+
 def test_mi300_kernels_queued_before_the_trace_are_no_steps_own(fixtures_dir, result_of):
     # The GPU starts this trace ~30 ms behind the host: kernels launched before recording began
     # (no launch in the trace, correlation ids below every call's) run in the first two steps.

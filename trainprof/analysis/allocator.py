@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import UserFrames
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Record, Where
@@ -90,7 +91,7 @@ def allocator_calls(timeline: Timeline) -> AllocatorCalls | None:
     api_frame_start = np.full(len(rows), np.nan)
     threads = calls.thread[rows]
     python_code = FRAME_CATEGORIES.index("python_function")
-    for thread in np.unique(threads).tolist():
+    for thread in distinct(threads).tolist():
         on = np.flatnonzero(threads == thread)
         frames = trace.frames(int(thread))
         marked = (frames.category_codes == python_code) & (api_name[frames.name_ids] != None)  # noqa: E711

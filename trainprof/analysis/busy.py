@@ -51,7 +51,7 @@ from trainprof.analysis.kernel_classes import (
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES, DevicePeaks
 from trainprof.analysis.result import Record
-from trainprof.analysis.thresholds import MODULE_TABLE_ROWS
+from trainprof.analysis.thresholds import MODULE_TABLE_ROWS, Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.analysis.work import NO_WORK, OpWork, op_work
 from trainprof.trace.model import nearest_marked
@@ -135,7 +135,8 @@ class BusyBreakdown(Record, frozen=True):
 
     `step_ms`: mean step time (the longest of host window, kernel span and summed kernel time);
     `mfu_pct`: model FLOPs at the peak of their dtype over the step time (None when unknown),
-    `mfu_dtype`: the dtype holding most of them; `peaks`: the ceilings used and their source.
+    `mfu_dtype`: the dtype holding most of them; `flops_known_pct`: the share of the compute time
+    whose FLOPs are counted (`flops_known_share`); `peaks`: the ceilings used and their source.
     """
 
     step_ms: float
@@ -144,6 +145,7 @@ class BusyBreakdown(Record, frozen=True):
     model_tflop_per_step: float | None
     mfu_pct: float | None
     mfu_dtype: str | None
+    flops_known_pct: float | None
     peaks: DevicePeaks | None
     classes: list[ClassRow]
     modules: list[ModuleRow]
@@ -476,9 +478,13 @@ def _first_of_each(op: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return at[keep]
 
 
-def busy_breakdown(timeline: Timeline, work: KernelWork, costs: OwnerCosts) -> BusyBreakdown:
+def busy_breakdown(
+    timeline: Timeline, work: KernelWork, costs: OwnerCosts, thresholds: Thresholds
+) -> BusyBreakdown:
     """Per step, class and module: GPU time, shares, throughput and MFU (module docstring). Sets
-    `work.step_ms` (the mean step time the findings' shares are of)."""
+    `work.step_ms` (the mean step time the findings' shares are of). The MFU is unknown (None)
+    when the kernels whose FLOPs it counts hold less than `mfu_min_flops_known_share` of the
+    compute time (`flops_known_share`): it would be a fraction of the real one."""
     steps = timeline.steps
     n = len(steps)
     window = np.array([s.end_us - s.start_us for s in steps])
@@ -492,7 +498,8 @@ def busy_breakdown(timeline: Timeline, work: KernelWork, costs: OwnerCosts) -> B
     step_us = np.maximum(np.maximum(window, span), summed)
     ideal = np.bincount(work.step, weights=work.ideal_us, minlength=n)
     model = np.bincount(work.step, weights=work.flops * _FLOPS_CLASSES[work.kernel_class], minlength=n)
-    has_mfu = bool(ideal.sum() > 0)
+    known_share = flops_known_share(work)
+    has_mfu = bool(ideal.sum() > 0) and (known_share or 0.0) >= thresholds.mfu_min_flops_known_share
     total_us = float(step_us.sum())
     work.step_ms = total_us / 1e3 / max(n, 1)
     step_rows = [
@@ -522,11 +529,29 @@ def busy_breakdown(timeline: Timeline, work: KernelWork, costs: OwnerCosts) -> B
         model_tflop_per_step=round(float(model.sum()) / 1e12 / max(n, 1), 4) if model.sum() > 0 else None,
         mfu_pct=round(100.0 * float(ideal.sum()) / total_us, 2) if has_mfu and total_us > 0 else None,
         mfu_dtype=mfu_dtype,
+        flops_known_pct=round(100.0 * known_share, 2) if known_share is not None else None,
         peaks=work.peaks,
         classes=_class_rows(work),
         modules=_module_rows(work, costs),
         steps=step_rows,
     )
+
+
+def flops_known_share(work: KernelWork) -> float | None:
+    """The share of the compute time (kernels of the FLOP-bound classes, and those of unknown
+    class) whose FLOPs the analysis counts; None without such kernels. Unfused attention is left
+    out: its matrix products are GEMMs with known FLOPs, its masks and softmax carry none."""
+    compute = _COMPUTE_CLASSES[work.kernel_class]
+    compute_us = float(work.dur_us[compute].sum())
+    if compute_us <= 0:
+        return None
+    return float(work.dur_us[compute & work.carries(Work.FLOPS)].sum()) / compute_us
+
+
+_COMPUTE_CLASSES = _class_table(
+    c for c in CLASSES
+    if (c.work is Work.FLOPS and c is not KernelClass.ATTENTION_UNFUSED) or c is KernelClass.OTHER
+)
 
 
 class _Throughput(msgspec.Struct):

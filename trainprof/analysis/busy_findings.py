@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.busy import BusyBreakdown, KernelWork
 from trainprof.analysis.fusion import SwapPrediction
 from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
@@ -409,7 +410,7 @@ def _sdpa_math_ops(trace: Trace, work: KernelWork, mask: np.ndarray) -> np.ndarr
     rows = rows[rows >= 0]
     if math_id < 0 or not rows.size:
         return np.zeros(0, dtype=np.int64)
-    rows = np.unique(rows)
+    rows = distinct(rows)
     return rows[trace.events["cpu_op"].name[rows] == math_id]
 
 

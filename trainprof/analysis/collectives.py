@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.links import Link
 from trainprof.analysis.result import Record
 from trainprof.analysis.thresholds import COLLECTIVES_KEPT
@@ -306,9 +307,13 @@ def collectives(timeline: Timeline, compute: Coverage) -> list[Collective]:
     return out
 
 
-def _is_rocm(trace: Trace) -> bool:
-    device = trace.device_properties[0].get("name") if trace.device_properties else None
+def is_rocm_device(device: str | None) -> bool:
+    """Whether a trace's GPU (`deviceProperties[].name`) is AMD's: its collectives are RCCL's."""
     return isinstance(device, str) and device.startswith("AMD")
+
+
+def _is_rocm(trace: Trace) -> bool:
+    return is_rocm_device(trace.device_properties[0].get("name") if trace.device_properties else None)
 
 
 def _records_of_launches(trace: Trace, calls: EventTable, call: np.ndarray) -> np.ndarray:
@@ -318,7 +323,7 @@ def _records_of_launches(trace: Trace, calls: EventTable, call: np.ndarray) -> n
     records = trace.collective_calls
     if records is None or not len(records):
         return found
-    for thread in np.unique(records.thread).tolist():
+    for thread in distinct(records.thread).tolist():
         mine = np.flatnonzero(records.thread == thread)
         rows = np.flatnonzero((call >= 0) & (calls.thread[np.clip(call, 0, None)] == thread))
         if not rows.size:

@@ -4,6 +4,11 @@ of a gradient-accumulation step (no `no_sync()`), and collectives far below thei
 
 The framework is read from the trace's names (`FRAMEWORKS`); the fix from the first row of `KNOBS`
 that fits the framework and the most exposed op. Cut-offs: `thresholds.py`.
+
+One rank's exposed communication is the sum of what three findings could win back, and each
+millisecond is at stake in one of them (`hand_over_exposure`): its wait for a straggler (the
+straggler's finding), the time a slow collective would save at its link's speed (the slow
+collective's), and the rest, which overlap hides (the exposed-communication finding's).
 """
 
 from __future__ import annotations
@@ -127,9 +132,19 @@ class OpExposure(Record, frozen=True):
     exposed_ms_per_step: float
 
 
+class ExposureHeld(Record, frozen=True):
+    """Exposed communication whose GPU time is at stake in another finding: its kind (`straggler`:
+    the wait for it; `slow_collective`), its op (None for the wait) and the ms per step."""
+
+    kind: str
+    op: str | None
+    ms_per_step: float
+
+
 class ExposedCommDetails(Record, frozen=True):
     """The exposed-communication finding's evidence: communication, exposed and hidden per step,
-    the exposed time by op (most first), and the framework the fix is for."""
+    the exposed time by op (most first), the framework the fix is for, and the exposed time other
+    findings hold (`held_elsewhere`: the finding's GPU time at stake is what they leave)."""
 
     comm_ms_per_step: float
     exposed_ms_per_step: float
@@ -137,6 +152,7 @@ class ExposedCommDetails(Record, frozen=True):
     step_ms: float
     by_op: list[OpExposure]
     framework: str | None
+    held_elsewhere: list[ExposureHeld] = msgspec.field(default_factory=list)
 
 
 def exposed_comm_finding(
@@ -286,12 +302,40 @@ class SlowCollectiveDetails(Record, frozen=True):
         return {**msgspec.to_builtins(self), "collective": self.collective.to_dict()}
 
 
+# The checks for a collective far below its link, in the vendor's own tools: RCCL reads NCCL's
+# variables (NCCL_DEBUG, NCCL_P2P_DISABLE, ...), its topology tools are ROCm's.
+SLOW_COLLECTIVE_FIXES = {
+    "NCCL": (
+        "Check the transport NCCL chose (NCCL_DEBUG=INFO: NVLink/P2P against SHM or sockets; "
+        "NCCL_P2P_DISABLE and NCCL_IB_DISABLE unset), the topology (`nvidia-smi topo -m`: "
+        "GPUs behind one PCIe switch or on different sockets) and the NICs the job uses "
+        "(NCCL_IB_HCA, NCCL_SOCKET_IFNAME); bucket small collectives into larger ones."
+    ),
+    "RCCL": (
+        "Check the transport RCCL chose (NCCL_DEBUG=INFO, which RCCL reads: xGMI/P2P against SHM or "
+        "sockets; NCCL_P2P_DISABLE and NCCL_IB_DISABLE unset), the topology (`rocm-smi --showtopo` "
+        "or `amd-smi topology`: GPUs outside one xGMI hive or on different sockets) and the NICs the "
+        "job uses (NCCL_IB_HCA, NCCL_SOCKET_IFNAME); bucket small collectives into larger ones."
+    ),
+}
+
+
 def slow_collective_findings(
-    stats: list[CollectiveStats], step_ms: float, across_ranks: bool, rank: int | None, thresholds: Thresholds
+    stats: list[CollectiveStats],
+    step_ms: float,
+    exposed_ms_per_step: float,
+    across_ranks: bool,
+    rank: int | None,
+    rocm: bool,
+    thresholds: Thresholds,
 ) -> list[Finding]:
     """Ops whose median bus bandwidth is below `slow_collective_link_share` of their link, on
-    messages of at least `slow_collective_min_bytes` (smaller ones are latency-bound)."""
+    messages of at least `slow_collective_min_bytes` (smaller ones are latency-bound). What they
+    could win back comes out of the rank's exposed communication (`exposed_ms_per_step`), which
+    they share: an op's exposed time may count a collective that ran on past its step's end.
+    `rocm`: the fix names RCCL's and ROCm's tools."""
     findings = []
+    exposed_left = exposed_ms_per_step
     for row in stats:
         if row.busbw_gbps is None or row.link is None or row.link_pct is None or not row.median_bytes:
             continue
@@ -300,7 +344,8 @@ def slow_collective_findings(
         if row.link_pct >= 100 * thresholds.slow_collective_link_share:
             continue
         # Only exposed time costs the step; at the link's speed most of it would go.
-        won_ms = row.exposed_ms_per_step * (1 - row.link_pct / 100)
+        won_ms = max(min(row.exposed_ms_per_step, exposed_left), 0.0) * (1 - row.link_pct / 100)
+        exposed_left -= won_ms
         measured = "across ranks (the last arriver's time)" if across_ranks else (
             "on this rank alone (its times include any wait for later ranks: analyse every rank's trace "
             "to tell a slow link from a late rank)"
@@ -320,12 +365,7 @@ def slow_collective_findings(
                 count=0,
                 per_step=row.calls_per_step,
                 cost_ms=round(row.ms_per_step, 4),
-                fix=(
-                    "Check the transport NCCL chose (NCCL_DEBUG=INFO: NVLink/P2P against SHM or sockets; "
-                    "NCCL_P2P_DISABLE and NCCL_IB_DISABLE unset), the topology (`nvidia-smi topo -m`: "
-                    "GPUs behind one PCIe switch or on different sockets) and the NICs the job uses "
-                    "(NCCL_IB_HCA, NCCL_SOCKET_IFNAME); bucket small collectives into larger ones."
-                ),
+                fix=SLOW_COLLECTIVE_FIXES["RCCL" if rocm else "NCCL"],
                 rank=rank,
                 cause="a collective far below its link's bandwidth",
                 gpu_ms_per_step=round(won_ms, 4),
@@ -333,3 +373,71 @@ def slow_collective_findings(
             )
         )
     return findings
+
+
+def hand_over_exposure(findings: list[Finding], thresholds: Thresholds) -> list[Finding]:
+    """`findings` with each exposed-communication finding's GPU time at stake less the exposed time
+    that other findings hold (module docstring): first its rank's exposed wait for the straggler
+    (`distributed.RankRow.exposed_wait_ms_per_step`), then what the slow collectives of its rank
+    (or across ranks) would win back. When the wait is most of it (`exposed_comm_straggler_share`),
+    the finding says so and its fix points at the straggler instead of the overlap knobs."""
+    straggler = next((f for f in findings if f.kind == "straggler"), None)
+    waits = {row.rank: row.exposed_wait_ms_per_step for row in straggler.details.ranks} if straggler else {}
+    slow = [f for f in findings if f.kind == "slow_collective"]
+    return [
+        _net_of_held(
+            finding,
+            straggler,
+            waits.get(finding.rank, 0.0) if finding.rank is not None else 0.0,
+            [s for s in slow if s.rank in (None, finding.rank)],
+            thresholds,
+        )
+        if finding.kind == "exposed_communication"
+        else finding
+        for finding in findings
+    ]
+
+
+def _net_of_held(
+    finding: Finding, straggler: Finding | None, wait_ms: float, slow: list[Finding], thresholds: Thresholds
+) -> Finding:
+    details = finding.details
+    exposed = details.exposed_ms_per_step
+    left = exposed
+    held: list[ExposureHeld] = []
+    words: list[str] = []
+    if straggler is not None and straggler.rank != finding.rank and wait_ms > 0 and left > 0:
+        taken = min(left, wait_ms)
+        held.append(ExposureHeld("straggler", None, round(taken, 4)))
+        words.append(f"{taken:.1f} ms/step of it waiting for rank {straggler.rank}, the straggler")
+        left -= taken
+    for other in slow:
+        taken = min(left, other.gpu_ms_per_step or 0.0)
+        if taken > 0:
+            held.append(ExposureHeld("slow_collective", other.op, round(taken, 4)))
+            words.append(f"{taken:.1f} ms/step of it what the slow {other.op} would save")
+            left -= taken
+    if not held:
+        return finding
+    left = max(left, 0.0)
+    changes: dict[str, Any] = {}
+    waited = held[0].ms_per_step if held[0].kind == "straggler" else 0.0
+    if straggler is not None and waited >= thresholds.exposed_comm_straggler_share * exposed:
+        changes = {
+            "fix": (
+                f"Most of this rank's exposed communication ({waited:.1f} of {exposed:.1f} ms/step) is "
+                f"its wait inside collectives for rank {straggler.rank}, the straggler: balance what "
+                f"rank {straggler.rank} does (the straggler finding) first; no bucket size or overlap "
+                "setting hides a wait for a late rank."
+            ),
+            "cause": f"waiting inside collectives for rank {straggler.rank}, the straggler",
+        }
+    see = "those findings" if len(held) > 1 else "that finding"
+    return msgspec.structs.replace(
+        finding,
+        title=f"{finding.title} ({'; '.join(words)}: see {see})",
+        severity=severity_for(left, details.step_ms, thresholds),
+        gpu_ms_per_step=round(left, 4),
+        details=msgspec.structs.replace(details, held_elsewhere=held),
+        **changes,
+    )

@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import UserFrames
 from trainprof.analysis.causes import COMPILE_FRAMES
 from trainprof.analysis.intervals import Coverage
@@ -164,7 +165,7 @@ def _resume_sites(trace) -> list[str]:
     if not len(python):
         return []
     sites = set()
-    for name_id in np.unique(python.name).tolist():
+    for name_id in distinct(python.name).tolist():
         found = _RESUME.search(trace.names[name_id])
         if found is not None:
             sites.add(f"{found.group(1)} line {found.group(2)}")

@@ -19,10 +19,12 @@ from trainprof.analysis.collectives import (
     collectives,
     comm_totals,
     compute_spans,
+    is_rocm_device,
 )
 from trainprof.analysis.comm_findings import (
     exposed_comm_finding,
     framework_of,
+    hand_over_exposure,
     no_sync_finding,
     slow_collective_findings,
 )
@@ -48,7 +50,6 @@ from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syn
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline, build_timeline
 from trainprof.analysis.verdict import Verdict, verdict
-from trainprof.analysis.views import trace_views
 from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace
 from trainprof.trace.load import first_event_us, gc_paused, trace_paths
@@ -116,6 +117,7 @@ def compose(results: list[TraceResult], limits: Thresholds) -> Analysis:
         findings.extend(cross_findings)
     else:
         findings.extend(_slow_on_one_rank(summaries[0], limits))
+    findings = hand_over_exposure(findings, limits)
     straggler = next((f for f in findings if f.kind == "straggler"), None)
     findings.sort(key=finding_order)
     return Analysis(
@@ -139,9 +141,13 @@ def _slow_on_one_rank(summary: RankSummary, limits: Thresholds) -> list[Finding]
         len(summary.step_ms_by_step),
         lambda group: link_for(summary.device, summary.visible_gpus, group),
     )
-    step_ms = sum(summary.step_ms_by_step) / max(len(summary.step_ms_by_step), 1)
+    n = max(len(summary.step_ms_by_step), 1)
+    step_ms = sum(summary.step_ms_by_step) / n
+    exposed_ms = sum(summary.exposed_comm_ms_by_step) / n
     rank = summary.rank if isinstance(summary.rank, int) else None
-    return slow_collective_findings(stats, step_ms, False, rank, limits)
+    return slow_collective_findings(
+        stats, step_ms, exposed_ms, False, rank, is_rocm_device(summary.device), limits
+    )
 
 
 class TraceResult(msgspec.Struct):
@@ -208,7 +214,7 @@ def _analyze_one(
     busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
-        busy = busy_breakdown(timeline, work, costs)
+        busy = busy_breakdown(timeline, work, costs, limits)
         swap, swapped = swap_prediction(timeline, owners, work)
         findings.extend(busy_findings(trace, work, busy, swap, swapped, costs, trace.rank, limits))
     compiled = compile_stats(timeline)
@@ -230,7 +236,11 @@ def _analyze_one(
             findings.append(maybe)
     comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
     known_peaks = [p for p in peaks if p is not None]
-    drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work) if views else None
+    drawn = None
+    if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
+        from trainprof.analysis.views import trace_views
+
+        drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work)
     info = TraceInfo(
         file=str(trace.path),
         worker=trace.worker,
@@ -344,18 +354,26 @@ def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
 
 
 def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
-    """The headline's GPU step time, MFU and peaks source over the traces (time-weighted), as
-    `Summary` fields; empty without GPU work."""
+    """The headline's GPU step time, MFU (and the share of the compute time whose FLOPs it
+    counts) and peaks source over the traces (time-weighted), as `Summary` fields; empty without
+    GPU work."""
     if not busy:
         return {}
     total_ms = sum(b.step_ms * n for b, n in busy)
     with_mfu = [(b, n) for b, n in busy if b.mfu_pct is not None]
     mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
     dtypes = [b.mfu_dtype for b, _ in with_mfu]
-    sources = [b.peaks.label for b, _ in busy if b.peaks is not None]
+    peaks = [b.peaks for b, _ in busy if b.peaks is not None]
+    sources = [p.label for p in peaks]
+    labels = [p.short_label for p in peaks]
+    with_known = [(b, n) for b, n in busy if b.flops_known_pct is not None]
+    known_ms = sum(b.step_ms * n for b, n in with_known)
+    known_pct = sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms if known_ms else None
     return {
         "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
         "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
         "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
+        "mfu_flops_known_pct": round(known_pct, 2) if known_pct is not None else None,
         "peaks_source": max(set(sources), key=sources.count) if sources else None,
+        "peaks_label": max(set(labels), key=labels.count) if labels else None,
     }

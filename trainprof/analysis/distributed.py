@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from trainprof.analysis.arrays import numpy_round
-from trainprof.analysis.collectives import Collective, CollectiveStats, bus_bandwidth_gbps, collective_stats
+from trainprof.analysis.collectives import (
+    Collective,
+    CollectiveStats,
+    bus_bandwidth_gbps,
+    collective_stats,
+    is_rocm_device,
+)
 from trainprof.analysis.comm_findings import slow_collective_findings
 from trainprof.analysis.links import link_for
 from trainprof.analysis.result import Finding, Record, Where
@@ -122,7 +128,9 @@ class RankRow(Record, frozen=True):
     non-communication ms per step, exposed communication ms per step, each step's duration, its
     verdict, how often it arrived last at a collective (% of the matched collectives it took part
     in) and how long it waited inside collectives for later ranks (ms per step: the union over
-    its collectives of the time from each one's start until the last rank joined)."""
+    its collectives of the time from each one's start until the last rank joined), and the part of
+    that wait no compute hid (`exposed_wait_ms_per_step`, at least: per collective, its exposed
+    time less the transfer's; per step, at most the step's exposed communication)."""
 
     rank: int | str
     step_ms: float
@@ -133,6 +141,7 @@ class RankRow(Record, frozen=True):
     verdict: str
     last_arrival_pct: float | None
     waited_ms_per_step: float
+    exposed_wait_ms_per_step: float
 
 
 class CollectiveMatch(Record, frozen=True):
@@ -187,12 +196,17 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
     """Merge the ranks' summaries (module docstring) into the cross-rank report and its findings:
     the straggler, and collectives far below their link (from transfer times)."""
     summaries = _ordered(summaries)
-    matched, waited_us, last_count, present, transfer = _match(summaries)
+    matched, waited_us, exposed_wait_us, last_count, present, transfer = _match(summaries)
     rows = []
     for summary in summaries:
         n = max(len(summary.step_ms_by_step), 1)
         step_ms = sum(summary.step_ms_by_step) / n
         comm_ms = sum(summary.comm_ms_by_step) / n
+        waits = exposed_wait_us[summary.rank]
+        exposed_wait_ms = sum(
+            min(waits.get(number, 0.0) / 1e3, exposed)
+            for number, exposed in zip(summary.step_numbers, summary.exposed_comm_ms_by_step, strict=True)
+        )
         rows.append(
             RankRow(
                 rank=summary.rank,
@@ -206,6 +220,7 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
                 if present[summary.rank]
                 else None,
                 waited_ms_per_step=round(waited_us[summary.rank] / 1e3 / n, 4),
+                exposed_wait_ms_per_step=round(exposed_wait_ms / n, 4),
             )
         )
     skew_ms, skew_pct = _skew(summaries)
@@ -221,7 +236,10 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
         across_ranks=True,
     )
     median_step = median(row.step_ms for row in rows) if rows else 0.0
-    findings += slow_collective_findings(stats, median_step, True, None, thresholds)
+    median_exposed = median(row.comm_exposed_ms for row in rows) if rows else 0.0
+    findings += slow_collective_findings(
+        stats, median_step, median_exposed, True, None, is_rocm_device(first.device), thresholds
+    )
     report = CrossRank(
         ranks=rows,
         step_skew_ms=skew_ms,
@@ -234,16 +252,20 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
     return report, findings
 
 
-def _match(summaries: list[RankSummary]) -> tuple[list[CollectiveMatch], dict, dict, dict, list[Collective]]:
-    """Match the ranks' collectives (module docstring). Returns the matches, per rank its wait (µs)
-    and how often it arrived last and took part, and per match the last arriver's record: its
-    duration is the transfer time, its exposed time the transfer's."""
+def _match(
+    summaries: list[RankSummary],
+) -> tuple[list[CollectiveMatch], dict, dict, dict, dict, list[Collective]]:
+    """Match the ranks' collectives (module docstring). Returns the matches, per rank its wait (µs),
+    its exposed wait per step number (µs, summed: `RankRow.exposed_wait_ms_per_step`) and how often
+    it arrived last and took part, and per match the last arriver's record: its duration is the
+    transfer time, its exposed time the transfer's."""
     by_key: dict[tuple, list[tuple[int | str, Collective]]] = defaultdict(list)
     for summary in summaries:
         for call in summary.collectives:
             by_key[(call.step, call.group_size, call.index)].append((summary.rank, call))
     matched, transfer = [], []
     waits: dict[int | str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    exposed_waits: dict[int | str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     last_count: dict[int | str, int] = defaultdict(int)
     present: dict[int | str, int] = defaultdict(int)
     for (step, _, index), members in by_key.items():
@@ -258,6 +280,8 @@ def _match(summaries: list[RankSummary]) -> tuple[list[CollectiveMatch], dict, d
             # A rank waits from its kernel's start until the last rank joins, then transfers.
             start = call.start_offset_us
             waits[rank][step].append((start, start + call.duration_us - shortest))
+            # Of its time, at most `shortest` is transfer: the rest of its exposed time is waiting.
+            exposed_waits[rank][step] += max(call.exposed_us - shortest, 0.0)
         last_count[last_rank] += 1
         longest = max(call.duration_us for _, call in members)
         matched.append(
@@ -275,7 +299,7 @@ def _match(summaries: list[RankSummary]) -> tuple[list[CollectiveMatch], dict, d
         )
         transfer.append(last_call)
     waited_us = {rank: sum(_union_us(spans) for spans in by_step.values()) for rank, by_step in waits.items()}
-    return matched, defaultdict(float, waited_us), last_count, present, transfer
+    return matched, defaultdict(float, waited_us), exposed_waits, last_count, present, transfer
 
 
 def _union_us(spans: list[tuple[float, float]]) -> float:
@@ -325,7 +349,7 @@ def straggler_finding(
 ) -> Finding | None:
     """The rank whose non-communication time is much longer than the others' (they wait for it
     inside collectives): by `straggler_min_excess_ms` and `straggler_min_excess_fraction` of the
-    median step. Its severity is the others' wait for it against the median step."""
+    median step. Its severity is the others' exposed wait for it against the median step."""
     if len(table) < 2:
         return None
     slowest = max(table, key=lambda r: r.non_comm_ms)
@@ -339,8 +363,11 @@ def straggler_finding(
     if excess < min_excess:
         return None
     others_comm = median(r.comm_ms for r in others)
-    # What balancing it wins back: the others' wait for it, at most its excess.
-    won_ms = min(excess, others_comm) if others_comm > 0 else excess
+    # What balancing it wins back: the GPU time the others wait for it with no compute to hide
+    # the wait (their exposed communication holds the rest), at most its excess; its excess
+    # where no collective shows the wait.
+    others_wait = median(r.exposed_wait_ms_per_step for r in others)
+    won_ms = min(excess, others_wait) if others_comm > 0 else excess
     doing = next(s.doing for s in summaries if s.rank == slowest.rank)
     arrived = (
         f"; it arrived last at {slowest.last_arrival_pct:.0f}% of the collectives"

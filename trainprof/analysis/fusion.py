@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import BACKWARD, FORWARD, MODULE_PREFIX, KernelOwners
 from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.result import Record
@@ -214,7 +215,7 @@ def _inside_function(
     kernels = work.rows[candidates]
     thread = owners.site_thread[kernels]
     python = FRAME_CATEGORIES.index("python_function")
-    for t in np.unique(thread[thread >= 0]).tolist():
+    for t in distinct(thread[thread >= 0]).tolist():
         at = candidates[thread == t]
         frames = trace.frames(int(t))
         marked = is_function[frames.name_ids] & (frames.category_codes == python)

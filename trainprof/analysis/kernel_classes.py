@@ -83,8 +83,9 @@ GEMM_CLASS_OF_DTYPE = {
 
 
 class Rule(NamedTuple):
-    """Kernels whose name (or launching op's name) matches `pattern` (searched, case-insensitive) are
-    `kernel_class`; `why` says what the names are."""
+    """Kernels whose name (or launching op's name) matches `pattern` are `kernel_class`; `why` says
+    what the names are. Patterns are lowercase and searched in the lowercased name: the same match as
+    `re.IGNORECASE`, a quarter of its time on ATen's long template names."""
 
     pattern: str
     kernel_class: KernelClass
@@ -256,7 +257,7 @@ SDPA_MATH_OP = "aten::_scaled_dot_product_attention_math"
 @functools.cache
 def _compiled(rules: tuple) -> tuple:
     """The rules' patterns compiled, once, on first use (not at import)."""
-    return tuple((re.compile(pattern, re.IGNORECASE), value) for pattern, value, *_ in rules)
+    return tuple((re.compile(pattern), value) for pattern, value, *_ in rules)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -265,7 +266,7 @@ def classify_name(name: str) -> tuple[KernelClass, str | None]:
 
     Cached: the windows and ranks of one run share their kernel names.
     """
-    short = name.removeprefix("void ")
+    short = name.removeprefix("void ").lower()
     kernel_class = next(
         (cls for pattern, cls in _compiled(NAME_RULES) if pattern.search(short)), KernelClass.OTHER
     )
@@ -279,4 +280,5 @@ def classify_name(name: str) -> tuple[KernelClass, str | None]:
 @functools.lru_cache(maxsize=4096)
 def classify_op(name: str) -> KernelClass:
     """The class an op's kernels have when their names say nothing (`OTHER` when the op does not either)."""
-    return next((cls for pattern, cls in _compiled(OP_RULES) if pattern.search(name)), KernelClass.OTHER)
+    lowered = name.lower()
+    return next((cls for pattern, cls in _compiled(OP_RULES) if pattern.search(lowered)), KernelClass.OTHER)

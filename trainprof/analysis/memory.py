@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import BACKWARD, OPTIMIZER, AttributionIndex, attribute_sites
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding, Record, Where
@@ -313,8 +314,11 @@ def _series_points(total: np.ndarray) -> np.ndarray:
     picks = []
     for extreme in (np.minimum, np.maximum):
         at = np.flatnonzero(total == extreme.reduceat(total, starts)[slice_of])
-        picks.append(at[np.unique(slice_of[at], return_index=True)[1]])  # the first of each slice
-    return np.unique(np.concatenate(picks))
+        slices = slice_of[at]  # ascending, as `at` is
+        first = np.ones(len(at), dtype=bool)
+        np.not_equal(slices[1:], slices[:-1], out=first[1:])
+        picks.append(at[first])  # the first of each slice
+    return distinct(np.concatenate(picks))
 
 
 def memory_finding(

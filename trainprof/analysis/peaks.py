@@ -24,7 +24,8 @@ class DevicePeaks(Record, frozen=True):
     lacks is absent) and copy bandwidth in TB/s (bytes read plus written per second).
 
     `source` is `measured` (by the session, on this device) or `table` (`KNOWN_DEVICES`);
-    `detail` says which measurement or which row and its origin, for the report.
+    `detail` says which measurement or which row and its origin, for the report; `short_label` is a
+    few words for a headline (`H200 (measured)`, `H100 SXM datasheet`).
     """
 
     device: str
@@ -32,6 +33,7 @@ class DevicePeaks(Record, frozen=True):
     detail: str
     matmul_tflops: dict[str, float]
     copy_tb_s: float | None
+    short_label: str
 
     def flops_per_s(self, dtype: str | None) -> float | None:
         """The matmul peak of `dtype` in FLOP/s, or None when unknown."""
@@ -49,24 +51,41 @@ class DevicePeaks(Record, frozen=True):
         return f"{self.source}: {self.detail}"
 
 
+class Origin(NamedTuple):
+    """Where a `KNOWN_DEVICES` row's figures come from: in a word (`short`) and in full (`detail`)."""
+
+    short: str
+    detail: str
+
+
 class KnownDevice(NamedTuple):
     """One row of `KNOWN_DEVICES`: the devices whose trace name matches `pattern` (a regex searched in
     `deviceProperties.name`; `min_memory_gib`, when set, also requires that much `totalGlobalMem`)."""
 
     pattern: str
     label: str
-    origin: str
+    origin: Origin
     matmul_tflops: dict[str, float]
     copy_tb_s: float
     min_memory_gib: float = 0.0
 
 
-_MEASURED_H200 = (
+_MEASURED_H200 = Origin(
+    "(measured)",
     "measured by this project on the lent H200, torch 2.11, 2026-11-25: an 8192^3 matmul per dtype, "
-    "a 4 GiB device-to-device copy (tests/fixtures/busy/timings.json)"
+    "a 4 GiB device-to-device copy (tests/fixtures/busy/timings.json)",
 )
-_NVIDIA = "NVIDIA datasheet, dense (no sparsity); memory bandwidth, a copy reaches ~90% of it"
-_AMD = "AMD datasheet, dense (no sparsity); memory bandwidth, a copy reaches ~90% of it"
+_NVIDIA = Origin(
+    "datasheet", "NVIDIA datasheet, dense (no sparsity); memory bandwidth, a copy reaches ~90% of it"
+)
+_AMD = Origin("datasheet", "AMD datasheet, dense (no sparsity); memory bandwidth, a copy reaches ~90% of it")
+
+
+def _without_vendor(device: str) -> str:
+    """`H100 SXM` for `NVIDIA H100 SXM`: the short label leaves the vendor out."""
+    for vendor in ("NVIDIA ", "AMD "):
+        device = device.removeprefix(vendor)
+    return device
 
 KNOWN_DEVICES: tuple[KnownDevice, ...] = (
     # First match wins: specific names before the families that contain them.
@@ -182,9 +201,10 @@ def device_peaks(trace: Trace) -> DevicePeaks | None:
     return DevicePeaks(
         device=name,
         source="table",
-        detail=f"{row.label}, {row.origin}",
+        detail=f"{row.label}, {row.origin.detail}",
         matmul_tflops=dict(row.matmul_tflops),
         copy_tb_s=row.copy_tb_s,
+        short_label=f"{_without_vendor(row.label)} {row.origin.short}",
     )
 
 
@@ -209,6 +229,7 @@ def measured_peaks(document: dict, trace_device: str | None) -> DevicePeaks | No
         detail=f"on this device by the session ({how})" if how else "on this device by the session",
         matmul_tflops=tflops,
         copy_tb_s=float(copy) if _positive(copy) else None,
+        short_label=f"{_without_vendor(device)} (measured)",
     )
 
 

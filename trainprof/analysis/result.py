@@ -16,9 +16,9 @@ removed or changes meaning; new fields may appear without it.
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
 `ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
-`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`;
-`distributed.RankRow`), `step_count` (distinct step numbers), `summary`, `cross_rank` (null with one
-rank).
+`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`,
+`exposed_wait_ms_per_step`; `distributed.RankRow`), `step_count` (distinct step numbers),
+`summary`, `cross_rank` (null with one rank).
 
 trace.cross_rank (`distributed.CrossRank`): `ranks` (as trace.ranks), `step_skew_ms`,
 `step_skew_pct`, `straggler_rank`, `straggler_doing` (its verdict and largest GPU-idle holder in
@@ -36,8 +36,10 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
 work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
-`mfu_dtype`, `peaks_source` (the last four absent without GPU work; `mfu_pct` null without FLOPs or
-peaks).
+`mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
+(measured)`, `H100 SXM datasheet`) (the last six absent without GPU work; `mfu_pct`
+null without FLOPs or peaks, or when the FLOPs it counts are those of less than
+`mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
@@ -87,8 +89,12 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
   summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
   attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
-  (those FLOPs at their dtype's peak over `step_ms`), `mfu_dtype`, `peaks` (`peaks.DevicePeaks`:
-  `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s}`),
+  (those FLOPs at their dtype's peak over `step_ms`; null when the kernels whose FLOPs are known
+  hold less than `mfu_min_flops_known_share` of the compute time), `mfu_dtype`, `flops_known_pct`
+  (that share: the time of the FLOP-bound classes but unfused attention, and of `other`, whose
+  FLOPs are counted), `peaks` (`peaks.DevicePeaks`:
+  `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s,
+  short_label}`),
   `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
   achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
   `kernel_class` one of `kernel_classes.KernelClass`'s keys: gemm_fp32, gemm_tf32, gemm_bf16_fp16,
@@ -155,7 +161,9 @@ in `traces[].verdict`):
   `memory_saved_bytes` (what the fix would save: what the family holds at the peak), `peak_bytes`,
   `by_category`, `largest` (the family's, as in `traces[].memory`).
 - exposed_communication (`comm_findings.ExposedCommDetails`): `comm_ms_per_step`,
-  `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`.
+  `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`,
+  `held_elsewhere` (`[{kind, op, ms_per_step}]`: the exposed time at stake in the straggler or a
+  slow-collective finding instead; the finding's `gpu_ms_per_step` is the rest).
 - no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
   `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
 - slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
@@ -440,8 +448,13 @@ class Summary(Record, frozen=True):
     """Model FLOPs at the peak of their dtype over the GPU step time, time-weighted over the traces."""
     mfu_dtype: str | None = None
     """The math dtype holding most of the model FLOPs (the peak MFU is mostly read against)."""
+    mfu_flops_known_pct: float | None = None
+    """The share of the compute time whose FLOPs the MFU counts (`busy.flops_known_share`),
+    time-weighted; the MFU is null below `mfu_min_flops_known_share`."""
     peaks_source: str | None = None
     """Where the device peaks came from (`peaks.DevicePeaks.label`)."""
+    peaks_label: str | None = None
+    """The same in a few words, for a headline (`peaks.DevicePeaks.short_label`)."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 

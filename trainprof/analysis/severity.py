@@ -11,10 +11,12 @@ What each kind counts as `Finding.gpu_ms_per_step`:
   waits (the queue has drained), plus the refill after it, at most the lead the host had
   (`syncs.SyncPoint.gpu_cost_us`);
 - a recompile: the GPU idle while compiling, per step;
-- a straggler: the other ranks' wait for it, per step (at most its excess work);
-- exposed communication: the communication no compute hides, per step; gradients synced on every
-  micro-batch (no_sync_missing): the exposed part of the early micro-batches' syncs; a slow
-  collective: the part of its exposed time that the link's bandwidth would win back;
+- a straggler: the other ranks' exposed wait for it, per step (at most its excess work);
+- a slow collective: the part of its rank's exposed communication that the link's bandwidth would
+  win back; exposed communication: the communication no compute hides, per step, less what the
+  straggler and slow-collective findings hold of it (`comm_findings.hand_over_exposure`);
+  gradients synced on every micro-batch (no_sync_missing): the exposed part of the early
+  micro-batches' syncs;
 - the findings on GPU-busy waste (gemm_precision, unfused_attention, fusible_layers,
   memory_bound_kernels, gemm_shape): the predicted saving of GPU time per step (`busy_findings`);
 - profiler overhead and one-off costs: 0, since an un-profiled run in its steady state does not

@@ -138,6 +138,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "trace is communication-bound): from there hiding it is a gain a benchmark can tell from noise.",
     ),
     Threshold(
+        "exposed_comm_straggler_share",
+        0.5,
+        "When at least half of a rank's exposed communication is its wait for the straggler, the "
+        "exposed-communication finding points at the straggler instead of the overlap knobs: a "
+        "bucket size or prefetch setting cannot hide a wait for a late rank.",
+    ),
+    Threshold(
         "slow_collective_min_bytes",
         1048576.0,
         "A collective is held to its link's bandwidth only from 1 MiB: below, its time is latency "
@@ -155,6 +162,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "A finding on GPU-busy waste (fp32 GEMMs, unfused attention, unfused norms and activations, "
         "slow GEMM shapes) is made when what its fix wins back is at least 3% of the step: below, "
         "the gain is within a benchmark's run-to-run noise.",
+    ),
+    Threshold(
+        "mfu_min_flops_known_share",
+        0.5,
+        "The MFU counts the FLOPs it knows (GEMMs and attention from recorded shapes, convolutions "
+        "where `with_flops` recorded them); when kernels of unknown FLOPs (convolutions without "
+        "them, kernels of unknown class) hold more than half of the compute time, the MFU would be "
+        "a small fraction of the real one (0.0% on a ResNet): it is unknown instead.",
     ),
     Threshold(
         "gemm_shape_max_rate_share",

@@ -27,7 +27,7 @@ from trainprof.report.text import safe_text
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.compile import CompileStats
     from trainprof.analysis.memory import MemoryProfile
-    from trainprof.analysis.result import Analysis, Finding, TraceInfo
+    from trainprof.analysis.result import Analysis, Finding, Summary, TraceInfo
 
 # What the reports show, at most.
 CONSOLE_FINDINGS = 10
@@ -144,11 +144,11 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
     ]
     if summary.gpu_step_ms is not None:
         rows.insert(2, ("GPU step time", number(summary.gpu_step_ms, 1, " ms")))
-    if summary.mfu_pct is not None:
-        dtype = clean(summary.mfu_dtype or "?")
-        rows.append(("MFU", f"{number(summary.mfu_pct, 1, ' %')} of the {dtype} peak"))
-    if summary.peaks_source is not None:
-        rows.append(("device peaks", clean(summary.peaks_source)))
+    mfu = mfu_line(summary)
+    if mfu is not None:
+        rows.append(("MFU", mfu))
+    if summary.peaks_label is not None:
+        rows.append(("device peaks", clean(summary.peaks_label)))
     if summary.peak_memory_bytes is not None:
         rows.append(("peak memory", size(summary.peak_memory_bytes)))
     memory = max((t.memory for t in analysis.traces if t.memory is not None), key=lambda m: m.peak_bytes,
@@ -163,6 +163,30 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
 
         rows += ranks.headline(analysis.cross_rank)
     return rows
+
+
+FLOPS_ALL_KNOWN_PCT = 99.5
+"""From this share of the compute time with known FLOPs the MFU line names no coverage."""
+
+
+def headline_notes(analysis: Analysis) -> dict[str, str]:
+    """The detail behind some headline rows, by label, for the HTML report's tooltips."""
+    source = analysis.summary.peaks_source
+    return {"device peaks": clean(source)} if source is not None else {}
+
+
+def mfu_line(summary: Summary) -> str | None:
+    """`41.2 % of the bf16 peak`, with the share of the compute time whose FLOPs it counts when
+    that is not all of it; `unknown` when too little is known; None without FLOPs or peaks."""
+    known = summary.mfu_flops_known_pct
+    if summary.mfu_pct is not None:
+        line = f"{number(summary.mfu_pct, 1, ' %')} of the {clean(summary.mfu_dtype or '?')} peak"
+        if known is not None and known < FLOPS_ALL_KNOWN_PCT:
+            line += f" (counts the FLOPs of {known:.0f}% of the compute time)"
+        return line
+    if known is not None and summary.peaks_source is not None:
+        return f"unknown: FLOPs known for only {known:.0f}% of the compute time"
+    return None
 
 
 def memory_breakdown(memory: MemoryProfile) -> str:

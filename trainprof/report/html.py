@@ -4,9 +4,9 @@ What it shows, in order: the headline; per step, one bar of where the step went 
 idle by cause); the findings with their fixes; the GPU timeline (canvas: streams as lanes, idle
 runs by cause, sync points; hover, wheel to zoom, drag to pan); the op, kernel and module tables;
 memory over time by category with the largest allocations alive at the peak (the memory analysis'
-`TraceInfo.memory`); a flame graph of the host stacks; per-rank
-rows. The drawn views come from `analyze(..., views=True)` (`trainprof.analysis.views`); without
-them (an analysis made without views) the page shows the rest.
+`TraceInfo.memory`); a flame graph of the host stacks; across ranks, the cross-rank report as the
+console shows it (`report.ranks`). The drawn views come from `analyze(..., views=True)`
+(`trainprof.analysis.views`); without them (an analysis made without views) the page shows the rest.
 
 Nothing is fetched: the style and the script (`assets/report.css`, `assets/report.js`, written for
 this report, no library) are inlined, and so is the data the script draws, as one JSON block. Every
@@ -30,10 +30,11 @@ from trainprof.analysis.causes import CAUSES, Cause
 from trainprof.analysis.memory import CATEGORIES as MEMORY_CATEGORIES
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.timeline_view import CATEGORIES, CATEGORY_LABELS
-from trainprof.report import _format
+from trainprof.report import _format, ranks
 from trainprof.report.json import _ENCODER
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.distributed import CrossRank
     from trainprof.analysis.result import Analysis, Finding, Step, TraceInfo
     from trainprof.analysis.stacks import FlameGraph
     from trainprof.analysis.timeline_view import TimelineView
@@ -79,8 +80,8 @@ def render_html(analysis: Analysis) -> str:
     if drawn:
         sections.append(("memory", "Memory", _per_trace(drawn, _memory)))
         sections.append(("flame", "Host stacks", _flame_section()))
-    if analysis.ranks:
-        sections.append(("ranks", "Ranks", _ranks(analysis)))
+    if analysis.cross_rank is not None:
+        sections.append(("ranks", "Ranks", _cross_rank(analysis.cross_rank)))
     title = f"trainprof report: {esc(_format.trace_name(analysis))}"
     parts = [
         "<!doctype html>",
@@ -122,9 +123,11 @@ def _subtitle(analysis: Analysis) -> str:
 
 
 def _summary(analysis: Analysis) -> str:
+    details = _format.headline_notes(analysis)
     cards = "".join(
-        f'<div class="card{" verdict" if label == "verdict" else ""}"><div class="label">{esc(label)}</div>'
-        f'<div class="value">{esc(value)}</div></div>'
+        f'<div class="card{" verdict" if label == "verdict" else ""}"'
+        + (f' title="{esc(details[label])}"' if label in details else "")
+        + f'><div class="label">{esc(label)}</div><div class="value">{esc(value)}</div></div>'
         for label, value in _format.headline(analysis)
     )
     verdicts = {trace.verdict.why: trace.verdict for trace in analysis.traces}
@@ -416,18 +419,32 @@ def _flame_section() -> str:
     )
 
 
-def _ranks(analysis: Analysis) -> str:
-    verdicts = analysis.summary.verdict_by_trace
+def _cross_rank(cross: CrossRank) -> str:
+    """The cross-rank report as the console and report.md show it (`report.ranks`): the skew and
+    the straggler, then its tables."""
+    lines = [f'<p class="why"><b>{esc(label)}</b>: {esc(text)}</p>' for label, text in ranks.headline(cross)]
+    tables = [f"<h3>{esc(table.title)}</h3>{_shared_table(table)}" for table in ranks.tables(cross)]
+    return "".join(lines + tables)
+
+
+def _shared_table(table: _format.Table) -> str:
+    """A table the console and report.md show too (`_format.Table`), sortable: a numeric column's
+    cells sort by the number they show (escaped here: `_table` writes a numeric cell as it is)."""
+    columns = tuple((column.name, NUM if column.numeric else TEXT) for column in table.columns)
     rows = [
-        (f"rank {row.rank}" if isinstance(row.rank, int) else str(row.rank),
-         verdicts.get(f"rank {row.rank}", verdicts.get(str(row.rank), "-")),
-         _num(row.step_ms, 2), _num(row.comm_ms, 2), _num(row.non_comm_ms, 2),
-         " ".join(_format.number(ms, 1) for ms in row.step_ms_by_step))
-        for row in analysis.ranks
+        tuple((esc(cell), _shown_number(cell)) if column.numeric else cell
+              for column, cell in zip(table.columns, row, strict=True))
+        for row in table.rows
     ]
-    columns = (("rank", TEXT), ("verdict", TEXT), ("step ms", NUM), ("communication ms", NUM),
-               ("other ms", NUM), ("each step, ms", TEXT))
-    return _table(columns, rows, scroll=False)
+    return _table(columns, rows)
+
+
+def _shown_number(text: str) -> float:
+    """The number a cell shows (`1,234.5`), for sorting; 0 for `-`."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
 
 
 def _data(traces: list[TraceInfo]) -> str:

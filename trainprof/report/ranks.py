@@ -2,9 +2,9 @@
 step skew and the straggler, the collectives against their link, and the longest waits.
 
 Two uses: the headline rows and tables of every report when an analysis spans several ranks
-(`_format.headline`, `_format.TABLES`), and the files rank 0 of a distributed session writes from
-the gathered summaries (`summary.ranks.json`, `report.ranks.md`, `trainprof.gather`). Renders only;
-every figure comes from the analysis.
+(`_format.headline`, `_format.TABLES`; report.html's ranks section), and the files rank 0 of a
+distributed session writes from the gathered summaries (`summary.ranks.json`, `report.ranks.md`,
+`trainprof.gather`). Renders only; every figure comes from the analysis.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ RANK_COLUMNS = (
     Column("exposed comm ms", numeric=True, drop=1),
     Column("non-comm ms", numeric=True, drop=2),
     Column("waited ms", numeric=True),
+    Column("exposed wait ms", numeric=True, drop=5),
     Column("arrived last %", numeric=True, drop=4),
     Column("verdict"),
+    Column("each step ms", drop=6),
 )
 COLLECTIVE_COLUMNS = (
     Column("op"),
@@ -53,6 +55,8 @@ WAIT_COLUMNS = (
 )
 WAIT_ROWS = 10
 """Rows of the longest-waits table in report.md (summary.ranks.json keeps them all)."""
+STRAGGLER_MARK = " (straggler)"
+"""After the straggler's rank in the ranks' table."""
 FILES = {"summary": "summary.ranks.json", "report": "report.ranks.md"}
 
 
@@ -61,17 +65,19 @@ def _mib(value: Any) -> str:
 
 
 def rank_rows(cross: CrossRank) -> list[tuple[str, ...]]:
-    """The rows of the ranks' table."""
+    """The rows of the ranks' table; the straggler's rank says so."""
     return [
         (
-            _format.clean(row.rank),
+            _format.clean(row.rank) + (STRAGGLER_MARK if row.rank == cross.straggler_rank else ""),
             _format.number(row.step_ms, 1),
             _format.number(row.comm_ms, 1),
             _format.number(row.comm_exposed_ms, 1),
             _format.number(row.non_comm_ms, 1),
             _format.number(row.waited_ms_per_step, 1),
+            _format.number(row.exposed_wait_ms_per_step, 1),
             _format.number(row.last_arrival_pct, 0),
             _format.clean(row.verdict),
+            " ".join(_format.number(ms, 1) for ms in row.step_ms_by_step),
         )
         for row in cross.ranks
     ]
