@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as module_hooks
 
+from fused_layers.backends.gradients import private_output_gradient
 from fused_layers.ops.gated import geglu, swiglu
 from fused_layers.ops.gelu import gelu
 from fused_layers.ops.layer_norm import layer_norm
@@ -124,14 +126,28 @@ class FusedGatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if self.activation == "silu":
-            hidden = swiglu(gate, up, backend=self.backend)
-        else:
-            hidden = geglu(gate, up, approximate=self.activation, backend=self.backend)
+        if torch.compiler.is_compiling() or _has_hooks(self.down_proj):
+            hidden = self._gated(gate, up)
+        else:  # `hidden` goes to down_proj alone: nothing else reads its gradient (`backends.gradients`)
+            with private_output_gradient():
+                hidden = self._gated(gate, up)
         return self.down_proj(hidden)
+
+    def _gated(self, gate: Tensor, up: Tensor) -> Tensor:
+        if self.activation == "silu":
+            return swiglu(gate, up, backend=self.backend)
+        return geglu(gate, up, approximate=self.activation, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    """Whether a hook, of `module` or global, could reach the module's input or its gradient."""
+    names = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    return any(getattr(module, name, None) for name in names) or any(
+        getattr(module_hooks, f"_global{name}", None) for name in names
+    )
 
 
 class FusedLMHead(nn.Linear):

@@ -300,3 +300,85 @@ def test_sum_partials_matches_torch(programs, shape, dtype):
         else {"atol": 0.05, "rtol": 2**-7}
     )
     torch.testing.assert_close(got.double(), expected, **tol)
+
+
+# -- the gated MLP's backward writes over its own gradient -----------------------------------------
+
+
+def _gated_mlp(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A SwiGLU MLP (hidden 8, intermediate 24) and the same MLP fused with the Triton backend."""
+    from fused_layers import FusedGatedMLP
+
+    torch.manual_seed(seed)
+    gate, up, down = torch.nn.Linear(8, 24), torch.nn.Linear(8, 24), torch.nn.Linear(24, 8)
+
+    class Plain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = gate, up, down
+
+        def forward(self, x):
+            return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    return Plain(), FusedGatedMLP(gate, up, down, "silu", backend="triton")
+
+
+def _overwrites(monkeypatch) -> list[bool]:
+    """Record, per call of the Triton gated backward, whether it returned dc's buffer as da."""
+    from fused_layers.backends.triton import gated
+
+    seen, real = [], gated._gated_bwd
+
+    def spy(dc, *args, **kwargs):
+        da, db = real(dc, *args, **kwargs)
+        seen.append(da.data_ptr() == dc.data_ptr())
+        return da, db
+
+    monkeypatch.setattr(gated, "_gated_bwd", spy)
+    return seen
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    x = x.clone().requires_grad_()
+    model(x).square().sum().backward()
+    grads = [x.grad] + [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_the_fused_mlps_backward_writes_over_its_own_gradient_and_stays_exact(monkeypatch):
+    seen = _overwrites(monkeypatch)
+    plain, fused = _gated_mlp()
+    x = torch.randn(5, 8)
+    expected = _grads(plain, x)
+    got = _grads(fused, x)
+    assert seen == [True]
+    for want, have in zip(expected, got, strict=True):
+        torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_hook_on_down_proj_or_a_direct_call_keeps_the_gradient_intact(monkeypatch):
+    seen = _overwrites(monkeypatch)
+    plain, fused = _gated_mlp()
+    x = torch.randn(5, 8)
+    kept = []
+    def keep_input_gradient(module, inputs, output) -> None:
+        inputs[0].register_hook(kept.append)
+
+    # A user's forward hook holding the gradient of down_proj's input: it must read the real one.
+    handle = fused.down_proj.register_forward_hook(keep_input_gradient)
+    try:
+        _grads(fused, x)
+    finally:
+        handle.remove()
+    hidden = torch.nn.functional.silu(plain.gate_proj(x)) * plain.up_proj(x)
+    hidden.retain_grad()
+    plain.down_proj(hidden).square().sum().backward()
+    torch.testing.assert_close(kept[0], hidden.grad, rtol=1e-5, atol=1e-5)
+    # The public op on its own never overwrites: its caller may hold the output's gradient.
+    a, b = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
+    c = swiglu(a, b, backend="triton")
+    c.retain_grad()
+    c.sum().backward()
+    torch.testing.assert_close(c.grad, torch.ones(4, 6))
+    assert seen == [False, False]

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.gradients import output_gradient_is_private
 from fused_layers.backends.triton.gelu import gelu_value, gelu_value_and_grad
 from fused_layers.backends.triton.heuristics import flat_config
 from fused_layers.backends.triton.language import tl, triton
@@ -92,10 +93,16 @@ def _gated_fwd(a: Tensor, b: Tensor, activation: int) -> Tensor:
     return c
 
 
-def _gated_bwd(dc: Tensor, a: Tensor, b: Tensor, activation: int) -> tuple[Tensor, Tensor]:
-    """Launch the backward; returns da, db. The body of ``fused_layers::gated_backward``."""
+def _gated_bwd(
+    dc: Tensor, a: Tensor, b: Tensor, activation: int, overwrite_dc: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Launch the backward; returns da, db. The body of ``fused_layers::gated_backward``.
+
+    ``overwrite_dc``: da is written over dc where dc can hold it (each element is read before it
+    is written, by the same program), rather than into a new tensor."""
     a, b, dc = a.contiguous(), b.contiguous(), dc.contiguous()
-    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    reuse = overwrite_dc and dc.dtype == a.dtype and dc.shape == a.shape and not dc.requires_grad
+    da = dc if reuse else torch.empty(a.shape, dtype=a.dtype, device=a.device)
     db = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     n_elements = a.numel()
     if n_elements > 0:
@@ -115,8 +122,8 @@ def _backward(ctx: Any, dc: Tensor) -> tuple[Tensor, Tensor, None]:
     a, b = ctx.saved_tensors
     if traced(dc) and register_custom_ops():
         da, db = torch.ops.fused_layers.gated_backward(dc, a, b, ctx.activation)
-    else:
-        da, db = _gated_bwd(dc, a, b, ctx.activation)
+    else:  # the eager Function's flag (`gradients.private_output_gradient`); the custom op has none
+        da, db = _gated_bwd(dc, a, b, ctx.activation, overwrite_dc=getattr(ctx, "overwrite_dc", False))
     return da, db, None
 
 
@@ -129,6 +136,7 @@ class GatedFunction(torch.autograd.Function):
         # Function's arguments with inspect.signature on every call.
         output = _gated_fwd(a, b, activation)
         _setup_context(ctx, (a, b, activation), output)
+        ctx.overwrite_dc = output_gradient_is_private()
         return output
 
     backward = staticmethod(_backward)
