@@ -183,7 +183,7 @@ def comm_kernel_mask(
 ) -> np.ndarray:
     """Per kernel, whether it is communication: by its name, or by the collective op it was
     launched from (the innermost op around its launch call)."""
-    is_comm = trace.names_matching(is_comm_kernel)[kernels.name] if len(kernels) else np.zeros(0, bool)
+    is_comm = trace.names_matching(is_comm_kernel, among=kernels.name)[kernels.name]
     collective_ops = trace.names_matching(COLLECTIVE_OPS.match)
     if not collective_ops.any() or not len(calls):
         return is_comm
