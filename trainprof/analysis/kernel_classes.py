@@ -121,7 +121,7 @@ NAME_RULES: tuple[Rule, ...] = (
         "xformers/PyTorch memory-efficient attention (`fmha_cutlassF/B`)",
     ),
     Rule(
-        r"flash|fmha_(fwd|bwd)|_?attn_(fwd|bwd)",
+        r"flash|fmha_(fwd|bwd)|attn_(fwd|bwd)",  # `_attn_fwd` too: a search, not a match
         KernelClass.ATTENTION_FLASH,
         "FlashAttention (`flash_fwd_kernel`, `pytorch_flash::`), CK/aiter FMHA, Triton `attn_fwd`",
     ),
