@@ -9,13 +9,14 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from trainprof.analysis import analyze
-from trainprof.analysis.collectives import bus_bandwidth_gbps, collective_op, is_comm_kernel
+from trainprof.analysis.collectives import COMM_KERNELS, bus_bandwidth_gbps, collective_op, is_comm_kernel
 from trainprof.analysis.distributed import RankSummary, cross_rank
 from trainprof.analysis.links import link_for
 from trainprof.analysis.thresholds import Thresholds
@@ -286,6 +287,17 @@ def test_ddp_straggler_arrives_last_and_the_transfer_is_the_shortest_duration(fi
 ])
 def test_communication_kernels_by_name(name, comm):
     assert is_comm_kernel(name) is comm
+    assert is_comm_kernel(name.upper()) is comm  # any case
+
+
+def test_communication_kernel_patterns_are_lowercase_and_match_any_case():
+    # ASCII names are searched lowercased: a capital letter in a pattern would never match there.
+    for family in COMM_KERNELS:
+        literal = re.sub(r"\\.", "", family.pattern)  # an escape (\b) is not a letter to match
+        assert literal == literal.lower(), family.pattern
+    # Other names keep re.IGNORECASE's folding: the long s (U+017F) matches `s` as it does there.
+    assert is_comm_kernel("void nvſhmem_barrier_kernel()")
+    assert not is_comm_kernel("void ncc\u00e9l_kernel()")
 
 
 @pytest.mark.parametrize("name, op", [

@@ -99,12 +99,16 @@ NAME_RULES: tuple[Rule, ...] = (
         KernelClass.COMMUNICATION,
         "collectives (NCCL, RCCL, symmetric memory, vLLM)",
     ),
-    # `\blamb\b`, not `lamb`: every ATen elementwise kernel's name holds a `{lambda(float)#1}`.
     Rule(
-        r"adam|adagrad|\blamb\b|rmsprop|\blion\b|adafactor|sgd_|fusedsgd|optimizer",
+        r"adam|adagrad|rmsprop|adafactor|sgd_|fusedsgd|optimizer",
         KernelClass.OPTIMIZER,
         "fused and foreach optimizer kernels (FusedAdamMathFunctor, fbgemm's rowwise adagrad)",
     ),
+    # `\blamb\b`, not `lamb`: every ATen elementwise kernel's name holds a `{lambda(float)#1}`.
+    # A rule of their own: an alternative that starts with `\b` (or `^`) makes re try every position
+    # of the name with every alternative instead of skipping to the alternatives' first letters
+    # (gpt2_clean's 74 kernel names: 0.94 ms for the rule as one, 0.18 + 0.32 ms split; 2026-11-25).
+    Rule(r"\blamb\b|\blion\b", KernelClass.OPTIMIZER, "LAMB and Lion optimizer kernels"),
     Rule(r"reshape_and_cache", KernelClass.COPY, "vLLM's KV-cache writes (named `*_flash_kernel` too)"),
     Rule(
         r"cudnn.*(sdpa|fmha|attn|attention)|cudnn::fusion::(compute_dot_do_o|convert_dq|fmha)",
@@ -117,7 +121,7 @@ NAME_RULES: tuple[Rule, ...] = (
         "xformers/PyTorch memory-efficient attention (`fmha_cutlassF/B`)",
     ),
     Rule(
-        r"flash|fmha_(fwd|bwd)|_?attn_(fwd|bwd)",
+        r"flash|fmha_(fwd|bwd)|attn_(fwd|bwd)",  # `_attn_fwd` too: a search, not a match
         KernelClass.ATTENTION_FLASH,
         "FlashAttention (`flash_fwd_kernel`, `pytorch_flash::`), CK/aiter FMHA, Triton `attn_fwd`",
     ),
@@ -147,10 +151,12 @@ NAME_RULES: tuple[Rule, ...] = (
         "cuDNN/MIOpen/CK convolutions (before GEMMs: `implicit_convolve_sgemm`)",
     ),
     Rule(
-        r"gemm|gemv|nvjet|^cijk_|xmma|splitkreduce|matmul|\bbmm_|wvsplitk|cublas|cutlass",
+        r"gemm|gemv|nvjet|xmma|splitkreduce|matmul|wvsplitk|cublas|cutlass",
         KernelClass.GEMM,
-        "cuBLAS/cuBLASLt (`*gemm*`, `nvjet_*`), CUTLASS, hipBLASLt/Tensile (`Cijk_*`)",
+        "cuBLAS/cuBLASLt (`*gemm*`, `nvjet_*`), CUTLASS",
     ),
+    Rule(r"^cijk_", KernelClass.GEMM, "hipBLASLt/Tensile (`Cijk_*`)"),
+    Rule(r"\bbmm_", KernelClass.GEMM, "batched GEMMs named `bmm_*`"),
     Rule(
         r"softmax|reduce|cross_?entropy|nll|logsumexp|arg_?max|arg_?min|cumsum|scan|topk|sort|"
         r"amax|lpnorm|norm_?two|_sum_|sum_kernel|mean",

@@ -512,9 +512,19 @@ class Trace:
             self._name_ids = {n: i for i, n in enumerate(self.names)}
         return self._name_ids.get(name, -1)
 
-    def names_matching(self, predicate) -> np.ndarray:
-        """A boolean array over `names`: which names satisfy `predicate(name)`."""
-        return np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))  # truthiness
+    def names_matching(self, predicate, among: np.ndarray | None = None) -> np.ndarray:
+        """A boolean array over `names`: which names satisfy `predicate(name)`.
+
+        `among` (name ids, repeats allowed): only those names are tried, the others are False (a
+        kernel-name regex then searches gpt2_clean's 74 kernel names, not all 591 of its names).
+        """
+        if among is None:
+            return np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))  # truthiness
+        found = np.zeros(len(self.names), dtype=bool)
+        found[among] = True
+        tried = np.flatnonzero(found)
+        found[tried] = [bool(predicate(self.names[i])) for i in tried.tolist()]
+        return found
 
     def frames(self, thread: int) -> ThreadFrames:
         """The nested frame events of one CPU thread (built on first use)."""
