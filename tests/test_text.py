@@ -116,3 +116,13 @@ def test_cut_names_stay_distinct():
     shown = short_names(names, 40)
     assert len(set(shown)) == len(names) and all(len(name) <= 40 + len(" #2") for name in shown)
     assert shown[:2] == ["GPT2Attention", "GPT2Attention/Conv1D"]
+
+
+def test_clean_all_is_clean_of_each_and_passes_printable_ascii_through():
+    from trainprof.report._format import clean, clean_all
+
+    plain = ["aten::mm", "ProfilerStep#3", "x" * 10]
+    assert clean_all(plain) == plain
+    odd = ["ok", "bidi\u202eover\x1b[2J", "long" * 100]
+    assert clean_all(odd) == [clean(value) for value in odd] and clean_all(odd, 12)[2] == clean("long" * 100, 12)
+    assert clean_all([]) == []

@@ -101,13 +101,19 @@ class _Tree:
         kept = np.flatnonzero(keep)
         by_depth = kept[np.argsort(depth[kept], kind="stable")]
         bounds = np.searchsorted(depth[by_depth], np.arange(int(depth[kept].max()) + 2))
+        # Per frame in depth order: its parent frame (-1 at the top, read as the thread's node) and
+        # its name; each level then only slices these.
+        parent_by_depth = parent[by_depth]
+        top = parent_by_depth < 0
+        parent_by_depth[top] = 0
+        name_by_depth = frames.name_ids[by_depth]
         for level, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
-            at = by_depth[lo:hi]
-            if not len(at):
+            if lo == hi:
                 continue
-            above = np.where(parent[at] >= 0, node[np.maximum(parent[at], 0)], root)
-            key, inverse = np.unique(above * width + frames.name_ids[at], return_inverse=True)
-            node[at] = self.count + inverse.reshape(-1)
+            above = node[parent_by_depth[lo:hi]]
+            above[top[lo:hi]] = root
+            key, inverse = np.unique(above * width + name_by_depth[lo:hi], return_inverse=True)
+            node[by_depth[lo:hi]] = self.count + inverse.reshape(-1)
             parents.append(key // width)
             names.append(key % width)
             depths.append(np.full(len(key), level + 2))
@@ -183,8 +189,10 @@ def _depths(parent: np.ndarray) -> np.ndarray:
 def _inclusive(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.ndarray:
     """Per node, its own value plus all its descendants': deepest level first, each adds into its parent."""
     total = own.astype(np.float64).copy()
-    for level in range(int(depth.max()), 0, -1):
-        at = np.flatnonzero(depth == level)
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2)).tolist()
+    for level in range(len(bounds) - 2, 0, -1):
+        at = by_depth[bounds[level]:bounds[level + 1]]
         np.add.at(total, parent[at], total[at])
     return total
 

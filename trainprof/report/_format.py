@@ -115,6 +115,15 @@ def clean(value: Any, max_chars: int = TEXT_CHARS) -> str:
     return safe_text(value, max_chars)
 
 
+def clean_all(values: list[str], max_chars: int = TEXT_CHARS) -> list[str]:
+    """`clean` of each of `values`; checked in one pass when all are short printable ASCII (a
+    view's table of names), which they then stay."""
+    joined = "".join(values)
+    if joined.isascii() and joined.isprintable() and max(map(len, values), default=0) <= max_chars:
+        return list(values)
+    return [clean(value, max_chars) for value in values]
+
+
 def number(value: Any, decimals: int = 1, unit: str = "") -> str:
     """A number for display; '-' when missing."""
     if value is None:

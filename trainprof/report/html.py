@@ -332,25 +332,28 @@ def _memory(trace: TraceInfo) -> str:
     start, span = float(t_ms[0]), max(float(t_ms[-1] - t_ms[0]), 1e-9)
     top = max(float(total.max()), 1.0)
     width, height = 1000.0, 200.0
-    xs = (t_ms - start) / span * width
+    x_text = [f"{x:.1f}" for x in ((t_ms - start) / span * width).tolist()]
 
-    def line(values: np.ndarray, reverse: bool = False) -> str:
-        ys = height - values / top * (height - 10)
-        order = slice(None, None, -1 if reverse else 1)
-        points = zip(xs[order].tolist(), ys[order].tolist(), strict=True)
-        return " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    def points(values: np.ndarray) -> list[str]:
+        """The curve `values` as the chart's 'x,y' points (each x formatted once, for every curve)."""
+        ys = (height - values / top * (height - 10)).tolist()
+        return [f"{x},{y:.1f}" for x, y in zip(x_text, ys, strict=True)]
 
-    # One band per category, stacked in `memory.CATEGORIES` order (the drawing adds them up).
-    layers, shown, below = [], [], np.zeros(len(t_ms))
+    # One band per category, stacked in `memory.CATEGORIES` order (the drawing adds them up): a
+    # band's lower edge is the band below's upper edge, its points made once.
+    layers, shown, below = [], [], None
     for name in MEMORY_CATEGORIES:
         values = np.asarray(series.by_category.get(name, []), dtype=np.float64)
         if len(values) != len(t_ms) or not values.any():
             continue
-        above = below + values
-        band = f"{line(above)} {line(below, reverse=True)}"
+        if below is None:
+            below = (np.zeros(len(t_ms)), points(np.zeros(len(t_ms))))
+        above = below[0] + values
+        above_points = points(above)
+        band = " ".join(above_points) + " " + " ".join(reversed(below[1]))
         layers.append(f'<polygon class="band mem-{name}" points="{band}"/>')
         shown.append(name)
-        below = above
+        below = (above, above_points)
     peak_x = (memory.peak_at_ms - start) / span * width
     peak = esc(_format.size(memory.peak_bytes))
     chart = (
@@ -358,7 +361,7 @@ def _memory(trace: TraceInfo) -> str:
         f'aria-label="allocated GPU memory over the recorded window, by category">'
         f"<title>allocated GPU memory; peak {peak}</title>"
         + "".join(layers)
-        + f'<polyline class="curve" points="{line(total)}"/>'
+        + f'<polyline class="curve" points="{" ".join(points(total))}"/>'
         f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
         f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated, peak {peak} at '
         f"{memory.peak_at_ms:,.1f} ms (step {esc(memory.peak_step)})</span>"
@@ -481,7 +484,7 @@ def _starts(values: np.ndarray) -> list[float]:
 def _timeline_data(view: TimelineView) -> dict[str, Any]:
     return {
         "end": round(view.end_us, TIME_DECIMALS),
-        "strings": [_format.clean(s) for s in view.strings],
+        "strings": _format.clean_all(view.strings),
         "steps": [
             [step.number, round(step.start_us, TIME_DECIMALS), round(step.end_us, TIME_DECIMALS)]
             for step in view.steps
@@ -520,7 +523,7 @@ def _timeline_data(view: TimelineView) -> dict[str, Any]:
 
 def _flame_data(graph: FlameGraph) -> dict[str, Any]:
     return {
-        "strings": [_format.clean(s) for s in graph.strings],
+        "strings": _format.clean_all(graph.strings),
         "parent": graph.parent.tolist(),
         "name": graph.name.tolist(),
         "host": np.round(graph.host_us, 1).tolist(),
