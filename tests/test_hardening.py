@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_loop import model_and_optimizer, train, trainprof_warnings
 
 import trainprof
 from trainprof.analysis.result import Analysis, Finding, Summary, Where
@@ -33,26 +34,6 @@ from trainprof.report.markdown import render_markdown
 session_module = importlib.import_module("trainprof.session")  # `trainprof.session` is the function
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"console": False, "tensorboard_scalars": False}
-
-
-def _model_and_optimizer():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
-
-
-def _train(model, optimizer, steps: int) -> int:
-    done = 0
-    for _ in range(steps):
-        model(torch.randn(16, 32)).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        done += 1
-    return done
-
-
-def _trainprof_warnings(caught) -> list[str]:
-    return [str(w.message) for w in caught if str(w.message).startswith("trainprof")]
 
 
 def _run_python(code: str, *flags: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -86,15 +67,15 @@ def test_nested_sessions_step_aside_instead_of_crashing(tmp_path):
 
 
 def test_user_profiler_inside_a_window_gets_the_events(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with pytest.warns(RuntimeWarning) as caught:
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=3, **FAST) as sess:
-            _train(model, optimizer, 2)  # inside the recorded window
+            train(model, optimizer, 2)  # inside the recorded window
             with torch.profiler.profile() as own:
-                _train(model, optimizer, 2)
-            done = _train(model, optimizer, 4)
+                train(model, optimizer, 2)
+            done = train(model, optimizer, 4)
     assert done == 4
-    messages = _trainprof_warnings(caught)
+    messages = trainprof_warnings(caught)
     assert len(messages) == 1 and "another torch profiler" in messages[0]
     assert len(own.events()) > 0  # the user's profiler recorded (it got nothing before)
     assert sess.summary.verdict == "not-profiled"
@@ -102,13 +83,13 @@ def test_user_profiler_inside_a_window_gets_the_events(tmp_path):
 
 
 def test_user_profiler_around_a_session_keeps_recording(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with torch.profiler.profile() as own:
         with pytest.warns(RuntimeWarning) as caught:
             with trainprof.session(log_dir=tmp_path, run_name="run", **FAST) as sess:
-                done = _train(model, optimizer, 6)
+                done = train(model, optimizer, 6)
     assert done == 6
-    assert len(_trainprof_warnings(caught)) == 1 and "already running" in _trainprof_warnings(caught)[0]
+    assert len(trainprof_warnings(caught)) == 1 and "already running" in trainprof_warnings(caught)[0]
     assert len(own.events()) > 0  # it ended with 0 events when the session took over
     assert sess.trace_files == []
 
@@ -151,11 +132,11 @@ def test_run_name_cannot_leave_the_log_dir(name):
 
 
 def test_ranks_sharing_a_run_folder_keep_their_own_summary(tmp_path, monkeypatch):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     for rank in ("0", "1"):
         monkeypatch.setenv("RANK", rank)
         with trainprof.session(log_dir=tmp_path, run_name="shared", wait=0, warmup=1, active=1, **FAST):
-            _train(model, optimizer, 3)
+            train(model, optimizer, 3)
     files = sorted(p.name for p in (tmp_path / "shared").iterdir() if not p.name.endswith(".gz"))
     assert [f for f in files if f.startswith(("summary", "report"))] == [
         "report.rank0.html", "report.rank0.md", "report.rank1.html", "report.rank1.md",
@@ -198,11 +179,11 @@ def test_failed_export_leaves_no_trace_file(tmp_path, monkeypatch, failure):
         return export
 
     monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", handler_factory)
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with pytest.warns(RuntimeWarning) as caught:
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, **FAST):
-            assert _train(model, optimizer, 4) == 4
-    assert len(_trainprof_warnings(caught)) == 1
+            assert train(model, optimizer, 4) == 4
+    assert len(trainprof_warnings(caught)) == 1
     assert not list((tmp_path / "run").glob("*.pt.trace.json.gz"))
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -210,12 +191,12 @@ def test_failed_export_leaves_no_trace_file(tmp_path, monkeypatch, failure):
 @pytest.mark.parametrize("value", ["²", "1" * 5000, "three"])
 def test_bad_rank_variable_is_ignored_with_a_warning(tmp_path, monkeypatch, value):
     monkeypatch.setenv("RANK", value)
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with pytest.warns(RuntimeWarning, match="ignoring RANK"):
         sess = trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1,
                                  analyze=False, **FAST)
     with sess:
-        _train(model, optimizer, 3)
+        train(model, optimizer, 3)
     assert not sess.worker.startswith("rank") and len(sess.trace_files) == 1
 
 
@@ -223,9 +204,9 @@ def test_bad_rank_variable_is_ignored_with_a_warning(tmp_path, monkeypatch, valu
 
 
 def test_a_loop_shorter_than_the_window_reports_only_steps_that_ran(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=3, **FAST) as sess:
-        _train(model, optimizer, 4)  # steps 2 and 3 recorded; step 4 starts and never ends
+        train(model, optimizer, 4)  # steps 2 and 3 recorded; step 4 starts and never ends
     steps = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]
     assert [s["step"] for s in steps] == [2, 3]
     mean = sum(s["duration_ms"] for s in steps) / 2
@@ -244,46 +225,46 @@ def test_analysis_runs_at_exit_not_inside_the_loop(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(analysis_module, "analyze", counting)
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, repeat=2, **FAST):
-        _train(model, optimizer, 5)
+        train(model, optimizer, 5)
         inside_loop[0] = False
     assert calls == [False]  # once, after the loop; it ran at each window's end inside optimizer.step()
 
 
 def test_repeat_zero_keeps_memory_bounded(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     windows = session_module.MAX_WINDOWS + 3
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, repeat=0,
                            **FAST) as sess:
-        _train(model, optimizer, 2 * windows)
+        train(model, optimizer, 2 * windows)
     assert sess.windows_written == windows
     assert len(sess.trace_files) == session_module.MAX_WINDOWS
     assert len({s.times.number for s in sess.analysis.steps}) == session_module.MAX_WINDOWS
 
 
 def test_a_loop_without_steps_says_what_happened(tmp_path):
-    model, _ = _model_and_optimizer()
+    model, _ = model_and_optimizer()
     with pytest.warns(RuntimeWarning, match=r"sess\.step\(\)") as caught:
         with trainprof.session(log_dir=tmp_path, run_name="run", **FAST) as sess:
             for _ in range(6):
                 model(torch.randn(16, 32)).sum().backward()  # no optimizer.step(), no sess.step()
-    assert len(_trainprof_warnings(caught)) == 1
+    assert len(trainprof_warnings(caught)) == 1
     assert sess.summary.verdict == "not-profiled" and "optimizer.step()" in sess.summary.reason
 
 
 def test_a_loop_ending_before_the_window_says_so(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with pytest.warns(RuntimeWarning, match="ended after 2 step"):
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=2, warmup=1, active=1, **FAST) as sess:
-            _train(model, optimizer, 2)
+            train(model, optimizer, 2)
     assert sess.summary.verdict == "not-profiled"
 
 
 def test_python_api_returns_plain_numbers(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=2, **FAST) as sess:
-        _train(model, optimizer, 4)
+        train(model, optimizer, 4)
     analysis = trainprof.analyze(str(sess.trace_files[0]))
 
     def numpy_values(value, path="") -> list[str]:
@@ -321,10 +302,10 @@ def test_nvtx_ranges_per_phase_and_step(tmp_path, monkeypatch):
 
     real_nvtx_module = session_module._nvtx_module
     monkeypatch.setattr(session_module, "_nvtx_module", lambda: FakeNvtx)
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=2, analyze=False,
                            **FAST):
-        _train(model, optimizer, 4)
+        train(model, optimizer, 4)
     pushes = [e[1] for e in events if e[0] == "push"]
     assert pushes == ["trainprof wait", "trainprof step 0", "trainprof warmup", "trainprof step 1",
                       "trainprof record", "trainprof step 2", "trainprof step 3",
@@ -339,21 +320,21 @@ def test_nvtx_ranges_per_phase_and_step(tmp_path, monkeypatch):
 
 def test_default_run_names_never_collide(tmp_path, monkeypatch):
     monkeypatch.setattr("time.strftime", lambda fmt, *a: "run-20261122-050000")  # the same second
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     dirs = []
     for _ in range(2):
         with trainprof.session(log_dir=tmp_path, wait=0, warmup=1, active=1, analyze=False, **FAST) as sess:
-            _train(model, optimizer, 3)
+            train(model, optimizer, 3)
         dirs.append(sess.run_dir)
     assert [d.name for d in dirs] == ["run-20261122-050000", "run-20261122-050000-2"]
     assert all(len(list(d.glob("*.pt.trace.json.gz"))) == 1 for d in dirs)
 
 
 def test_session_says_where_its_files_went(tmp_path, capsys):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1,
                            tensorboard_scalars=False) as sess:
-        _train(model, optimizer, 3)
+        train(model, optimizer, 3)
     out = capsys.readouterr().out
     assert f"trainprof: wrote {sess.run_dir}/" in out and "summary.json" in out and "report.md" in out
 
@@ -451,10 +432,10 @@ def test_plain_install_analyses_without_torch():
 
 
 def test_analysis_runs_where_torch_cannot_be_imported(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, analyze=False,
                            **FAST) as sess:
-        _train(model, optimizer, 3)
+        train(model, optimizer, 3)
     result = _run_python(f"""
         import sys
         sys.modules["torch"] = None  # any import of torch fails

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from training_loop import model_and_optimizer, train, trainprof_warnings
 
 import trainprof
 from trainprof.analysis import analyze
@@ -31,26 +32,6 @@ from trainprof.cli import main as cli_main
 session_module = importlib.import_module("trainprof.session")  # `trainprof.session` is the function
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"console": False, "tensorboard_scalars": False}
-
-
-def _model_and_optimizer(seed: int = 0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
-
-
-def _train(model, optimizer, steps: int) -> int:
-    done = 0
-    for _ in range(steps):
-        model(torch.randn(16, 32)).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        done += 1
-    return done
-
-
-def _trainprof_warnings(caught) -> list[str]:
-    return [str(w.message) for w in caught if str(w.message).startswith("trainprof")]
 
 
 def _script(code: str, tmp_path: Path) -> Path:
@@ -79,18 +60,18 @@ def test_sessions_in_two_threads_never_end_either_thread(tmp_path):
     results: dict[str, object] = {}
 
     def thread_a():
-        model, optimizer = _model_and_optimizer(1)
+        model, optimizer = model_and_optimizer(1)
         with trainprof.session(log_dir=tmp_path, run_name="a", wait=1, warmup=1, active=2, **FAST) as sess:
             a_started.set()
-            results["a_done"] = _train(model, optimizer, 8)
+            results["a_done"] = train(model, optimizer, 8)
         a_ended.set()
         results["a"] = sess
 
     def thread_b():
-        model, optimizer = _model_and_optimizer(2)
+        model, optimizer = model_and_optimizer(2)
         a_started.wait(timeout=60)
         with trainprof.session(log_dir=tmp_path, run_name="b", **FAST) as sess:
-            results["b_done"] = _train(model, optimizer, 8)
+            results["b_done"] = train(model, optimizer, 8)
         results["b"] = sess
 
     def run(target):
@@ -119,23 +100,23 @@ def test_sessions_in_two_threads_never_end_either_thread(tmp_path):
     assert a.steps_ended == 8  # its own thread's steps only, not B's
     assert [s.times.number for s in a.analysis.steps] == [2, 3]
     assert b.summary.verdict == "not-profiled" and "another trainprof session" in b.summary.reason
-    messages = _trainprof_warnings(caught)
+    messages = trainprof_warnings(caught)
     assert len(messages) == 1 and "another trainprof session" in messages[0]
     assert not torch.autograd._profiler_enabled()
 
 
 def test_the_step_hook_is_installed_once_and_inert_outside_a_session(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     for run in ("one", "two"):
         with trainprof.session(log_dir=tmp_path, run_name=run, wait=0, warmup=1, active=1, analyze=False,
                                **FAST):
-            _train(model, optimizer, 3)
+            train(model, optimizer, 3)
     import torch.optim.optimizer as torch_optimizer
 
     ours = [h for h in torch_optimizer._global_optimizer_post_hooks.values()
             if h is session_module._dispatch_optimizer_step]
     assert len(ours) == 1 and session_module._ACTIVE is None
-    _train(model, optimizer, 2)  # outside a session the hook does nothing
+    train(model, optimizer, 2)  # outside a session the hook does nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
 
 
@@ -172,10 +153,10 @@ def test_stop_never_lets_a_systemexit_of_its_own_out(tmp_path, monkeypatch):
 
     monkeypatch.setattr(console, "print_report", closed)
     monkeypatch.setattr(console, "print_written", closed)
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1,
                            tensorboard_scalars=False) as sess:
-        _train(model, optimizer, 3)
+        train(model, optimizer, 3)
     assert sess.summary.verdict == "cpu-only" and (tmp_path / "run" / "summary.json").is_file()
 
 
@@ -211,9 +192,9 @@ def test_warnings_as_errors_with_markupsafe_loaded_still_profile(tmp_path):
 def test_reanalysing_a_short_loop_agrees_with_the_session(tmp_path, capsys):
     """The loop ends inside the recorded window: the session drops the step that never ended; the
     trace on disk kept it, so `trainprof analyze <run dir>` showed a phantom step."""
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=3, **FAST) as sess:
-        _train(model, optimizer, 4)  # steps 2 and 3 recorded; step 4 starts and never ends
+        train(model, optimizer, 4)  # steps 2 and 3 recorded; step 4 starts and never ends
     assert [s.times.number for s in sess.analysis.steps] == [2, 3]
     again = analyze(str(tmp_path / "run"))
     assert [s.times.number for s in again.steps] == [2, 3]
@@ -224,10 +205,10 @@ def test_reanalysing_a_short_loop_agrees_with_the_session(tmp_path, capsys):
 
 
 def test_a_window_whose_only_step_never_ended_is_not_a_trace_to_analyse(tmp_path, capsys):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with pytest.warns(RuntimeWarning, match="before a recorded step ended"):
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=3, **FAST) as sess:
-            _train(model, optimizer, 2)  # step 2 starts recording and never ends
+            train(model, optimizer, 2)  # step 2 starts recording and never ends
     assert sess.summary.verdict == "not-profiled" and len(sess.trace_files) == 1
     assert cli_main(["analyze", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
@@ -253,12 +234,12 @@ def test_ctrl_c_during_the_export_leaves_no_cut_trace(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", interrupted_handler)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a test runner may ignore it
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     done = [0]
     with pytest.raises(KeyboardInterrupt):
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, **FAST) as sess:
             for _ in range(4):
-                done[0] += _train(model, optimizer, 1)
+                done[0] += train(model, optimizer, 1)
     signal.signal(signal.SIGINT, previous)
     assert done[0] == 1  # the interrupt comes out of the second step's optimizer.step(), which exports
     assert not list((tmp_path / "run").glob("*.pt.trace.json*"))
@@ -274,13 +255,13 @@ def test_an_odd_rank_variable_warns_once(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sess = trainprof.session(log_dir=tmp_path, run_name="run")
-    assert [m for m in _trainprof_warnings(caught) if "ignoring RANK" in m] == [
+    assert [m for m in trainprof_warnings(caught) if "ignoring RANK" in m] == [
         "trainprof: ignoring RANK='three': not a rank (a number); files are named without a rank"]
     assert sess.rank is None and not sess.worker.startswith("rank")
 
 
 def test_the_users_showwarning_installed_in_a_window_stays(tmp_path):
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     shown = []
 
     def users_showwarning(message, category, filename, lineno, file=None, line=None):
@@ -290,9 +271,9 @@ def test_the_users_showwarning_installed_in_a_window_stays(tmp_path):
     try:
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=2, analyze=False,
                                **FAST):
-            _train(model, optimizer, 2)  # inside the recorded window: the capture's hook is installed
+            train(model, optimizer, 2)  # inside the recorded window: the capture's hook is installed
             warnings.showwarning = users_showwarning
-            _train(model, optimizer, 3)
+            train(model, optimizer, 3)
         assert warnings.showwarning is users_showwarning
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -342,10 +323,10 @@ def test_a_child_forked_inside_a_window_records_nothing(tmp_path):
 def test_a_log_dir_with_a_tilde_is_under_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    model, optimizer = _model_and_optimizer()
+    model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir="~/log", run_name="run", wait=0, warmup=1, active=1, analyze=False,
                            **FAST) as sess:
-        _train(model, optimizer, 3)
+        train(model, optimizer, 3)
     assert sess.run_dir == tmp_path / "home" / "log" / "run"
     assert len(list(sess.run_dir.glob("*.pt.trace.json.gz"))) == 1
     assert not (tmp_path / "~").exists()
