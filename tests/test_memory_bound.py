@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys
 import msgspec, numpy, trainprof.analysis, trainprof.report.json
+import trainprof.analysis.core, trainprof.analysis.folder, trainprof.trace.load  # imported on first use
 from trainprof.cli import main
 
 def status(field):
