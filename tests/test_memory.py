@@ -116,6 +116,7 @@ def test_a_dominant_family_gets_its_fix_and_the_memory_it_saves(tmp_path):
     assert finding.details.family == "logits_loss"
     assert finding.details.memory_saved_bytes == 1_200 * MB  # 43% of the 2.8 GB peak
     assert "fused linear cross-entropy" in finding.fix and "Liger" in finding.fix
+    assert "fused_layers.swap(model)" in finding.fix
     assert finding.severity == "low" and finding.gpu_ms_per_step == 0.0  # bytes, not GPU time
 
 

@@ -73,8 +73,9 @@ FAMILIES: tuple[TensorFamily, ...] = (
         modules=r"(ForCausalLM|LMHeadModel|ForMaskedLM|ForConditionalGeneration)(/Linear)?$",
         ops=r"^aten::(cross_entropy_loss|_?log_softmax|nll_loss\w*)$",
         fix="Use a fused linear cross-entropy, which computes the loss chunk by chunk and never holds "
-        "the logits: Liger-Kernel's (apply_liger_kernel_to_<model>(fused_linear_cross_entropy=True) or "
-        "LigerFusedLinearCrossEntropyLoss), or fused_layers' when it has one.",
+        "the logits: fused_layers.swap(model) for the Hugging Face causal LMs it knows (GPT-2, Llama, "
+        "Mistral, Qwen2/3, Gemma 1-3), or Liger-Kernel's (apply_liger_kernel_to_<model>("
+        "fused_linear_cross_entropy=True) or LigerFusedLinearCrossEntropyLoss).",
         training_only=True,
     ),
     TensorFamily(
