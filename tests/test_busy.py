@@ -1194,3 +1194,13 @@ def test_busy_records_hold_plain_numbers(busy_run, tmp_path):
         for finding in result.findings:
             assert _numpy_values(finding.details) == [], finding.kind
         assert _numpy_values(result.summary) == []
+
+
+def test_the_headline_says_when_the_host_runs_ahead_of_the_gpu(busy_run):
+    from trainprof.report._format import headline
+
+    ahead, measured = busy_run("llama_swap", "bare")  # 29.1 ms windows, 41.2 ms GPU steps
+    assert "the host runs ahead" in dict(headline(ahead))["GPU step time"]
+    assert abs(ahead.summary.gpu_step_ms - measured) < abs(ahead.summary.mean_step_ms - measured)
+    level, _ = busy_run("fp32_mlp", "fp32")  # syncs every step: the windows are the steps
+    assert dict(headline(level))["GPU step time"].endswith(" ms")

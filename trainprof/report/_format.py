@@ -143,6 +143,10 @@ def signed(value: float | None, decimals: int = 2) -> str:
     return "-" if value is None else f"{value:+,.{decimals}f}"
 
 
+HOST_AHEAD = 1.05
+"""A GPU step this much longer than the host's step window is said to be the real step."""
+
+
 def headline(analysis: Analysis) -> list[tuple[str, str]]:
     """(label, value) rows of the headline; rows whose value the analysis lacks are left out."""
     summary = analysis.summary
@@ -152,7 +156,10 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         if getattr(summary, name) is not None
     ]
     if summary.gpu_step_ms is not None:
-        rows.insert(2, ("GPU step time", number(summary.gpu_step_ms, 1, " ms")))
+        gpu_step = number(summary.gpu_step_ms, 1, " ms")
+        if summary.mean_step_ms and summary.gpu_step_ms > HOST_AHEAD * summary.mean_step_ms:
+            gpu_step += " (the host runs ahead: its step windows are shorter)"
+        rows.insert(2, ("GPU step time", gpu_step))
     mfu = mfu_line(summary)
     if mfu is not None:
         rows.append(("MFU", mfu))
