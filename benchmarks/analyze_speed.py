@@ -1,12 +1,12 @@
 """How fast is trainprof's load+analysis against HolisticTraceAnalysis on the same trace folders?
 
 Each measurement runs in a fresh subprocess and reports wall seconds (load + analysis, timed inside
-the child) and the child's peak RSS (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`). Four
-contenders per fixture: trainprof in-process (`analyze(path)`) with the modules it imports on first
-use imported before the clock starts (as HTA's child imports `TraceAnalysis` first) and with those
-imports timed, trainprof as a whole cold process (`trainprof analyze PATH --json`, interpreter start
-and imports included), and HTA (`TraceAnalysis(trace_dir=...)` plus its temporal, idle-time and
-kernel breakdowns).
+the child after its imports) and the child's peak RSS (`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`).
+Three contenders per fixture: trainprof in-process (`analyze(path)`; `from trainprof.analysis import
+analyze` imports every analysis module before the clock starts, as HTA's child imports
+`TraceAnalysis` first), trainprof as a whole cold process (`trainprof analyze PATH --json`,
+interpreter start and imports included), and HTA (`TraceAnalysis(trace_dir=...)` plus its temporal,
+idle-time and kernel breakdowns).
 
 Both run from compiled bytecode, as an installed package does: the children write and read it in a
 scratch `PYTHONPYCACHEPREFIX` (even where `PYTHONDONTWRITEBYTECODE` is set), after one untimed run
@@ -40,17 +40,6 @@ DEFAULT_FIXTURES = REPO / "tests" / "fixtures" / "traces"
 TRAINPROF_CHILD = """
 import sys, time
 from trainprof.analysis import analyze
-t0 = time.perf_counter()
-result = analyze(sys.argv[1]).to_dict()
-print(time.perf_counter() - t0)
-"""
-
-# The same after the modules `analyze` imports on first use: its clock starts after the imports, as
-# HTA's child's does (numpy, msgspec and the analyses: 0.04-0.06 s here).
-TRAINPROF_IMPORTED_CHILD = """
-import sys, time
-from trainprof.analysis import analyze
-import trainprof.analysis.core, trainprof.analysis.folder, trainprof.trace.load
 t0 = time.perf_counter()
 result = analyze(sys.argv[1]).to_dict()
 print(time.perf_counter() - t0)
@@ -151,7 +140,6 @@ def main() -> None:
         row = {"fixture": folder.name, "gz_mb": round(size_mb, 2)}
         contenders = {
             "trainprof": [sys.executable, "-c", TRAINPROF_CHILD, str(folder)],
-            "trainprof_imported": [sys.executable, "-c", TRAINPROF_IMPORTED_CHILD, str(folder)],
             "trainprof_cli": [sys.executable, "-m", "trainprof", "analyze", str(folder), "--json"],
         }
         with tempfile.TemporaryDirectory() as tmp:
@@ -177,8 +165,7 @@ def main() -> None:
     bytecode.cleanup()
 
     header = (
-        f"{'fixture':18} {'gz MB':>6} | {'after imports s':>15} {'ratio':>6} |"
-        f" {'load+analysis s':>15} {'HTA s':>6} {'ratio':>6} |"
+        f"{'fixture':18} {'gz MB':>6} | {'load+analysis s':>15} {'HTA s':>6} {'ratio':>6} |"
         f" {'whole process s':>15} {'HTA s':>6} {'ratio':>6} | {'peak MiB':>8} {'HTA MiB':>8}"
     )
     print(header)
@@ -189,13 +176,10 @@ def main() -> None:
 
     for row in rows:
         tp, cli, hta = row["trainprof"], row["trainprof_cli"], row.get("hta") or {}
-        imported = row["trainprof_imported"]
-        row["speedup_after_imports"] = ratio(hta.get("load_analyze_s"), imported.get("load_analyze_s"))
         row["speedup_in_process"] = ratio(hta.get("load_analyze_s"), tp.get("load_analyze_s"))
         row["speedup_whole_process"] = ratio(hta.get("process_s"), cli.get("process_s"))
         print(
-            f"{row['fixture']:18} {row['gz_mb']:6.2f} | {imported.get('load_analyze_s') or 0:15.3f}"
-            f" {row['speedup_after_imports'] or 0:5.1f}x | {tp.get('load_analyze_s') or 0:15.3f}"
+            f"{row['fixture']:18} {row['gz_mb']:6.2f} | {tp.get('load_analyze_s') or 0:15.3f}"
             f" {hta.get('load_analyze_s') or 0:6.2f} {row['speedup_in_process'] or 0:5.1f}x |"
             f" {cli.get('process_s') or 0:15.3f} {hta.get('process_s') or 0:6.2f}"
             f" {row['speedup_whole_process'] or 0:5.1f}x |"
