@@ -99,15 +99,15 @@ class _Tree:
         width = len(trace.names) + 1  # (parent node, name) packed into one key
         # Frames of one depth at a time, merged by (parent node, name): parents get their node first.
         kept = np.flatnonzero(keep)
-        by_depth = kept[np.argsort(depth[kept], kind="stable")]
-        bounds = np.searchsorted(depth[by_depth], np.arange(int(depth[kept].max()) + 2))
+        order, bounds = _levels(depth[kept])
+        by_depth = kept[order]
         # Per frame in depth order: its parent frame (-1 at the top, read as the thread's node) and
         # its name; each level then only slices these.
         parent_by_depth = parent[by_depth]
         top = parent_by_depth < 0
         parent_by_depth[top] = 0
         name_by_depth = frames.name_ids[by_depth]
-        for level, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        for level, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             if lo == hi:
                 continue
             above = node[parent_by_depth[lo:hi]]
@@ -186,11 +186,17 @@ def _depths(parent: np.ndarray) -> np.ndarray:
         depth[at], pointer[at] = depth[at] + depth[pointer[at]], pointer[pointer[at]]
 
 
+def _levels(depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Positions into `depth` in depth order (stable), and where each depth starts in them: depth d
+    holds positions `order[bounds[d]:bounds[d + 1]]`."""
+    order = np.argsort(depth, kind="stable")
+    return order, np.searchsorted(depth[order], np.arange(int(depth.max()) + 2)).tolist()
+
+
 def _inclusive(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.ndarray:
     """Per node, its own value plus all its descendants': deepest level first, each adds into its parent."""
     total = own.astype(np.float64).copy()
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2)).tolist()
+    by_depth, bounds = _levels(depth)
     for level in range(len(bounds) - 2, 0, -1):
         at = by_depth[bounds[level]:bounds[level + 1]]
         np.add.at(total, parent[at], total[at])
