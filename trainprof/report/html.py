@@ -347,7 +347,8 @@ def _memory(trace: TraceInfo) -> str:
         if len(values) != len(t_ms) or not values.any():
             continue
         if below is None:
-            below = (np.zeros(len(t_ms)), points(np.zeros(len(t_ms))))
+            floor = np.zeros(len(t_ms))
+            below = (floor, points(floor))
         above = below[0] + values
         above_points = points(above)
         band = " ".join(above_points) + " " + " ".join(reversed(below[1]))
