@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["NAMESPACE", "define", "register_custom_ops", "registers", "traced"]
+__all__ = ["NAMESPACE", "define", "eager_function", "register_custom_ops", "registers", "run_op", "traced"]
 
 NAMESPACE = "fused_layers"
 
@@ -67,3 +67,41 @@ def define(name: str, implementation: Callable[..., Any], fake: Callable[..., An
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", implementation, mutates_args=())
     op.register_fake(fake)
     return op
+
+
+def run_op(name: str, eager: Callable[..., Any], *args: Any) -> Any:
+    """``eager(*args)``, or the custom op ``fused_layers::name`` on the same arguments when the call
+    is traced (:func:`traced` of the first argument)."""
+    if traced(args[0]) and register_custom_ops():
+        return getattr(torch.ops.fused_layers, name)(*args)
+    return eager(*args)
+
+
+def eager_function(
+    name: str,
+    launcher: Callable[..., Any],
+    setup_context: Callable[[Any, tuple, Any], None],
+    backward: Callable[..., Any],
+) -> type[torch.autograd.Function]:
+    """An op's eager path: an ``autograd.Function`` named ``name`` whose forward calls ``launcher``
+    directly, with no dispatcher in between, and which shares ``setup_context`` and ``backward``
+    with the op's custom op.
+
+    The forward takes ``ctx`` and calls ``setup_context`` itself: a Function with a
+    ``setup_context`` staticmethod has its arguments bound with ``inspect.signature`` by
+    ``Function.apply`` on every call.
+    """
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        output = launcher(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    namespace = {
+        "__doc__": f"The eager path of ``{launcher.__name__}``: the launcher called directly.",
+        "__module__": launcher.__module__,
+        "__qualname__": name,
+        "forward": staticmethod(forward),
+        "backward": staticmethod(backward),
+    }
+    return type(name, (torch.autograd.Function,), namespace)

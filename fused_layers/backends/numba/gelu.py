@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import define, register_custom_ops, registers, traced
+from fused_layers.backends.custom_ops import define, eager_function, registers, run_op
 
 #: Threads per block: 256 (8 warps), the usual choice for a flat elementwise kernel.
 THREADS = 256
@@ -90,21 +90,10 @@ def _setup_context(ctx: Any, inputs: tuple[Tensor, str], output: Tensor) -> None
 
 def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
     (x,) = ctx.saved_tensors
-    if traced(dy) and register_custom_ops():
-        return torch.ops.fused_layers.gelu_numba_backward(dy, x, ctx.approximate), None
-    return _gelu_bwd(dy, x, ctx.approximate), None
+    return run_op("gelu_numba_backward", _gelu_bwd, dy, x, ctx.approximate), None
 
 
-class NumbaGELUFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, approximate: str) -> Tensor:
-        output = _gelu_fwd(x, approximate)
-        _setup_context(ctx, (x, approximate), output)
-        return output
-
-    backward = staticmethod(_backward)
+NumbaGELUFunction = eager_function("NumbaGELUFunction", _gelu_fwd, _setup_context, _backward)
 
 
 @registers
@@ -121,6 +110,4 @@ def _define() -> None:
 def gelu(x: Tensor, approximate: str) -> Tensor:
     """GELU of ``x`` (checked by ``fused_layers.ops.gelu``; float32 or float16): the custom op
     when traced, else the autograd.Function."""
-    if traced(x) and register_custom_ops():
-        return torch.ops.fused_layers.gelu_numba(x, approximate)
-    return NumbaGELUFunction.apply(x, approximate)
+    return run_op("gelu_numba", NumbaGELUFunction.apply, x, approximate)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.custom_ops import eager_function, register_custom_ops, registers, run_op, traced
 from fused_layers.backends.gradients import output_gradient_is_private
 from fused_layers.backends.triton.gelu import gelu_value, gelu_value_and_grad
 from fused_layers.backends.triton.heuristics import flat_config
@@ -127,19 +127,13 @@ def _backward(ctx: Any, dc: Tensor) -> tuple[Tensor, Tensor, None]:
     return da, db, None
 
 
-class GatedFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly, with no dispatcher in between."""
+def _eager_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, int], output: Tensor) -> None:
+    """The eager Function's: its backward may write da over dc (`gradients.output_gradient_is_private`)."""
+    _setup_context(ctx, inputs, output)
+    ctx.overwrite_dc = output_gradient_is_private()
 
-    @staticmethod
-    def forward(ctx: Any, a: Tensor, b: Tensor, activation: int) -> Tensor:
-        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
-        # Function's arguments with inspect.signature on every call.
-        output = _gated_fwd(a, b, activation)
-        _setup_context(ctx, (a, b, activation), output)
-        ctx.overwrite_dc = output_gradient_is_private()
-        return output
 
-    backward = staticmethod(_backward)
+GatedFunction = eager_function("GatedFunction", _gated_fwd, _eager_setup_context, _backward)
 
 
 @registers
@@ -149,9 +143,7 @@ def _define() -> None:
 
 
 def _gated(a: Tensor, b: Tensor, activation: int) -> Tensor:
-    if traced(a) and register_custom_ops():
-        return torch.ops.fused_layers.gated(a, b, activation)
-    return GatedFunction.apply(a, b, activation)
+    return run_op("gated", GatedFunction.apply, a, b, activation)
 
 
 def geglu(a: Tensor, b: Tensor, approximate: str) -> Tensor:

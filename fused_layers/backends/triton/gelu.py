@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.triton.heuristics import flat_config
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
@@ -109,23 +109,10 @@ def _setup_context(ctx: Any, inputs: tuple[Tensor, str], output: Tensor) -> None
 def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
     """dx = dy * GELU'(x); shared by the eager Function and the custom op's autograd."""
     (x,) = ctx.saved_tensors
-    if traced(dy) and register_custom_ops():
-        return torch.ops.fused_layers.gelu_backward(dy, x, ctx.approximate), None
-    return _gelu_bwd(dy, x, ctx.approximate), None
+    return run_op("gelu_backward", _gelu_bwd, dy, x, ctx.approximate), None
 
 
-class GELUFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly, with no dispatcher in between."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, approximate: str) -> Tensor:
-        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
-        # Function's arguments with inspect.signature on every call.
-        output = _gelu_fwd(x, approximate)
-        _setup_context(ctx, (x, approximate), output)
-        return output
-
-    backward = staticmethod(_backward)
+GELUFunction = eager_function("GELUFunction", _gelu_fwd, _setup_context, _backward)
 
 
 @registers
@@ -137,6 +124,4 @@ def _define() -> None:
 def gelu(x: Tensor, approximate: str) -> Tensor:
     """GELU of ``x`` (``approximate`` "tanh" or "none", checked by ``fused_layers.ops.gelu``):
     the custom op when traced, else the autograd.Function."""
-    if traced(x) and register_custom_ops():
-        return torch.ops.fused_layers.gelu(x, approximate)
-    return GELUFunction.apply(x, approximate)
+    return run_op("gelu", GELUFunction.apply, x, approximate)

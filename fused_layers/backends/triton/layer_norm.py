@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.triton import heuristics
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
@@ -309,29 +309,13 @@ def _backward(ctx: Any, dy: Tensor | None, _dstats: None) -> tuple[Tensor | None
     x, weight, stats = ctx.saved_tensors
     compute_dw = weight is not None and ctx.needs_input_grad[1]
     compute_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
-    if traced(dy) and register_custom_ops():
-        dx, sums = torch.ops.fused_layers.layer_norm_backward(dy, x, weight, stats, compute_dw, compute_db)
-    else:
-        dx, sums = _layer_norm_bwd(dy, x, weight, stats, compute_dw, compute_db)
+    dx, sums = run_op("layer_norm_backward", _layer_norm_bwd, dy, x, weight, stats, compute_dw, compute_db)
     dw = sums[0] if compute_dw else None
     db = sums[1].to(ctx.bias_dtype) if compute_db else None
     return dx, dw, db, None
 
 
-class LayerNormFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly, with no dispatcher in between."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
-    ) -> tuple[Tensor, Tensor]:
-        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
-        # Function's arguments with inspect.signature on every call.
-        output = _layer_norm_fwd(x, weight, bias, eps)
-        _setup_context(ctx, (x, weight, bias, eps), output)
-        return output
-
-    backward = staticmethod(_backward)
+LayerNormFunction = eager_function("LayerNormFunction", _layer_norm_fwd, _setup_context, _backward)
 
 
 @registers
@@ -343,6 +327,4 @@ def _define() -> None:
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
     """LayerNorm of ``x`` over its last dim (arguments checked by ``fused_layers.ops.layer_norm``):
     the custom op when traced, else the autograd.Function."""
-    if traced(x) and register_custom_ops():
-        return torch.ops.fused_layers.layer_norm(x, weight, bias, eps)[0]
-    return LayerNormFunction.apply(x, weight, bias, eps)[0]
+    return run_op("layer_norm", LayerNormFunction.apply, x, weight, bias, eps)[0]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.triton import heuristics
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
@@ -256,25 +256,11 @@ def _backward(ctx: Any, dy: Tensor | None, _drstd: None) -> tuple[Tensor | None,
         return None, None, None
     x, weight, rstd = ctx.saved_tensors
     compute_dw = weight is not None and ctx.needs_input_grad[1]
-    if traced(dy) and register_custom_ops():
-        dx, dw = torch.ops.fused_layers.rms_norm_backward(dy, x, weight, rstd, compute_dw)
-    else:
-        dx, dw = _rms_norm_bwd(dy, x, weight, rstd, compute_dw)
+    dx, dw = run_op("rms_norm_backward", _rms_norm_bwd, dy, x, weight, rstd, compute_dw)
     return dx, dw if compute_dw else None, None
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly, with no dispatcher in between."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
-        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
-        # Function's arguments with inspect.signature on every call.
-        output = _rms_norm_fwd(x, weight, eps)
-        _setup_context(ctx, (x, weight, eps), output)
-        return output
-
-    backward = staticmethod(_backward)
+RMSNormFunction = eager_function("RMSNormFunction", _rms_norm_fwd, _setup_context, _backward)
 
 
 @registers
@@ -287,6 +273,4 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm of ``x`` over its last dim (arguments checked by ``fused_layers.ops.rms_norm``): the
     custom op when traced, else the autograd.Function. The result has torch's promotion of weight's
     and x's dtypes."""
-    if traced(x) and register_custom_ops():
-        return torch.ops.fused_layers.rms_norm(x, weight, eps)[0]
-    return RMSNormFunction.apply(x, weight, eps)[0]
+    return run_op("rms_norm", RMSNormFunction.apply, x, weight, eps)[0]

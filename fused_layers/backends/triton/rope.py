@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import register_custom_ops, registers, traced
+from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
 
@@ -212,29 +212,12 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> No
 def _backward(ctx: Any, dq_embed: Tensor, dk_embed: Tensor) -> tuple[Tensor | None, ...]:
     """dq, dk, then None for cos, sin and unsqueeze_dim; shared by the eager Function and the custom op."""
     cos, sin = ctx.saved_tensors
-    if traced(dq_embed) and register_custom_ops():
-        dq, dk = torch.ops.fused_layers.rope_backward(
-            dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, ctx.grad_dtype
-        )
-    else:
-        dq, dk = _rope_bwd(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, ctx.grad_dtype)
+    dq, dk = run_op("rope_backward", _rope_bwd, dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim,
+                    ctx.grad_dtype)  # fmt: skip
     return dq, dk, None, None, None
 
 
-class RopeFunction(torch.autograd.Function):
-    """The eager path: the launchers called directly, with no dispatcher in between."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
-    ) -> tuple[Tensor, Tensor]:
-        # ctx in forward, not a setup_context staticmethod: Function.apply binds a setup_context
-        # Function's arguments with inspect.signature on every call.
-        output = _rope_fwd(q, k, cos, sin, unsqueeze_dim)
-        _setup_context(ctx, (q, k, cos, sin, unsqueeze_dim), output)
-        return output
-
-    backward = staticmethod(_backward)
+RopeFunction = eager_function("RopeFunction", _rope_fwd, _setup_context, _backward)
 
 
 @registers
@@ -278,7 +261,5 @@ def covers(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -
 def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
     """(q_embed, k_embed) for a call the kernel :func:`covers`: the custom op when traced, else the
     autograd.Function."""
-    if traced(q) and register_custom_ops():
-        q_embed, k_embed = torch.ops.fused_layers.rope(q, k, cos, sin, unsqueeze_dim)
-        return q_embed, k_embed
-    return RopeFunction.apply(q, k, cos, sin, unsqueeze_dim)
+    q_embed, k_embed = run_op("rope", RopeFunction.apply, q, k, cos, sin, unsqueeze_dim)
+    return q_embed, k_embed
