@@ -13,6 +13,7 @@ from torch import Tensor
 
 from fused_layers.backends.custom_ops import eager_function, register_custom_ops, registers, run_op, traced
 from fused_layers.backends.gradients import output_gradient_is_private
+from fused_layers.backends.triton.blocks import flat_block, load_fp32
 from fused_layers.backends.triton.gelu import gelu_value, gelu_value_and_grad
 from fused_layers.backends.triton.heuristics import flat_config
 from fused_layers.backends.triton.language import tl, triton
@@ -52,10 +53,9 @@ def _gated_fwd_kernel(
     BLOCK: tl.constexpr,
     ACTIVATION: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    offsets, mask = flat_block(n_elements, BLOCK)
+    a = load_fp32(a_ptr, offsets, mask)
+    b = load_fp32(b_ptr, offsets, mask)
     c = _gate_value(a, ACTIVATION) * b
     tl.store(c_ptr + offsets, c.to(c_ptr.dtype.element_ty), mask=mask)
 
@@ -71,11 +71,10 @@ def _gated_bwd_kernel(
     BLOCK: tl.constexpr,
     ACTIVATION: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    dc = tl.load(dc_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    offsets, mask = flat_block(n_elements, BLOCK)
+    a = load_fp32(a_ptr, offsets, mask)
+    b = load_fp32(b_ptr, offsets, mask)
+    dc = load_fp32(dc_ptr, offsets, mask)
     act, dact = _gate_value_and_grad(a, ACTIVATION)
     tl.store(da_ptr + offsets, (dc * b * dact).to(da_ptr.dtype.element_ty), mask=mask)
     tl.store(db_ptr + offsets, (dc * act).to(db_ptr.dtype.element_ty), mask=mask)

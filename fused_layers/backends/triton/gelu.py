@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from fused_layers.backends.custom_ops import eager_function, registers, run_op
+from fused_layers.backends.triton.blocks import flat_block, load_fp32
 from fused_layers.backends.triton.heuristics import flat_config
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
@@ -51,10 +52,8 @@ def _gelu_fwd_kernel(
     BLOCK: tl.constexpr,
     APPROX_TANH: tl.constexpr,
 ):
-    # int64 offsets: tensors past 2**31 elements are common at these widths
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    offsets, mask = flat_block(n_elements, BLOCK)
+    x = load_fp32(x_ptr, offsets, mask)
     tl.store(y_ptr + offsets, gelu_value(x, APPROX_TANH).to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -67,10 +66,9 @@ def _gelu_bwd_kernel(
     BLOCK: tl.constexpr,
     APPROX_TANH: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    offsets, mask = flat_block(n_elements, BLOCK)
+    x = load_fp32(x_ptr, offsets, mask)
+    dy = load_fp32(dy_ptr, offsets, mask)
     _, dgelu = gelu_value_and_grad(x, APPROX_TANH)
     tl.store(dx_ptr + offsets, (dy * dgelu).to(dx_ptr.dtype.element_ty), mask=mask)
 

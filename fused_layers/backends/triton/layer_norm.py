@@ -15,6 +15,7 @@ from torch import Tensor
 
 from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.triton import heuristics
+from fused_layers.backends.triton.blocks import load_fp32, row_tile, tile_offsets
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
 from fused_layers.backends.triton.partials import sum_partials
@@ -36,22 +37,20 @@ def _layer_norm_fwd_fused(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < M
     col_mask = cols < N
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rows, row_mask, mask = row_tile(tl.program_id(0), M, col_mask, ROWS)
+    x = load_fp32(x_ptr, tile_offsets(rows, x_row_stride, cols), mask)
     mean = tl.sum(x, axis=1) / N
     # two-pass variance on the registers: no E[x^2] - mean^2 cancellation
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
     y = xc * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        y = y * load_fp32(w_ptr, cols, col_mask)[None, :]
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * N + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y + load_fp32(b_ptr, cols, col_mask)[None, :]
+    tl.store(y_ptr + tile_offsets(rows, N, cols), y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(stats_ptr + rows, mean, mask=row_mask)
     tl.store(stats_ptr + M + rows, rstd, mask=row_mask)
 
@@ -79,24 +78,24 @@ def _layer_norm_fwd_looped(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        acc += tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc += load_fp32(x_row, cols, cols < N)
     mean = tl.sum(acc, axis=0) / N
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        x = load_fp32(x_row, cols, cols < N)
         xc = tl.where(cols < N, x - mean, 0.0)
         acc += xc * xc
     rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_mask = cols < N
-        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        x = load_fp32(x_row, cols, col_mask)
         y = (x - mean) * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            y = y * load_fp32(w_ptr, cols, col_mask)
         if HAS_BIAS:
-            y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            y = y + load_fp32(b_ptr, cols, col_mask)
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
     tl.store(stats_ptr + row, mean)
     tl.store(stats_ptr + M + row, rstd)
@@ -129,18 +128,14 @@ def _layer_norm_bwd_fused(
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = load_fp32(w_ptr, cols, col_mask)
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     # NUM_STAGES > 1 lets Triton prefetch the next tile's x and dy while this one is computed
     for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=NUM_STAGES):
-        rows = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
+        rows, row_mask, mask = row_tile(tile, M, col_mask, ROWS)
+        x = load_fp32(x_ptr, tile_offsets(rows, x_row_stride, cols), mask)
+        dy = load_fp32(dy_ptr, tile_offsets(rows, dy_row_stride, cols), mask)
         mean = tl.load(stats_ptr + rows, mask=row_mask, other=0.0)
         rstd = tl.load(stats_ptr + M + rows, mask=row_mask, other=0.0)
         x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -151,7 +146,7 @@ def _layer_norm_bwd_fused(
         c1 = tl.sum(x_hat * wdy, axis=1) / N
         c2 = tl.sum(wdy, axis=1) / N
         dx = (wdy - (x_hat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + tile_offsets(rows, N, cols), dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             dw_acc += dy * x_hat
         if COMPUTE_DB:
@@ -195,11 +190,11 @@ def _layer_norm_bwd_looped(
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            x = load_fp32(x_row, cols, col_mask)
+            dy = load_fp32(dy_row, cols, col_mask)
             x_hat = tl.where(col_mask, (x - mean) * rstd, 0.0)
             if HAS_WEIGHT:
-                dy = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+                dy = dy * load_fp32(w_ptr, cols, col_mask)
             acc1 += x_hat * dy
             acc2 += dy
         c1 = tl.sum(acc1, axis=0) / N
@@ -207,11 +202,11 @@ def _layer_norm_bwd_looped(
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            x = load_fp32(x_row, cols, col_mask)
+            dy = load_fp32(dy_row, cols, col_mask)
             x_hat = tl.where(col_mask, (x - mean) * rstd, 0.0)
             if HAS_WEIGHT:
-                wdy = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+                wdy = dy * load_fp32(w_ptr, cols, col_mask)
             else:
                 wdy = dy
             dx = (wdy - (x_hat * c1 + c2)) * rstd

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.triton import heuristics
+from fused_layers.backends.triton.blocks import load_fp32, row_tile, tile_offsets
 from fused_layers.backends.triton.language import tl, triton
 from fused_layers.backends.triton.launch import define, launch
 from fused_layers.backends.triton.partials import sum_partials
@@ -33,19 +34,17 @@ def _rms_norm_fwd_fused(
     BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < M
     col_mask = cols < N
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+    rows, row_mask, mask = row_tile(tl.program_id(0), M, col_mask, ROWS)
+    x = tl.load(x_ptr + tile_offsets(rows, x_row_stride, cols), mask=mask, other=0.0)
     x_f32 = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x_f32 * x_f32, axis=1) / N + eps)
     # Llama rounds x * rstd to the input dtype before the weight multiply
     y = (x_f32 * rstd[:, None]).to(x.dtype).to(tl.float32)
     if HAS_WEIGHT:
-        y = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] * y
-    tl.store(y_ptr + rows[:, None] * N + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = load_fp32(w_ptr, cols, col_mask)[None, :] * y
+    tl.store(y_ptr + tile_offsets(rows, N, cols), y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
@@ -69,7 +68,7 @@ def _rms_norm_fwd_looped(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        x = load_fp32(x_row, cols, cols < N)
         acc += x * x
     rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
     for start in range(0, N, BLOCK_N):
@@ -78,7 +77,7 @@ def _rms_norm_fwd_looped(
         x = tl.load(x_row + cols, mask=col_mask, other=0.0)
         y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
         if HAS_WEIGHT:
-            y = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) * y
+            y = load_fp32(w_ptr, cols, col_mask) * y
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
     tl.store(rstd_ptr + row, rstd)
 
@@ -108,17 +107,13 @@ def _rms_norm_bwd_fused(
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = load_fp32(w_ptr, cols, col_mask)
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     # NUM_STAGES > 1 lets Triton prefetch the next tile's x and dy while this one is computed
     for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=NUM_STAGES):
-        rows = tl.cast(tile, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
+        rows, row_mask, mask = row_tile(tile, M, col_mask, ROWS)
+        x = tl.load(x_ptr + tile_offsets(rows, x_row_stride, cols), mask=mask, other=0.0)
+        dy = load_fp32(dy_ptr, tile_offsets(rows, dy_row_stride, cols), mask)
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x_hat = x.to(tl.float32) * rstd[:, None]
         if HAS_WEIGHT:
@@ -127,7 +122,7 @@ def _rms_norm_bwd_fused(
             wdy = dy
         c = tl.sum(x_hat * wdy, axis=1) / N
         dx = (wdy - x_hat * c[:, None]) * rstd[:, None]
-        tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + tile_offsets(rows, N, cols), dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             # the weight saw x_hat rounded to the input dtype (Llama casting)
             dw_acc += dy * x_hat.to(x.dtype).to(tl.float32)
@@ -164,20 +159,20 @@ def _rms_norm_bwd_looped(
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            x = load_fp32(x_row, cols, col_mask)
+            dy = load_fp32(dy_row, cols, col_mask)
             if HAS_WEIGHT:
-                dy = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+                dy = dy * load_fp32(w_ptr, cols, col_mask)
             acc += x * rstd * dy
         c = tl.sum(acc, axis=0) / N
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_mask = cols < N
             x = tl.load(x_row + cols, mask=col_mask, other=0.0)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = load_fp32(dy_row, cols, col_mask)
             x_hat = x.to(tl.float32) * rstd
             if HAS_WEIGHT:
-                wdy = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+                wdy = dy * load_fp32(w_ptr, cols, col_mask)
             else:
                 wdy = dy
             dx = (wdy - x_hat * c) * rstd
