@@ -81,6 +81,10 @@ _NVIDIA = Origin(
 _AMD = Origin("datasheet", "AMD datasheet, dense (no sparsity); memory bandwidth, a copy reaches ~90% of it")
 
 
+# The A100's dense matmul peaks: the same chip in its PCIe, 80 GB SXM and 40 GB forms.
+_A100_TFLOPS = {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}
+
+
 def _without_vendor(device: str) -> str:
     """`H100 SXM` for `NVIDIA H100 SXM`: the short label leaves the vendor out."""
     for vendor in ("NVIDIA ", "AMD "):
@@ -128,7 +132,7 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
         r"A100.*PCIe",
         "NVIDIA A100 80GB PCIe",
         _NVIDIA,
-        {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+        _A100_TFLOPS,
         1.935,
         min_memory_gib=60,
     ),
@@ -136,7 +140,7 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
         r"A100",
         "NVIDIA A100 80GB SXM",
         _NVIDIA,
-        {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+        _A100_TFLOPS,
         2.039,
         min_memory_gib=60,
     ),
@@ -144,7 +148,7 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
         r"A100",
         "NVIDIA A100 40GB",
         _NVIDIA,
-        {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+        _A100_TFLOPS,
         1.555,
     ),
     KnownDevice(
