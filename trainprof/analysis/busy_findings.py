@@ -201,33 +201,35 @@ class _Context:
     def worth(self, saved_ms: float) -> bool:
         return saved_ms >= self.limits.busy_finding_min_step_share * self.work.step_ms
 
+    def label(self, group: int) -> str:
+        """Module group `group`'s label: its owner's, else the last part of its class path."""
+        path = self.work.module_paths[group]
+        owner = self.owners.get(path)
+        return owner.label if owner is not None else path.rsplit("/", 1)[-1]
+
+    def _module_us(self, mask: np.ndarray) -> np.ndarray:
+        """GPU µs of the kernels in `mask` per module group (empty when none has a module)."""
+        groups = self.work.module_group[mask]
+        keep = groups >= 0
+        return np.bincount(groups[keep], weights=self.work.dur_us[mask][keep])
+
     def module_of(self, mask: np.ndarray) -> tuple[str | None, Where]:
         """The module (class path) holding most of the GPU time of the kernels in `mask`: its label and
         its `forward`'s place."""
-        groups = self.work.module_group[mask]
-        keep = groups >= 0
-        if not keep.any():
+        total = self._module_us(mask)
+        if not len(total):
             return None, Where()
-        total = np.bincount(groups[keep], weights=self.work.dur_us[mask][keep])
-        path = self.work.module_paths[int(total.argmax())]
-        owner = self.owners.get(path)
-        label = owner.label if owner is not None else path.rsplit("/", 1)[-1]
+        group = int(total.argmax())
+        owner = self.owners.get(self.work.module_paths[group])
+        label = self.label(group)
         return label, Where(
             file=owner.file if owner else None, line=owner.line if owner else None, function=label
         )
 
     def labels_of(self, mask: np.ndarray) -> list[str]:
         """The modules holding the kernels in `mask`, most GPU time first."""
-        groups = self.work.module_group[mask]
-        keep = groups >= 0
-        if not keep.any():
-            return []
-        total = np.bincount(groups[keep], weights=self.work.dur_us[mask][keep])
-        order = [int(g) for g in np.argsort(-total, kind="stable") if total[g] > 0]
-        return [
-            self.owners[p].label if p in self.owners else p.rsplit("/", 1)[-1]
-            for p in (self.work.module_paths[g] for g in order)
-        ]
+        total = self._module_us(mask)
+        return [self.label(int(g)) for g in np.argsort(-total, kind="stable") if total[g] > 0]
 
     def finding(
         self,
@@ -518,11 +520,9 @@ def _memory_bound(context: _Context, swapped: np.ndarray) -> Finding | None:
         if rate >= context.limits.memory_bound_max_bandwidth_share * copy:
             continue
         floor_us = float(group_floor[group])
-        path = work.module_paths[group]
-        owner = context.owners.get(path)
         rows.append(
             MemoryBoundModule(
-                module=owner.label if owner else path.rsplit("/", 1)[-1],
+                module=context.label(group),
                 gpu_ms_per_step=round(float(group_us[group]) / 1e3 / context.steps, 4),
                 gbyte_per_step=round(float(group_bytes[group]) / 1e9 / context.steps, 4),
                 achieved_tb_s=round(rate / 1e12, 3),
@@ -535,7 +535,7 @@ def _memory_bound(context: _Context, swapped: np.ndarray) -> Finding | None:
         return None
     rows.sort(key=lambda row: -(row.gpu_ms_per_step - row.floor_ms_per_step))
     slow = {row.module for row in rows}
-    slow_group = np.asarray([_label(context, g) in slow for g in range(groups)] + [False])
+    slow_group = np.asarray([context.label(g) in slow for g in range(groups)] + [False])
     mask = known & slow_group[work.module_group]
     module, where = context.module_of(mask)
     return context.finding(
@@ -556,12 +556,6 @@ def _memory_bound(context: _Context, swapped: np.ndarray) -> Finding | None:
         ),
         cause="chains of small memory-bound kernels moving their bytes slowly",
     )
-
-
-def _label(context: _Context, group: int) -> str:
-    path = context.work.module_paths[group]
-    owner = context.owners.get(path)
-    return owner.label if owner else path.rsplit("/", 1)[-1]
 
 
 def _gemm_shapes(context: _Context) -> Finding | None:
