@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TextIO
 
 from trainprof.cli import error, guarded, missing_extra
 
@@ -87,7 +89,7 @@ def run_ab(args: argparse.Namespace) -> int:
 
 
 def _run_ab(args: argparse.Namespace, variants: list[str]) -> int:
-    from trainprof.ab import ModelNotFound, run_model
+    from trainprof.ab import run_model
     from trainprof.report import ab as render
 
     try:
@@ -105,20 +107,9 @@ def _run_ab(args: argparse.Namespace, variants: list[str]) -> int:
             log_dir=args.log_dir,
             profile=not args.no_profile,
         )
-    except ModelNotFound as exc:
+    except ValueError as exc:  # an unknown model (ModelNotFound), bad variants, steps, ...
         return error(str(exc))
-    except ValueError as exc:  # bad variants, steps, ...
-        return error(str(exc))
-    data = result.to_dict()
-    if args.markdown:
-        Path(args.markdown).write_text(render.render_ab_markdown(data), encoding="utf-8")
-    if args.json:
-        from trainprof.report.json import write_json_to
-
-        write_json_to(data, sys.stdout)
-    else:
-        render.print_ab(data, sys.stdout)
-    return 0
+    return _write_outputs(args, result.to_dict(), render.render_ab_markdown, render.print_ab)
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -135,12 +126,23 @@ def _diff_and_print(args: argparse.Namespace) -> int:
     from trainprof.report import ab as render
 
     diff = diff_traces(args.a, args.b)
+    return _write_outputs(args, diff, render.render_diff_markdown, render.print_diff)
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    result: Any,
+    markdown: Callable[[Any], str],
+    console: Callable[[Any, TextIO], None],
+) -> int:
+    """`markdown(result)` to the --markdown file when given; `result` as JSON on stdout with --json,
+    else `console`'s tables."""
     if args.markdown:
-        Path(args.markdown).write_text(render.render_diff_markdown(diff), encoding="utf-8")
+        Path(args.markdown).write_text(markdown(result), encoding="utf-8")
     if args.json:
         from trainprof.report.json import write_json_to
 
-        write_json_to(diff, sys.stdout)
+        write_json_to(result, sys.stdout)
     else:
-        render.print_diff(diff, sys.stdout)
+        console(result, sys.stdout)
     return 0
