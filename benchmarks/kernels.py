@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> dict:
                 result["rows"].append(row)
                 inputs = params = dy = None  # free this shape's buffers before the next
                 torch.cuda.empty_cache()
-                _write(result, args.out)  # after every row: a run cut short still leaves its numbers
+                _write(result, args.out, _table)  # after every row: a run cut short still leaves its numbers
     return result
 
 
@@ -356,22 +356,27 @@ def _table(result: dict) -> str:
             + f" | {'-' if pct is None else f'{pct:.0f}%'} | {'yes' if row.get('meets_copy_bar') else 'NO'}"
             + f" | {'yes' if row.get('meets_best_other') else 'NO'} |"
         )
+    lines += _error_lines(result, "errors (first of each op/contender):")
+    return "\n".join(lines)
+
+
+def _error_lines(result: dict, heading: str) -> list[str]:
+    """A blank line, `heading` and one line per op/contender whose run raised; none when none did."""
     errors = {
         f"{row['op']}/{name}": r["error"][:200]
         for row in result["rows"]
         for name, r in row["results"].items()
         if "error" in r
     }
-    if errors:
-        lines += ["", "errors (first of each op/contender):"] + [f"- {k}: {v}" for k, v in errors.items()]
-    return "\n".join(lines)
+    return ["", heading] + [f"- {k}: {v}" for k, v in errors.items()] if errors else []
 
 
-def _write(result: dict, out: str) -> None:
+def _write(result: dict, out: str, table: Callable[[dict], str]) -> None:
+    """`result` to STEM.json and its `table` to STEM.md, for the path stem `out`."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    path.with_suffix(".md").write_text(_table(result) + "\n")
+    path.with_suffix(".md").write_text(table(result) + "\n")
 
 
 LAUNCH_KERNEL_BAR = 0.85  # GPU kernel time of ours as a fraction of copy bandwidth
@@ -496,7 +501,7 @@ def run_launch(args: argparse.Namespace) -> dict:
                     "host": ours["host_us"] <= eager["host_us"],
                 }
         torch.cuda.empty_cache()
-        _write_launch(result, args.out)
+        _write(result, args.out, _launch_table)
     return result
 
 
@@ -540,22 +545,8 @@ def _launch_table(result: dict) -> str:
             f"| {row['op']} | {row['shape'][0]}x{row['shape'][1]} | " + " | ".join(cells)
             + f" | {judged[0]} | {judged[1]} | {paired[0]} | {paired[1]} |"
         )  # fmt: skip
-    errors = {
-        f"{row['op']}/{name}": r["error"][:200]
-        for row in result["rows"]
-        for name, r in row["results"].items()
-        if "error" in r
-    }
-    if errors:
-        lines += ["", "errors:"] + [f"- {k}: {v}" for k, v in errors.items()]
+    lines += _error_lines(result, "errors:")
     return "\n".join(lines)
-
-
-def _write_launch(result: dict, out: str) -> None:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    path.with_suffix(".md").write_text(_launch_table(result) + "\n")
 
 
 def main() -> None:
@@ -578,11 +569,11 @@ def main() -> None:
     torch.manual_seed(0)
     if args.launch:
         result = run_launch(args)
-        _write_launch(result, args.out)
+        _write(result, args.out, _launch_table)
         print(_launch_table(result))
         return
     result = run(args)
-    _write(result, args.out)
+    _write(result, args.out, _table)
     print(_table(result))
 
 
