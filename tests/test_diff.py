@@ -79,6 +79,11 @@ def _event(name, cat, ts, dur, tid=1, **args):
     return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
 
 
+def _kernel(name, ts, dur, correlation):
+    """A kernel on device 0's stream 7, run by the launch of the same `correlation`."""
+    return {**_event(name, "kernel", ts, dur, tid=7, correlation=correlation, device=0, stream=7), "pid": 0}
+
+
 def _trace(path: Path, with_gelu: bool) -> Path:
     """One step: an annotated range holding an op whose launch runs a kernel; optionally a gelu op."""
     events = [_event("ProfilerStep#1", "user_annotation", 0, 1000)]
@@ -86,31 +91,13 @@ def _trace(path: Path, with_gelu: bool) -> Path:
         _event("trainprof.ab.replaced", "user_annotation", 100, 300),
         _event("aten::layer_norm", "cpu_op", 110, 200),
         _event("cudaLaunchKernel", "cuda_runtime", 150, 10, correlation=1),
-        {
-            "ph": "X",
-            "name": "layer_norm_kernel",
-            "cat": "kernel",
-            "ts": 170,
-            "dur": 50,
-            "pid": 0,
-            "tid": 7,
-            "args": {"correlation": 1, "device": 0, "stream": 7},
-        },
+        _kernel("layer_norm_kernel", 170, 50, correlation=1),
     ]
     if with_gelu:
         events += [
             _event("aten::gelu", "cpu_op", 500, 100),
             _event("cudaLaunchKernel", "cuda_runtime", 520, 10, correlation=2),
-            {
-                "ph": "X",
-                "name": "gelu_kernel",
-                "cat": "kernel",
-                "ts": 540,
-                "dur": 30,
-                "pid": 0,
-                "tid": 7,
-                "args": {"correlation": 2, "device": 0, "stream": 7},
-            },
+            _kernel("gelu_kernel", 540, 30, correlation=2),
         ]
     path.mkdir(parents=True, exist_ok=True)
     file = path / "worker.1.pt.trace.json.gz"
