@@ -246,15 +246,7 @@ def run(args: argparse.Namespace) -> dict:
     except Exception as exc:
         cuda_error = repr(exc)
     copy_bps = _copy_bandwidth(args.quick)
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "copy_tbps": copy_bps / 1e12,
-        "fused_layers_cuda_error": cuda_error,
-        "rows": [],
-    }
+    result = {**_run_header(copy_bps), "fused_layers_cuda_error": cuda_error, "rows": []}
     for op in args.ops.split(","):
         if op == "rope":
             shapes = QUICK_ROPE_SHAPES if args.quick else ROPE_SHAPES
@@ -284,6 +276,18 @@ def run(args: argparse.Namespace) -> dict:
                 torch.cuda.empty_cache()
                 _write(result, args.out, _table)  # after every row: a run cut short still leaves its numbers
     return result
+
+
+def _run_header(copy_bps: float) -> dict:
+    """What a result file opens with: the device, the date (UTC), torch's and Triton's versions, and
+    the copy bandwidth the rows are held to."""
+    return {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "copy_tbps": copy_bps / 1e12,
+    }
 
 
 def _dy(op: str, shape: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -440,14 +444,7 @@ def run_launch(args: argparse.Namespace) -> dict:
 
     saved = launch.DIRECT_LAUNCH
     copy_bps = measure_copy_bandwidth("cuda")
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "copy_tbps": copy_bps / 1e12,
-        "rows": [],
-    }
+    result = {**_run_header(copy_bps), "rows": []}
     shapes = QUICK_SHAPES if args.quick else NORM_SHAPES
     cases = [(op, shape) for op in ("layer_norm", "rms_norm") for shape in shapes]
     for op, shape in cases:  # pass 1: host time, no profiler yet
