@@ -29,10 +29,10 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 LOSS_REL_TOL = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 2e-4}
 
 
-def _leaves(vocab: int, dtype: torch.dtype, seed: int, bias: bool = True):
+def _leaves(vocab: int, dtype: torch.dtype, seed: int, bias: bool = True, width: int = WIDTH):
     generator = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(TOKENS, WIDTH, generator=generator).to(dtype).requires_grad_()
-    weight = (torch.randn(vocab, WIDTH, generator=generator) / 4).to(dtype).requires_grad_()
+    hidden = torch.randn(TOKENS, width, generator=generator).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, width, generator=generator) / 4).to(dtype).requires_grad_()
     b = torch.randn(vocab, generator=generator).to(dtype).requires_grad_() if bias else None
     labels = torch.randint(0, vocab, (TOKENS,), generator=generator)
     labels[::5] = -100
@@ -77,6 +77,19 @@ def test_loss_and_every_gradient_match_float64(case: str, dtype: torch.dtype) ->
     for got, ref in zip((hidden.grad, weight.grad, bias.grad), ref_grads, strict=True):
         assert got.dtype == dtype and torch.isfinite(got).all()
         assert _rel(got, ref) < REL_TOL[dtype]
+
+
+def test_a_chunk_as_wide_as_the_hidden_size() -> None:
+    """C = H = 16 tokens with V = 997: the chunk's (16, 1000) logits do not fit in the weight
+    gradient's rows after any phase-1 split, so they take a buffer of their own (this shape raised a
+    RuntimeError when the split came out negative)."""
+    schedule = Schedule(chunk_tokens=TOKENS, slice_columns=240, block=256)
+    hidden, weight, labels, _ = _leaves(997, torch.float32, seed=12, bias=False, width=TOKENS)
+    loss = linear_cross_entropy(hidden, weight, labels, schedule=schedule)
+    loss.backward()
+    ref_loss, (ref_h, ref_w) = _reference(hidden, weight, labels, None)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
+    assert _rel(hidden.grad, ref_h) < 1e-5 and _rel(weight.grad, ref_w) < 1e-5
 
 
 def test_causal_lm_shift_and_num_items_match_hugging_face() -> None:

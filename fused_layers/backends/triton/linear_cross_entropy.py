@@ -245,21 +245,29 @@ def _fp32_accumulate(out: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
         out.addmm_(a.float(), b.float(), beta=0 if first else 1)
 
 
-def _product_over_vocabulary(grad_logits: Tensor, weight: Tensor, out: Tensor) -> None:
-    """``out = grad_logits @ weight`` for (rows, V) and (V, H): the reduction over V split at the
-    last multiple of 8, the rest added by a second product of fewer than 8 columns.
-
-    With GPT-2's V = 50,257 this is the one product of the op whose reduction length is odd, and at
-    that shape the op took 17.0 ms against Inductor's 4.8 (bf16, H200, 2026-11-25; Inductor pads
-    that product's operands); the split is the likely remedy, not yet timed on a GPU.
-    """
-    vocab = grad_logits.shape[1]
+def _aligned_parts(vocab: int) -> tuple[slice, ...]:
+    """``[0, V)`` split at the last multiple of 8, for the products with V as a dimension: cuBLAS
+    runs a product whose V is odd (GPT-2's 50,257) in align1 kernels. The logits of 512 tokens at
+    H = 768: 0.42 ms in one product, 0.07 ms in two (H200, 2026-11-25; Inductor pads instead)."""
     aligned = vocab // 8 * 8
     if aligned == vocab or aligned == 0:
-        torch.mm(grad_logits, weight, out=out)
-        return
-    torch.mm(grad_logits[:, :aligned], weight[:aligned], out=out)
-    out.addmm_(grad_logits[:, aligned:], weight[aligned:])
+        return (slice(0, vocab),)
+    return slice(0, aligned), slice(aligned, vocab)
+
+
+def _logits_product(hidden: Tensor, weight: Tensor, out: Tensor) -> None:
+    """``out = hidden @ weight.T`` for (rows, H) and (V, H), by parts of V (`_aligned_parts`)."""
+    for part in _aligned_parts(weight.shape[0]):
+        torch.mm(hidden, weight[part].t(), out=out[:, part])
+
+
+def _product_over_vocabulary(grad_logits: Tensor, weight: Tensor, out: Tensor) -> None:
+    """``out = grad_logits @ weight`` for (rows, V) and (V, H): the reduction over V by parts
+    (`_aligned_parts`), the second added to the first."""
+    first, *rest = _aligned_parts(weight.shape[0])
+    torch.mm(grad_logits[:, first], weight[first], out=out)
+    for part in rest:
+        out.addmm_(grad_logits[:, part], weight[part])
 
 
 def _iters(schedule: Schedule, cols: int) -> int:
@@ -303,18 +311,19 @@ def linear_cross_entropy_fwd(
     # The logits' row stride: V rounded up to 8 elements, so that every row starts 16-byte aligned
     # (cuBLAS's requirement for its tensor-core kernels); the padding columns are never read.
     row = -(-vocab // 8) * 8
-    if grad_weight is not None and chunk * row > n_tokens * schedule.slice_columns and chunk <= width:
-        # The chunk's logits live in grad_weight[split:], which phase 1 leaves unwritten; split
-        # keeps them 16-byte aligned (cuBLAS takes slower kernels otherwise).
-        split = vocab - -(-chunk * row // width)
-        while split * width * hidden.element_size() % 16:
-            split -= 1
+    # Where phase 1 stops when the chunk's logits live in grad_weight[split:] (which phase 1 leaves
+    # unwritten): a multiple of 8, which keeps the logits 16-byte aligned and gives phase 1's
+    # weight-gradient product a row count cuBLAS runs faster (GPT-2's V = 50,257, H = 768: 0.84 ms
+    # a call of the op at 16,747 rows, 0.47 at 16,744; H200, 2026-11-25). Negative when the logits
+    # do not fit (a chunk about as wide as H or wider).
+    split = (vocab - -(-chunk * row // width)) // 8 * 8
+    if grad_weight is not None and chunk * row > n_tokens * schedule.slice_columns and split >= 0:
         logits_buffer = grad_weight[split:].view(-1)[: chunk * row].view(chunk, row)[:, :vocab]
     else:
-        # A chunk within phase 2's slice budget (a small vocabulary), or no weight gradient: a
-        # buffer of its own, and phase 1 does every row. At V = 32,000 phase 2's kernels took
-        # 0.78 ms, accumulating its rows in phase 1 0.77 (H200 profiles, 2026-11-25); this layout
-        # has the fewer launches.
+        # A chunk within phase 2's slice budget (a small vocabulary), logits that do not fit after
+        # split, or no weight gradient: a buffer of its own, and phase 1 does every row. At
+        # V = 32,000 phase 2's kernels took 0.78 ms, accumulating its rows in phase 1 0.77 (H200
+        # profiles, 2026-11-25); this layout has the fewer launches.
         split = vocab
         logits_buffer = torch.empty(chunk, row, dtype=dtype, device=device)[:, :vocab]
 
@@ -347,7 +356,7 @@ def linear_cross_entropy_fwd(
         rows = min(chunk, n_tokens - start)
         hidden_chunk = hidden[start : start + rows]
         logits = logits_buffer[:rows]
-        torch.mm(hidden_chunk, weight.t(), out=logits)
+        _logits_product(hidden_chunk, weight, logits)
         _block_stats_kernel[(rows, n_blocks)](
             logits, bias_arg, labels[start:], block_lse, block_sum, target_loss,
             logits.stride(0), vocab, n_blocks, cap, **meta,
@@ -385,7 +394,7 @@ def linear_cross_entropy_fwd(
         for col0 in range(split, vocab, columns):
             cols = min(columns, vocab - col0)
             logits = slice_buffer[:, :cols]  # the last slice keeps the aligned row stride
-            torch.mm(hidden, weight[col0 : col0 + cols].t(), out=logits)
+            _logits_product(hidden, weight[col0 : col0 + cols], logits)
             iters = _iters(schedule, cols)
             _logit_grad_kernel[(n_tokens, triton.cdiv(cols, block * iters))](
                 logits, bias_arg, labels, lse, block_lse, block_sum, target_loss, scale,
