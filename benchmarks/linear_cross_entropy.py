@@ -2,8 +2,9 @@
 cross_entropy``, forward+backward, with peak memory no higher than Liger's? (issue 20's bar)
 
     python -m benchmarks.linear_cross_entropy --out DIR [--vocab 32000,128256,151936] [--repeats 20]
+    python -m benchmarks.linear_cross_entropy --out DIR --vocab 50257 --width 768   # GPT-2's head
 
-Needs a CUDA device; bf16, N = 8192 tokens (B4 x T2048), H = 2048. For each vocabulary size and
+Needs a CUDA device; bf16, N = 8192 tokens (B4 x T2048), H = 2048 (``--width``). For each vocabulary size and
 contender: forward+backward timed with CUDA events around each call, after warm-up, on fresh
 random inputs every call (hidden states, labels with 5% ignored, and the weight redrawn in
 place), median and quartiles; peak memory above the inputs (``max_memory_allocated`` minus what
@@ -82,10 +83,10 @@ def contenders(names: list[str]) -> dict[str, Loss]:
 
 def _inputs(weight: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh hidden states and labels; the weight redrawn in place (logits of std about 2)."""
-    vocab = weight.shape[0]
-    weight.detach().normal_(0.0, 2.0 / WIDTH**0.5, generator=generator)
+    vocab, width = weight.shape
+    weight.detach().normal_(0.0, 2.0 / width**0.5, generator=generator)
     weight.grad = None
-    hidden = torch.randn(TOKENS, WIDTH, device="cuda", dtype=weight.dtype, generator=generator)
+    hidden = torch.randn(TOKENS, width, device="cuda", dtype=weight.dtype, generator=generator)
     labels = torch.randint(0, vocab, (TOKENS,), device="cuda", generator=generator)
     ignored = torch.rand(TOKENS, device="cuda", generator=generator) < IGNORED_FRACTION
     labels[ignored] = -100
@@ -108,10 +109,10 @@ def _errors(loss_fn: Loss, weight: torch.Tensor, generator: torch.Generator) -> 
     return {n: ((g - r).norm() / r.norm()).item() for n, g, r in zip(names, got, refs, strict=True)}
 
 
-def measure(loss_fn: Loss, vocab: int, repeats: int, seed: int) -> dict:
+def measure(loss_fn: Loss, vocab: int, repeats: int, seed: int, width: int = WIDTH) -> dict:
     """Times, peak memory above the inputs and errors of one contender at one vocabulary size."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
-    weight = torch.empty(vocab, WIDTH, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    weight = torch.empty(vocab, width, device="cuda", dtype=torch.bfloat16).requires_grad_()
     times, peaks = [], []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for step in range(WARMUP + repeats):
@@ -131,7 +132,7 @@ def measure(loss_fn: Loss, vocab: int, repeats: int, seed: int) -> dict:
     del weight
     torch.cuda.empty_cache()
     q1, median, q3 = statistics.quantiles(times, n=4)
-    flops = 3 * 2 * TOKENS * WIDTH * vocab  # the three matrix products
+    flops = 3 * 2 * TOKENS * width * vocab  # the three matrix products
     return {
         "median_ms": median,
         "q1_ms": q1,
@@ -143,10 +144,10 @@ def measure(loss_fn: Loss, vocab: int, repeats: int, seed: int) -> dict:
     }
 
 
-def kernel_table(loss_fn: Loss, vocab: int, top: int = 14) -> list[dict]:
+def kernel_table(loss_fn: Loss, vocab: int, width: int = WIDTH, top: int = 14) -> list[dict]:
     """The GPU kernels of one forward+backward under torch.profiler: name, launches, total µs."""
     generator = torch.Generator(device="cuda").manual_seed(0)
-    weight = torch.empty(vocab, WIDTH, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    weight = torch.empty(vocab, width, device="cuda", dtype=torch.bfloat16).requires_grad_()
     for _ in range(2):
         hidden, labels = _inputs(weight, generator)
         loss_fn(hidden, weight, labels).backward()
@@ -163,10 +164,10 @@ def kernel_table(loss_fn: Loss, vocab: int, top: int = 14) -> list[dict]:
     return rows[:top]
 
 
-def matmul_tflops(vocab: int) -> float:
+def matmul_tflops(vocab: int, width: int = WIDTH) -> float:
     """bf16 rate of the logits product at this size (the ceiling the three products run against)."""
-    a = torch.randn(TOKENS, WIDTH, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(vocab, WIDTH, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(TOKENS, width, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(vocab, width, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ b.t()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -175,7 +176,7 @@ def matmul_tflops(vocab: int) -> float:
         a @ b.t()
     end.record()
     end.synchronize()
-    return 2 * TOKENS * WIDTH * vocab / (start.elapsed_time(end) / 10 * 1e-3) / 1e12
+    return 2 * TOKENS * width * vocab / (start.elapsed_time(end) / 10 * 1e-3) / 1e12
 
 
 def verdicts(results: dict[str, dict]) -> dict[str, bool | None]:
@@ -194,7 +195,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Fused linear cross-entropy, forward+backward ({report['device']}, {report['date']})",
         "",
-        f"bf16, N = {TOKENS} tokens, H = {WIDTH}; {report['repeats']} timed calls after {WARMUP} "
+        f"bf16, N = {TOKENS} tokens, H = {report['width']}; {report['repeats']} timed calls after {WARMUP} "
         f"warm-up, fresh random inputs each; torch {report['torch']}, triton {report['triton']}, "
         f"liger {report['liger']}. `python -m benchmarks.linear_cross_entropy`.",
         "",
@@ -224,6 +225,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--vocab", default=",".join(map(str, VOCABS)))
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--width", type=int, default=WIDTH, help="hidden size H")
     parser.add_argument(
         "--contenders", default="ours,liger,compile,eager,ours_compiled," + ",".join(SCHEDULES)
     )
@@ -247,6 +249,7 @@ def main() -> None:
         "triton": triton.__version__,
         "liger": liger_version,
         "repeats": args.repeats,
+        "width": args.width,
         "shapes": {},
     }
     for vocab in map(int, args.vocab.split(",")):
@@ -254,13 +257,13 @@ def main() -> None:
         profiles = {}
         for seed, (name, loss_fn) in enumerate(table.items()):
             try:
-                results[name] = measure(loss_fn, vocab, args.repeats, seed)
+                results[name] = measure(loss_fn, vocab, args.repeats, seed, args.width)
             except Exception as error:  # one contender's failure must not lose the others' numbers
                 print(f"V={vocab} {name}: FAILED {type(error).__name__}: {error}"[:400], flush=True)
                 torch.cuda.empty_cache()
                 continue
             if name in args.profile.split(","):
-                profiles[name] = kernel_table(loss_fn, vocab)
+                profiles[name] = kernel_table(loss_fn, vocab, args.width)
                 for row in profiles[name]:
                     print(f"    {row['total_us']:9.0f} us {row['launches']:5d}x {row['kernel']}")
             row = results[name]
@@ -269,7 +272,7 @@ def main() -> None:
             print(f"V={vocab} {name:14s} {spread} {row['peak_mib']:8.0f} MiB err_w {error:.1e}", flush=True)
         report["shapes"][vocab] = {
             "results": results,
-            "matmul_tflops": matmul_tflops(vocab),
+            "matmul_tflops": matmul_tflops(vocab, args.width),
             "verdicts": verdicts(results),
             "kernels": profiles,
         }
