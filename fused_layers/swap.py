@@ -271,6 +271,20 @@ class Rule:
         return _is_plain(module, self.source) if isinstance(self.source, str) else self.source(module)
 
 
+#: The causal LM families whose loss (`_fused_loss`) and causal mask (`_skip_causal_mask`) swap
+#: replaces: (modeling module under transformers.models, causal LM class, its base model class).
+_CAUSAL_LMS = (
+    ("gpt2.modeling_gpt2", "GPT2LMHeadModel", "GPT2Model"),
+    ("llama.modeling_llama", "LlamaForCausalLM", "LlamaModel"),
+    ("mistral.modeling_mistral", "MistralForCausalLM", "MistralModel"),
+    ("qwen2.modeling_qwen2", "Qwen2ForCausalLM", "Qwen2Model"),
+    ("qwen3.modeling_qwen3", "Qwen3ForCausalLM", "Qwen3Model"),
+    ("gemma.modeling_gemma", "GemmaForCausalLM", "GemmaModel"),
+    ("gemma2.modeling_gemma2", "Gemma2ForCausalLM", "Gemma2Model"),
+    ("gemma3.modeling_gemma3", "Gemma3ForCausalLM", "Gemma3TextModel"),
+)
+
+
 #: The swap table, first match wins.
 TABLE: tuple[Rule, ...] = (
     Rule("layer_norm", "torch.nn:LayerNorm", _fused_layer_norm),
@@ -287,32 +301,14 @@ TABLE: tuple[Rule, ...] = (
     # Causal LMs whose forward is lm_head, Gemma's optional final_logit_softcapping, then
     # self.loss_function (ForCausalLMLoss) (transformers 5.17-5.24); fused_layers.causal_lm.
     *(
-        Rule("linear_cross_entropy", f"transformers.models.{family}:{name}", _fused_loss)
-        for family, name in (
-            ("gpt2.modeling_gpt2", "GPT2LMHeadModel"),
-            ("llama.modeling_llama", "LlamaForCausalLM"),
-            ("mistral.modeling_mistral", "MistralForCausalLM"),
-            ("qwen2.modeling_qwen2", "Qwen2ForCausalLM"),
-            ("qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
-            ("gemma.modeling_gemma", "GemmaForCausalLM"),
-            ("gemma2.modeling_gemma2", "Gemma2ForCausalLM"),
-            ("gemma3.modeling_gemma3", "Gemma3ForCausalLM"),
-        )
+        Rule("linear_cross_entropy", f"transformers.models.{family}:{lm}", _fused_loss)
+        for family, lm, _ in _CAUSAL_LMS
     ),
     # Their base models, whose create_causal_mask (or sliding-window one) reads the config's
     # attention implementation (transformers 5.17-5.24); fused_layers.causal_mask.
     *(
-        Rule("causal_mask", f"transformers.models.{family}:{name}", _skip_causal_mask)
-        for family, name in (
-            ("gpt2.modeling_gpt2", "GPT2Model"),
-            ("llama.modeling_llama", "LlamaModel"),
-            ("mistral.modeling_mistral", "MistralModel"),
-            ("qwen2.modeling_qwen2", "Qwen2Model"),
-            ("qwen3.modeling_qwen3", "Qwen3Model"),
-            ("gemma.modeling_gemma", "GemmaModel"),
-            ("gemma2.modeling_gemma2", "Gemma2Model"),
-            ("gemma3.modeling_gemma3", "Gemma3TextModel"),
-        )
+        Rule("causal_mask", f"transformers.models.{family}:{base}", _skip_causal_mask)
+        for family, _, base in _CAUSAL_LMS
     ),
 )
 
