@@ -6,12 +6,13 @@ the gate), one autograd.Function. The gate's GELU maths is shared with ``gelu.py
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fused_layers.backends.custom_ops import eager_function, register_custom_ops, registers, run_op, traced
+from fused_layers.backends.custom_ops import eager_function, registers, run_op
 from fused_layers.backends.gradients import output_gradient_is_private
 from fused_layers.backends.triton.blocks import flat_block, load_fp32
 from fused_layers.backends.triton.gelu import gelu_value, gelu_value_and_grad
@@ -119,10 +120,9 @@ def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, int], output: Tensor)
 def _backward(ctx: Any, dc: Tensor) -> tuple[Tensor, Tensor, None]:
     """da = dc * b * act'(a), db = dc * act(a); shared by the eager Function and the custom op."""
     a, b = ctx.saved_tensors
-    if traced(dc) and register_custom_ops():
-        da, db = torch.ops.fused_layers.gated_backward(dc, a, b, ctx.activation)
-    else:  # the eager Function's flag (`gradients.private_output_gradient`); the custom op has none
-        da, db = _gated_bwd(dc, a, b, ctx.activation, overwrite_dc=getattr(ctx, "overwrite_dc", False))
+    # overwrite_dc: the eager Function's flag (`_eager_setup_context`); the custom op has none
+    eager = functools.partial(_gated_bwd, overwrite_dc=getattr(ctx, "overwrite_dc", False))
+    da, db = run_op("gated_backward", eager, dc, a, b, ctx.activation)
     return da, db, None
 
 
