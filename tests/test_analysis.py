@@ -189,6 +189,40 @@ def test_kernels_queued_before_the_trace_are_not_the_steps(tmp_path, early_corre
     assert step.times.gpu_busy_ms == pytest.approx(0.5)  # both kernels' time: 1005-1205 and 1210-1510 µs
 
 
+# A process without torch and with one thread (`trainprof analyze`): a two-rank folder is analysed by
+# forked workers, and gives what one process gives.
+_FORKED_FOLDER = """
+import json, sys
+from trainprof.analysis import analyze, folder
+starts = []
+parallel = folder._parallel
+folder._parallel = lambda *args: starts.append(args[-1]) or parallel(*args)
+forked = analyze(sys.argv[1]).to_dict()
+alone = analyze(sys.argv[1], workers=1).to_dict()
+print(json.dumps({"starts": starts, "same": forked == alone, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_folder_is_analysed_by_forked_workers_where_forking_is_safe(fixtures_dir):
+    done = subprocess.run([sys.executable, "-c", _FORKED_FOLDER, str(fixtures_dir / "traces/ddp_straggler")],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == {"starts": ["fork"], "same": True, "torch": False}
+
+
+def test_a_process_that_imported_torch_or_runs_threads_never_forks_workers(monkeypatch):
+    import torch  # noqa: F401 (a training process has it)
+
+    from trainprof.analysis import folder
+
+    forks = "fork" in folder.multiprocessing.get_all_start_methods()
+    monkeypatch.setattr(folder.threading, "active_count", lambda: 1)  # pytest-xdist runs threads
+    assert not folder._can_fork()
+    monkeypatch.delitem(sys.modules, "torch")
+    assert folder._can_fork() == forks
+    monkeypatch.setattr(folder.threading, "active_count", lambda: 2)
+    assert not folder._can_fork()
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_folder_numbers_each_process_windows_as_load_traces_does(fixtures_dir, workers):
     """analyze(folder) loads each file alone (in this process or in workers), yet its traces and

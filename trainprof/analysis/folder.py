@@ -7,15 +7,19 @@ and sends back its `TraceResult` (steps, findings, a few-kB summary of its colle
 `core.compose` merges: time grows with the number of ranks divided by the workers, memory with
 the largest trace times the workers.
 
-Workers are started by `forkserver` (where the platform has it, else `spawn`): forking a process
-that runs threads (a notebook, a training job) can deadlock in the child, and each worker imports
-the analysis once, not once per trace.
+Workers are forked where that is safe: a process with one Python thread that has not imported torch
+(`trainprof analyze`), whose workers start in milliseconds with the analysis already imported, so two
+files already pay for a second process. Elsewhere they are started by `forkserver` (where the platform
+has it, else `spawn`): forking a process that runs threads (a notebook, a training job) can deadlock
+in the child; a worker then takes ~0.3 s to start and import the analysis, once, not once per trace.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -35,9 +39,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.thresholds import Thresholds
 
 PARALLEL_MIN_FILES = 4
-"""Files from which a folder is analysed in worker processes by default: starting a worker (an
-interpreter and the analysis' imports, ~0.3 s on the 2-core development machine, 2026-11-25)
-costs more than analysing two or three of the fixtures' traces in this process."""
+"""Files from which a folder is analysed in worker processes by default where workers cannot be forked:
+starting one (an interpreter and the analysis' imports, ~0.3 s on the 2-core development machine,
+2026-11-25) costs more than analysing two or three of the fixtures' traces in this process."""
+
+FORKED_MIN_FILES = 2
+"""The same where workers are forked (`_can_fork`): a fork costs milliseconds, a fixture's trace
+~50 ms to analyse."""
 
 
 def analyze_files(
@@ -51,19 +59,23 @@ def analyze_files(
 ) -> list[TraceResult]:
     """The `TraceResult` of each file that is a trace with a finished step (`trace.load.load_candidate`),
     in the order `load_traces` sorts traces (by rank, then file name) and with their windows numbered as
-    it numbers them. `workers` None: one per core from `PARALLEL_MIN_FILES` files on, else this
-    process; 1: this process. `views`: as `analyze`'s."""
+    it numbers them. `workers` None: one per core from `FORKED_MIN_FILES` files on where workers
+    can be forked (`_can_fork`), else from `PARALLEL_MIN_FILES`; 1: this process. `views`: as
+    `analyze`'s."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     alone = len(files) == 1 or not in_folder
+    fork = _can_fork()
     if workers is None:
-        workers = min(os.cpu_count() or 1, len(files)) if len(files) >= PARALLEL_MIN_FILES else 1
+        least = FORKED_MIN_FILES if fork else PARALLEL_MIN_FILES
+        workers = min(os.cpu_count() or 1, len(files)) if len(files) >= least else 1
     workers = min(workers, len(files))
     if workers == 1:
         results = [_serial(file, index, len(files), alone, sync_sites, limits, report, views)
                    for index, file in enumerate(files)]
     else:
-        results = _parallel(files, alone, sync_sites, limits, workers, report, views)
+        start = "fork" if fork else _SAFE_START
+        results = _parallel(files, alone, sync_sites, limits, workers, report, views, start)
     unfinished = [result for result in results if isinstance(result, NoFinishedStep)]
     kept = [result for result in results if result is not None and not isinstance(result, NoFinishedStep)]
     if not kept:
@@ -71,6 +83,20 @@ def analyze_files(
     kept.sort(key=_order)
     _number_windows(kept)
     return kept
+
+
+_SAFE_START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _can_fork() -> bool:
+    """Whether worker processes may be forked from this one: the platform forks, this process runs one
+    Python thread, and it has not imported torch (a training process, whose CUDA and runtime threads a
+    forked child would inherit in whatever state they were)."""
+    return (
+        "fork" in multiprocessing.get_all_start_methods()
+        and threading.active_count() == 1
+        and "torch" not in sys.modules
+    )
 
 
 def _number_windows(results: list[TraceResult]) -> None:
@@ -105,10 +131,9 @@ def _serial(
 
 def _parallel(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
-    report: Callable[[str, int, int], None], views: bool,
+    report: Callable[[str, int, int], None], views: bool, start: str,
 ) -> list[TraceResult | NoFinishedStep | None]:
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
+    context = multiprocessing.get_context(start)
     overrides = limits.overridden()
     limit = max_trace_bytes()  # the caller's limit holds in the workers too
     results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
