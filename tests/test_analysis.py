@@ -189,24 +189,49 @@ def test_kernels_queued_before_the_trace_are_not_the_steps(tmp_path, early_corre
     assert step.times.gpu_busy_ms == pytest.approx(0.5)  # both kernels' time: 1005-1205 and 1210-1510 µs
 
 
-# A process without torch and with one thread (`trainprof analyze`): a two-rank folder is analysed by
-# forked workers, and gives what one process gives.
+# A process without torch and with one thread (`trainprof analyze`): a folder is analysed by forked
+# workers, and gives what one process gives; a bad file's error, and a worker that dies, are raised.
 _FORKED_FOLDER = """
-import json, sys
+import json, os, sys
 from trainprof.analysis import analyze, folder
-starts = []
-parallel = folder._parallel
-folder._parallel = lambda *args: starts.append(args[-1]) or parallel(*args)
-forked = analyze(sys.argv[1]).to_dict()
-alone = analyze(sys.argv[1], workers=1).to_dict()
-print(json.dumps({"starts": starts, "same": forked == alone, "torch": "torch" in sys.modules}))
+from trainprof.trace import TraceLoadError
+forks = []
+forked = folder._forked
+folder._forked = lambda *args: forks.append(args[4]) or forked(*args)
+try:
+    if sys.argv[2] == "die":  # the child's share: the second file
+        share = folder._share
+        folder._share = lambda files, first, *rest: os._exit(3) if first else share(files, first, *rest)
+    result = analyze(sys.argv[1], workers=2).to_dict()
+except (TraceLoadError, RuntimeError) as error:
+    print(json.dumps({"forks": forks, "error": f"{type(error).__name__}: {error}"}))
+else:
+    same = result == analyze(sys.argv[1], workers=1).to_dict()
+    print(json.dumps({"forks": forks, "same": same, "torch": "torch" in sys.modules}))
 """
 
 
-def test_a_folder_is_analysed_by_forked_workers_where_forking_is_safe(fixtures_dir):
-    done = subprocess.run([sys.executable, "-c", _FORKED_FOLDER, str(fixtures_dir / "traces/ddp_straggler")],
+def _forked_run(folder: Path, how: str = "") -> dict:
+    done = subprocess.run([sys.executable, "-c", _FORKED_FOLDER, str(folder), how],
                           capture_output=True, text=True, check=True)
-    assert json.loads(done.stdout) == {"starts": ["fork"], "same": True, "torch": False}
+    return json.loads(done.stdout)
+
+
+def test_a_folder_is_analysed_by_forked_workers_where_forking_is_safe(fixtures_dir, tmp_path):
+    ranks = fixtures_dir / "traces/ddp_straggler"
+    assert _forked_run(ranks) == {"forks": [2], "same": True, "torch": False}
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    first = sorted(ranks.glob("*.json.gz"))[0]
+    (bad / first.name).symlink_to(first)
+    (bad / "z.pt.trace.json").write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "late"}]}')
+    outcome = _forked_run(bad)  # z sorts second: a forked child reads it
+    assert outcome["forks"] == [2]
+    assert outcome["error"].startswith("TraceLoadError: ") and "z.pt.trace.json" in outcome["error"]
+
+    died = _forked_run(ranks, "die")
+    assert died["error"].startswith("RuntimeError: the worker process analysing rank1.")
 
 
 def test_a_process_that_imported_torch_or_runs_threads_never_forks_workers(monkeypatch):
