@@ -554,3 +554,11 @@ def test_layout_round_trips_and_knows_this_process():
     assert CodeLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
     assert CodeLayout.from_dict({"roots": [3, "/x"], "user_packages": "nope"}) == CodeLayout(roots=("/x/",))
     assert CodeLayout.from_dict(["not", "a", "layout"]) is None
+
+
+def test_the_install_folders_are_sysconfigs_without_loading_its_build_variables():
+    import sysconfig
+
+    from trainprof.user_code import _scheme_paths
+
+    assert _scheme_paths() == sysconfig.get_paths()

@@ -142,7 +142,7 @@ def _installation_roots() -> tuple[str, ...]:
     """This interpreter's stdlib and installed-packages folders."""
     import site
 
-    paths = sysconfig.get_paths()  # once: each call expands the install scheme anew (0.5 ms)
+    paths = _scheme_paths()
     folders = [paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
     try:
         folders += site.getsitepackages()
@@ -151,6 +151,27 @@ def _installation_roots() -> tuple[str, ...]:
         pass
     folders += [p for p in sys.path if "site-packages" in p or "dist-packages" in p]
     return tuple(sorted({_as_root(_realpath(f)) for f in folders if f}))
+
+
+def _scheme_paths() -> dict[str, str]:
+    """`sysconfig.get_paths()`, its default scheme's folders filled from `sys`, as sysconfig fills them.
+
+    `get_paths()` first loads every build variable of the interpreter (3.5 ms of a first analysis on
+    the 2-core development machine, 2026-11-25), for the few its folders name. A scheme that names
+    another falls back to it.
+    """
+    version = sys.version_info
+    values = {
+        "base": sys.prefix, "platbase": sys.exec_prefix, "installed_base": sys.base_prefix,
+        "installed_platbase": sys.base_exec_prefix, "platlibdir": getattr(sys, "platlibdir", "lib"),
+        "py_version_short": f"{version[0]}.{version[1]}", "py_version_nodot": f"{version[0]}{version[1]}",
+        "abiflags": getattr(sys, "abiflags", ""),
+    }
+    try:
+        return {key: os.path.normpath(template.format(**values))
+                for key, template in sysconfig.get_paths(expand=False).items()}
+    except (KeyError, IndexError, ValueError):
+        return sysconfig.get_paths()
 
 
 @functools.lru_cache(maxsize=4096)
