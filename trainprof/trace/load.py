@@ -53,6 +53,11 @@ from trainprof.trace.model import (
 )
 from trainprof.user_code import CodeLayout
 
+try:
+    from trainprof.trace import _scan
+except ImportError:  # not built (no C compiler where it was installed): msgspec reads every trace
+    _scan = None
+
 logger = logging.getLogger("trainprof")
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,9})", re.IGNORECASE)
@@ -512,6 +517,9 @@ class _Document(msgspec.Struct, Generic[EventT]):
     """The session's mark on a window it flushed at its stop (trainprof.files.SESSION_METADATA_KEY)."""
 
 
+_METADATA_FIELDS = tuple(field for field in _Document.__struct_fields__ if field != "traceEvents")
+
+
 def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
@@ -530,6 +538,9 @@ def _parse(path: Path):
     """Read, parse and bucket one file; returns (names, threads, tables, memory, collectives, op_inputs,
     metadata)."""
     text = _read_json(path, max_trace_bytes(), budget.TRACE_MEMORY_FACTOR, _trace_too_large)
+    columns = _scanned(path, text)
+    if columns is not None:
+        return columns
     try:
         document = _decode(path, text)
     except UnicodeDecodeError:
@@ -538,7 +549,8 @@ def _parse(path: Path):
         text = _with_replacement_characters(text)
         document = _decode(path, text)
     if isinstance(document, _Document):
-        events, metadata = document.traceEvents, _metadata(path, document)
+        raw = {field: getattr(document, field) for field in _METADATA_FIELDS}
+        events, metadata = document.traceEvents, _metadata(path, raw)
     else:
         events, metadata = document, {}
     del document, text  # the events hold copies: the text goes back before bucketing (memory bound)
@@ -547,11 +559,11 @@ def _parse(path: Path):
     return (*_bucket(events, path), metadata)
 
 
-def _metadata(path: Path, document: _Document) -> dict[str, Any]:
-    """The document's metadata fields that are present, not null and at most `METADATA_BYTES`, decoded."""
+def _metadata(path: Path, raws: Mapping[str, Any]) -> dict[str, Any]:
+    """The document's metadata fields (field -> its JSON text) that are present, not null and at most
+    `METADATA_BYTES`, decoded."""
     metadata = {}
-    for field in _Document.__struct_fields__:
-        raw = getattr(document, field) if field != "traceEvents" else None
+    for field, raw in raws.items():
         if raw is None or not len(raw):
             continue
         if len(raw) > METADATA_BYTES:
@@ -795,6 +807,109 @@ _FILE_KINDS = (
 
 def _file_kind(mode: int) -> str:
     return next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
+
+
+# The C scanner's category codes: each kept category's index in KEPT_CATEGORIES, its aliases' too.
+_SCAN_CATEGORIES = (*KEPT_CATEGORIES, *CATEGORY_ALIASES)
+_SCAN_CODES = tuple(KEPT_CATEGORIES.index(CATEGORY_ALIASES.get(c, c)) for c in _SCAN_CATEGORIES)
+_SCAN_CATEGORY_BYTES = tuple(c.encode() for c in _SCAN_CATEGORIES)
+
+
+def _scanned(path: Path, text: bytes | bytearray):
+    """`_parse`'s result from the C scanner (`trainprof/trace/_scan.c`), or None where it reads the
+    text otherwise (not built, or a trace it leaves to msgspec: see the C file) or finds no kept event
+    within `MAX_TIME_US`: then msgspec's decoding and `_bucket` read it, and say what is wrong.
+
+    The same tables as `_bucket` builds from msgspec's structs (tests/test_native_scan.py holds
+    them equal), from one column per field instead of one struct per event: names and threads
+    numbered in the order `_Ids` numbers them (categories in `KEPT_CATEGORIES` order, then the
+    memory instants), each category's events in trace order.
+    """
+    if _scan is None:
+        return None
+    scanned = _scan.scan(text, _SCAN_CATEGORY_BYTES, _SCAN_CODES)
+    if scanned is None:
+        return None
+    scanned_names, scanned_threads, x_rows, strings, memory_rows, spans = scanned
+    x = np.frombuffer(x_rows, dtype=_row_type(_scan.X_FIELDS, _scan.X_SIZE))
+    m = np.frombuffer(memory_rows, dtype=_row_type(_scan.MEMORY_FIELDS, _scan.MEMORY_SIZE))
+    cat, ts, dur = x["cat"], x["ts"], x["dur"]
+    order = np.argsort(cat, kind="stable")  # by category (KEPT_CATEGORIES order), trace order within
+    name, by_number = _renumbered(x["name"], order, len(scanned_names))
+    names = [scanned_names[i] for i in by_number]
+    allocated = m["total_allocated"]
+    # `_memory_table`'s rule: CUDA blocks, totals within MAX_MEMORY_BYTES (False for NaN)
+    on_cuda = (m["device_type"] == 1) & (np.abs(allocated) <= MAX_MEMORY_BYTES)
+    memory_rows = np.flatnonzero(on_cuda)
+    threads_of = np.concatenate((x["thread"], m["thread"]))
+    thread_ids, by_number = _renumbered(threads_of, np.concatenate((order, len(x) + memory_rows)),
+                                        len(scanned_threads))
+    threads = [scanned_threads[i] for i in by_number]
+    thread, memory_thread = thread_ids[: len(x)], thread_ids[len(x) :][memory_rows]
+
+    bounds = np.searchsorted(cat[order], np.arange(len(KEPT_CATEGORIES) + 1)).tolist()
+    rows_of = {category: order[bounds[code] : bounds[code + 1]] for code, category in enumerate(KEPT_CATEGORIES)}
+    ops = rows_of["cpu_op"]
+    has_inputs = np.fromiter(map(_has_inputs, names), dtype=bool, count=len(names))
+    keep = has_inputs[name[ops]]
+    kept = ops[keep].tolist()
+    op_inputs = OpInputs(_texts(text, x["dims"], kept), _texts(text, x["types"], kept))
+    tables = {}
+    for category, rows in rows_of.items():
+        if category == "cpu_op":
+            tables[category] = EventTable.from_columns(
+                ts[ops], dur[ops], thread[ops], name[ops], np.full(len(ops), -1, dtype=np.int64), x["flops"][ops],
+                x["sequence"][ops], x["fwd_thread"][ops], inputs=np.where(keep, np.cumsum(keep) - 1, -1),
+            )
+            continue
+        frames = category in FRAME_CATEGORIES
+        tables[category] = EventTable.from_columns(
+            ts[rows], dur[rows], thread[rows], name[rows],
+            np.full(len(rows), -1, dtype=np.int64) if frames else x["correlation"][rows],
+            np.full(len(rows), _NAN) if frames else x["bytes"][rows],
+        )
+    if not any(len(table) for table in tables.values()):
+        return None  # every event timed beyond MAX_TIME_US: msgspec's path says so
+    count = len(memory_rows)
+    block_bytes = m["alloc_bytes"][memory_rows]
+    memory = EventTable.from_columns(
+        m["ts"][memory_rows], np.zeros(count), memory_thread, np.zeros(count, dtype=np.int32),
+        np.full(count, -1, dtype=np.int64), allocated[memory_rows],
+        block_bytes=np.where(np.abs(block_bytes) <= MAX_MEMORY_BYTES, block_bytes, _NAN),
+        addr=m["addr"][memory_rows],
+    )
+    calls = ops[x["collective"][ops] >= 0] if "record_param_comms" in names else ops[:0]
+    collectives = CollectiveCalls.from_columns(
+        ts[calls], dur[calls], thread[calls], [strings[i] for i in x["collective"][calls].tolist()],
+        x["in_nelems"][calls], x["out_nelems"][calls],
+        [strings[i] if i >= 0 else None for i in x["dtype"][calls].tolist()], x["group_size"][calls],
+    ) if len(calls) else None
+    _steps_to_annotations(tables, names)
+    metadata = _metadata(path, {field: text[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans})
+    return names, threads, tables, memory, collectives, op_inputs, metadata
+
+
+def _row_type(fields: tuple, size: int) -> np.dtype:
+    """The numpy type of the C scanner's rows: its fields' (name, format, offset), and the row's size."""
+    names, formats, offsets = zip(*fields, strict=True)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size})
+
+
+def _renumbered(ids: np.ndarray, sequence: np.ndarray, count: int) -> tuple[np.ndarray, list[int]]:
+    """Ids 0..count-1 (one per row) numbered again by where each first appears when the rows are read
+    in the order `sequence` (row numbers; rows outside it keep no number: -1); and the old ids by new
+    number, of those that appear."""
+    first = np.full(count, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids[sequence], np.arange(len(sequence)))
+    by_first = np.argsort(first, kind="stable")[: int((first < len(ids)).sum())]
+    number = np.full(count, -1, dtype=np.int32)
+    number[by_first] = np.arange(len(by_first), dtype=np.int32)
+    return number[ids], by_first.tolist()
+
+
+def _texts(text: bytes | bytearray, spans: np.ndarray, rows: list[int]) -> list[bytes]:
+    """The JSON text of each row's span (start, end), empty where it has none (-1)."""
+    return [text[start:end] if start >= 0 else b"" for start, end in spans[rows].tolist()]
 
 
 def _bucket(events: list, path: Path):
