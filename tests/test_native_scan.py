@@ -28,9 +28,11 @@ def _equal(a, b, where: str = "") -> str | None:
     NaN), else where they first differ."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)
-        same = a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        same = a.dtype == b.dtype and a.shape == b.shape
+        same = same and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
         return None if same else f"{where}: {a.dtype}{a.shape} {a[:4]} != {b.dtype}{b.shape} {b[:4]}"
-    if type(a) is not type(b) and not (isinstance(a, (bytes, bytearray)) and isinstance(b, (bytes, bytearray))):
+    texts = (bytes, bytearray)
+    if type(a) is not type(b) and not (isinstance(a, texts) and isinstance(b, texts)):
         return f"{where}: {type(a).__name__} != {type(b).__name__}"
     if dataclasses.is_dataclass(a):
         fields = [f.name for f in dataclasses.fields(a)]
@@ -42,7 +44,8 @@ def _equal(a, b, where: str = "") -> str | None:
     if isinstance(a, (list, tuple)):
         if len(a) != len(b):
             return f"{where}: length {len(a)} != {len(b)}"
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := _equal(x, y, f"{where}[{i}]"))), None)
+        pairs = enumerate(zip(a, b, strict=True))
+        return next((d for i, (x, y) in pairs if (d := _equal(x, y, f"{where}[{i}]"))), None)
     if type(a).__module__.startswith("trainprof"):
         return _equal(vars(a), vars(b), where)
     same = a == b or (isinstance(a, float) and a != a and b != b)
@@ -64,7 +67,8 @@ def _outcome(parse, path: Path):
 
 def _torch_traces(fixtures_dir: Path) -> list[Path]:
     """The fixtures torch wrote (H200 runs, the framework stacks), and the demo's sample."""
-    found = [p for folder in ("traces", "busy", "stacks") for p in (fixtures_dir / folder).rglob("*.pt.trace.json.gz")]
+    found = [path for folder in ("traces", "busy", "stacks")
+             for path in (fixtures_dir / folder).rglob("*.pt.trace.json.gz")]
     return sorted(found) + sorted((Path(loader.__file__).parents[1] / "samples").rglob("*.pt.trace.json.gz"))
 
 
@@ -117,9 +121,9 @@ LEFT_TO_MSGSPEC = {
     "args not an object": _trace({**_KERNEL, "args": [1]}),
     "name not a string": _trace({**_KERNEL, "name": 5}),
     "deep nesting": _trace({**_KERNEL, "args": {"x": json.loads("[" * 300 + "]" * 300)}}),
-    "a lone surrogate escape where the analyses read nothing": _trace(_KERNEL, {"ph": "f", "x": "@"}).replace(
+    "a lone surrogate where the analyses read nothing": _trace(_KERNEL, {"ph": "f", "x": "@"}).replace(
         b"@", b"\\udc00"),
-    "a high surrogate escape without its low one": _trace(_KERNEL, {"ph": "f", "x": "@"}).replace(
+    "a high surrogate without its low one": _trace(_KERNEL, {"ph": "f", "x": "@"}).replace(
         b"@", b"\\ud800\\u0041"),
     "an escaped key (it may spell a field)": _trace(_KERNEL).replace(b'"dur"', b'"d\\u0075r"'),
     "trailing bytes": _trace(_KERNEL) + b" x",
@@ -139,7 +143,8 @@ def test_what_the_scanner_leaves_to_msgspec(case, tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_bytes(LEFT_TO_MSGSPEC[case])
     assert loader._scanned(path, path.read_bytes()) is None
-    assert _equal(_outcome(loader._parse, path), _outcome(lambda p: _msgspec_parse(p, monkeypatch), path)) is None
+    theirs = _outcome(lambda p: _msgspec_parse(p, monkeypatch), path)
+    assert _equal(_outcome(loader._parse, path), theirs) is None
 
 
 # Traces the scanner reads as msgspec does, each with something a plain trace lacks.
@@ -183,7 +188,8 @@ READ_ALIKE = {
     "negative zero as an integer": _trace(_KERNEL).replace(b'"dur": 2', b'"dur": -0'),
     "long decimals": _trace(_KERNEL).replace(b'"ts": 10.5', b'"ts": 1795302414630700.547123456789'),
     "escapes where the analyses read nothing": _trace(
-        _KERNEL, {"ph": "f", "cat": "ac2g", "name": "\"q\\u0041\""}).replace(b"}]}", b', "x": "\\ud800\\udc00"}]}'),
+        _KERNEL, {"ph": "f", "cat": "ac2g", "name": "\"q\\u0041\""}
+    ).replace(b"}]}", b', "x": "\\ud800\\udc00"}]}'),
     "unicode names": _trace({**_KERNEL, "name": "ядро ⚡"}),
 }
 
@@ -221,7 +227,8 @@ def test_mutated_traces_give_msgspecs_result_or_its_error(fixtures_dir, tmp_path
         path = tmp_path / f"m{number}.json"
         path.write_bytes(bytes(text))
         scanned += loader._scanned(path, bytes(text)) is not None
-        ours, theirs = _outcome(loader._parse, path), _outcome(lambda p: _msgspec_parse(p, monkeypatch), path)
+        ours = _outcome(loader._parse, path)
+        theirs = _outcome(lambda p: _msgspec_parse(p, monkeypatch), path)
         difference = _equal(ours, theirs)
         assert difference is None, f"mutant {number}: {difference}"
         path.unlink()

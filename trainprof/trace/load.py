@@ -848,7 +848,8 @@ def _scanned(path: Path, text: bytes | bytearray):
     thread, memory_thread = thread_ids[: len(x)], thread_ids[len(x) :][memory_rows]
 
     bounds = np.searchsorted(cat[order], np.arange(len(KEPT_CATEGORIES) + 1)).tolist()
-    rows_of = {category: order[bounds[code] : bounds[code + 1]] for code, category in enumerate(KEPT_CATEGORIES)}
+    rows_of = {category: order[bounds[code] : bounds[code + 1]]
+               for code, category in enumerate(KEPT_CATEGORIES)}
     ops = rows_of["cpu_op"]
     has_inputs = np.fromiter(map(_has_inputs, names), dtype=bool, count=len(names))
     keep = has_inputs[name[ops]]
@@ -858,8 +859,9 @@ def _scanned(path: Path, text: bytes | bytearray):
     for category, rows in rows_of.items():
         if category == "cpu_op":
             tables[category] = EventTable.from_columns(
-                ts[ops], dur[ops], thread[ops], name[ops], np.full(len(ops), -1, dtype=np.int64), x["flops"][ops],
-                x["sequence"][ops], x["fwd_thread"][ops], inputs=np.where(keep, np.cumsum(keep) - 1, -1),
+                ts[ops], dur[ops], thread[ops], name[ops], np.full(len(ops), -1, dtype=np.int64),
+                x["flops"][ops], x["sequence"][ops], x["fwd_thread"][ops],
+                inputs=np.where(keep, np.cumsum(keep) - 1, -1),
             )
             continue
         frames = category in FRAME_CATEGORIES
@@ -885,7 +887,8 @@ def _scanned(path: Path, text: bytes | bytearray):
         [strings[i] if i >= 0 else None for i in x["dtype"][calls].tolist()], x["group_size"][calls],
     ) if len(calls) else None
     _steps_to_annotations(tables, names)
-    metadata = _metadata(path, {field: text[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans})
+    raws = {field: text[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans}
+    metadata = _metadata(path, raws)
     return names, threads, tables, memory, collectives, op_inputs, metadata
 
 
