@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,30 @@ def test_bad_input_exits_2_with_one_line_naming_the_file(tmp_path):
 def test_usage_errors_exit_2():
     assert trainprof().returncode == 2
     assert trainprof("nonsense").returncode == 2
+
+
+# A terminal's progress bar is redrawn by each step, not by a thread of rich's: the CLI process still
+# runs one thread, so a folder's workers are forked (trainprof.analysis.folder).
+_TERMINAL_BAR = """
+import io, json, sys
+from trainprof.analysis import folder
+from trainprof.cli import _load_and_analyze
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+forks = []
+forked = folder._forked
+folder._forked = lambda *args: forks.append(args[4]) or forked(*args)
+bar = Terminal()
+analysis = _load_and_analyze(sys.argv[1], bar)
+print(json.dumps({"forks": forks, "traces": len(analysis.traces), "drawn": "traces" in bar.getvalue()}))
+"""
+
+
+def test_a_terminals_progress_bar_leaves_the_folder_to_forked_workers(fixtures_dir):
+    done = subprocess.run([sys.executable, "-c", _TERMINAL_BAR, str(fixtures_dir / "traces/ddp_straggler")],
+                          capture_output=True, text=True, check=True, timeout=120)
+    forks = [2] if (os.cpu_count() or 1) >= 2 else []  # a worker per core
+    assert json.loads(done.stdout) == {"forks": forks, "traces": 2, "drawn": True}

@@ -147,11 +147,14 @@ def _load_and_analyze(
     columns = (TextColumn("{task.description}", markup=False), BarColumn(),
                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
     console = Console(file=progress, markup=False, highlight=False, emoji=False)
-    with Progress(*columns, console=console, transient=True) as bar:
+    # Redrawn at each step, not by rich's refresh thread: a process that runs no other thread may
+    # fork the workers of a folder (`analysis.folder`).
+    with Progress(*columns, console=console, transient=True, auto_refresh=False) as bar:
         task = bar.add_task("loading", total=1)
 
         def advance(what: str, done: int, total: int) -> None:
             bar.update(task, description=safe_text(what, PROGRESS_CHARS), completed=done, total=total)
+            bar.refresh()
 
         return analyze(path, on_progress=advance, thresholds=thresholds, views=views, workers=workers)
 
