@@ -16,12 +16,10 @@ in the child; a worker then takes ~0.3 s to start and import the analysis, once,
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,15 +63,11 @@ def analyze_files(
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     alone = len(files) == 1 or not in_folder
-    fork = _can_fork()
-    if workers is None:
-        least = FORKED_MIN_FILES if fork else PARALLEL_MIN_FILES
-        workers = min(os.cpu_count() or 1, len(files)) if len(files) >= least else 1
-    workers = min(workers, len(files))
+    workers = min(_default_workers(len(files)) if workers is None else workers, len(files))
     if workers == 1:
         results = [_serial(file, index, len(files), alone, sync_sites, limits, report, views)
                    for index, file in enumerate(files)]
-    elif fork:
+    elif _can_fork():
         results = _forked(files, alone, sync_sites, limits, workers, report, views)
     else:
         results = _parallel(files, alone, sync_sites, limits, workers, report, views)
@@ -86,13 +80,21 @@ def analyze_files(
     return kept
 
 
-_SAFE_START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+def _default_workers(count: int) -> int:
+    """Workers for `count` files when none are asked for: one per core from `FORKED_MIN_FILES` files on
+    where they can be forked, else from `PARALLEL_MIN_FILES`."""
+    if count < FORKED_MIN_FILES:  # below both: one file never imports multiprocessing to ask
+        return 1
+    least = FORKED_MIN_FILES if _can_fork() else PARALLEL_MIN_FILES
+    return min(os.cpu_count() or 1, count) if count >= least else 1
 
 
 def _can_fork() -> bool:
     """Whether worker processes may be forked from this one: the platform forks, this process runs one
     Python thread, and it has not imported torch (a training process, whose CUDA and runtime threads a
     forked child would inherit in whatever state they were)."""
+    import multiprocessing  # here, not at the top: analysing one file never starts a worker
+
     return (
         "fork" in multiprocessing.get_all_start_methods()
         and threading.active_count() == 1
@@ -134,7 +136,12 @@ def _parallel(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
 ) -> list[TraceResult | NoFinishedStep | None]:
-    context = multiprocessing.get_context(_SAFE_START)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # forkserver where the platform has it, else spawn (never fork: this process may run threads)
+    safe_start = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(safe_start)
     overrides = limits.overridden()
     limit = max_trace_bytes()  # the caller's limit holds in the workers too
     results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
