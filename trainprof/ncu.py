@@ -24,11 +24,11 @@ saved before instead of running anything.
 
 from __future__ import annotations
 
-import csv
+# csv and subprocess are imported where they are used: every `trainprof` command imports this module
+# for its parser (`add_ncu_parser`).
 import io
 import re
 import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -161,6 +161,8 @@ def parse_details_csv(text: str) -> list[NcuKernel]:
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         raise NcuError("no ncu details page in this CSV (expected a header starting with \"ID\")")
+    import csv
+
     launches: dict[str, dict[str, dict]] = {}  # kernel -> launch ID -> {"metrics", "hints", ...}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
         if not row.get("ID") or row.get("ID") == "ID":
@@ -252,6 +254,8 @@ def profile(
     regex: str | None = None,
 ) -> str:
     """Run ``command`` under ncu and return its details page as CSV (also saved as OUT/ncu.csv)."""
+    import subprocess
+
     executable = shutil.which(ncu)
     if executable is None:
         raise NcuError(f"{ncu!r} is not on PATH (Nsight Compute's command line; or pass --ncu PATH)")

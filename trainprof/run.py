@@ -20,13 +20,13 @@ import contextlib
 import os
 import re
 import runpy
-import socket
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainprof.session import Session, process_rank, session
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.session import Session
 
 RUN_NAME_VARIABLE = "TRAINPROF_RUN_NAME"
 """An environment variable that names the run folder for every process that reads it."""
@@ -50,6 +50,8 @@ def shared_run_name() -> str | None:
     if run_id and run_id != "none":
         return _folder_name(f"run-torchrun-{run_id[:8]}")
     if run_id or os.environ.get("LOCAL_RANK", "").strip():
+        import socket
+
         host = socket.gethostname().split(".")[0]
         return _folder_name(f"run-{host}-{os.getppid()}")
     return None
@@ -70,6 +72,8 @@ def run_script(
     finished session. `KeyboardInterrupt` propagates. Unless given, `run_name` comes from
     `shared_run_name()`. Raises FileNotFoundError when `script` is not a file.
     """
+    from trainprof.session import session
+
     path = Path(script)
     if not path.is_file():
         raise FileNotFoundError(f"{script}: no such file")
@@ -147,6 +151,8 @@ def add_run_parser(commands: Any) -> None:
 
 def run_command(args: Any) -> int:
     """`trainprof run`: the script's exit code; a missing script or a bad option is a one-line error."""
+    from trainprof.session import process_rank
+
     options = {
         "log_dir": args.log_dir, "run_name": args.run_name, "wait": args.wait, "warmup": args.warmup,
         "active": args.active, "repeat": args.repeat, "skip_first": args.skip_first,
