@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
+
+
+def median(values: Iterable[float]) -> float:
+    """The median as `statistics.median` gives it: the middle value, or the mean of the two middle
+    values for an even count; ValueError for none.
+
+    Why not `statistics`: it imports `random` and `fractions` (1.7 ms of `trainprof analyze`'s start on
+    the 2-core development machine, 2026-11-25); nor `np.median`, which imports `numpy.ma`.
+    """
+    ordered = sorted(values)
+    count = len(ordered)
+    if count == 0:
+        raise ValueError("no median of no values")
+    middle = count // 2
+    return ordered[middle] if count % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

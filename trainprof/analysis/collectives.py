@@ -27,13 +27,12 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from statistics import median
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
-from trainprof.analysis.arrays import distinct
+from trainprof.analysis.arrays import distinct, median
 from trainprof.analysis.links import Link
 from trainprof.analysis.result import Record
 from trainprof.analysis.thresholds import COLLECTIVES_KEPT

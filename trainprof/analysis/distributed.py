@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from statistics import median
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from trainprof.analysis.arrays import numpy_round
+from trainprof.analysis.arrays import median, numpy_round
 from trainprof.analysis.collectives import (
     Collective,
     CollectiveStats,

@@ -21,7 +21,6 @@ holders, the `host` time by Python function, and the one-off holders. The findin
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from trainprof.analysis.arrays import distinct, unique_inverse
+from trainprof.analysis.arrays import distinct, median, unique_inverse
 from trainprof.analysis.causes import (
     CALL_CAUSES,
     CAPTURE_CALLS,
@@ -481,9 +480,9 @@ def _thread_labels(
             members = candidates[cand_names == nid]
             member_dur = durations[cand_names == nid]
             first = members[np.argmin(starts[members])]
-            median = statistics.median(member_dur.tolist())  # not np.median: it imports numpy.ma
+            typical = median(member_dur.tolist())
             warm = (member_dur >= thresholds.warmup_call_min_ms * 1e3) & (
-                (members == first) | (member_dur >= thresholds.warmup_call_ratio * median)
+                (members == first) | (member_dur >= thresholds.warmup_call_ratio * typical)
             )
             own[members[warm & (own[members] == _NONE)]] = Cause.WARMUP
 
@@ -584,7 +583,7 @@ def _call_causes(timeline: Timeline, thresholds: Thresholds) -> np.ndarray:
     launches = np.flatnonzero(kinds == KINDS.index("launch"))
     if len(launches) > 1:
         first = launches[0]
-        typical = statistics.median(calls.dur_us[launches[:FIRST_LAUNCH_SAMPLE]].tolist())
+        typical = median(calls.dur_us[launches[:FIRST_LAUNCH_SAMPLE]].tolist())
         slow = calls.dur_us[first] >= thresholds.profiler_first_launch_ratio * typical
         if slow and not long_launch[first]:
             cause[first] = Cause.PROFILER

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from statistics import median  # not np.median: it imports numpy.ma, 25 ms of a fresh process
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from trainprof.analysis.arrays import median
 from trainprof.analysis.attribution import attribute_kernels
 from trainprof.analysis.causes import Cause
 from trainprof.analysis.modules import OwnerCost, OwnerCosts, TinyOp, owner_costs
