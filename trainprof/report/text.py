@@ -21,11 +21,14 @@ from typing import Any
 
 # Characters that break a line: shown as one space.
 _BREAKS = "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"
+# The character classes below are pattern sources, compiled on first use (`re` keeps them compiled):
+# most text is printable ASCII and never needs them, and compiling the three costs 0.7 ms (2-core
+# development machine, 2026-11-25) of every `trainprof` command's start.
 # Every other C0 and C1 control (ESC and the 8-bit CSI U+009B start terminal sequences), DEL, the
 # format characters (Unicode category Cf: bidirectional marks, embeddings, overrides and isolates,
 # U+061C, zero-width characters, the BOM, interlinear annotation, tags) and lone surrogates (no
 # UTF-8 form). tests/test_text.py checks this class against unicodedata's categories.
-_UNSAFE = re.compile(
+_UNSAFE = (
     "[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff"
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
@@ -34,14 +37,14 @@ _UNSAFE = re.compile(
 )
 # Characters JSON may carry raw but a terminal must not see: the unsafe class less C0 (which every
 # JSON encoder escapes already) and the surrogates (which no encoder writes).
-_UNSAFE_IN_JSON = re.compile(
+_UNSAFE_IN_JSON = (
     "[\x7f-\x9f\u2028\u2029"
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0001\U000e0020-\U000e007f]"
 )
-_SURROGATES = re.compile("[\ud800-\udfff]")
+_SURROGATES = "[\ud800-\udfff]"
 
 ELLIPSIS = "…"
 _WORD_BREAKS = ("/", "::", ".", "_", ",", "(", "<", "-", "=")
@@ -61,11 +64,11 @@ def safe_text(value: Any, max_chars: int | None = None) -> str:
     """
     text = value if isinstance(value, str) else str(value)
     if max_chars is not None and len(text) > 4 * max_chars:
-        text = _UNSAFE.sub(_replace, text[: 4 * max_chars])
+        text = re.sub(_UNSAFE, _replace, text[: 4 * max_chars])
         return cut(text, max_chars, always=True)
     if text.isascii() and text.isprintable():  # most names: nothing to remove (C0 and DEL fail this)
         return text if max_chars is None else cut(text, max_chars)
-    text = _UNSAFE.sub(_replace, text)
+    text = re.sub(_UNSAFE, _replace, text)
     return text if max_chars is None else cut(text, max_chars)
 
 
@@ -90,12 +93,12 @@ def escape_unsafe_json(encoded: str) -> str:
     Outside strings JSON text holds no such character, so each one found is inside a string, where
     its escape decodes to the same character.
     """
-    return _UNSAFE_IN_JSON.sub(_json_escape, encoded)
+    return re.sub(_UNSAFE_IN_JSON, _json_escape, encoded)
 
 
 def without_surrogates(text: str) -> str:
     """`text` with lone surrogates (which have no UTF-8 form) as U+FFFD."""
-    return _SURROGATES.sub("\ufffd", text)
+    return re.sub(_SURROGATES, "\ufffd", text)
 
 
 def cell_width(text: str) -> int:
