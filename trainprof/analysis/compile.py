@@ -31,10 +31,11 @@ from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import COMPILE_IDS_IN_TITLE, GRAPH_BREAK_SITES_KEPT, Thresholds
 from trainprof.analysis.timeline import Timeline
 
-_COMPILE = re.compile(COMPILE_FRAMES)
-_REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)$")
-_COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
+# Pattern sources (with `causes.COMPILE_FRAMES`), compiled where used, past the check that a trace
+# shows torch.compile at all: most traces never compile them.
+_REGION = r"^Torch-Compiled Region: (\d+)/(\d+)$"
+_COMPILE_ID = r"compile_id=(\d+)/(\d+)"
+_RESUME = r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$"
 # Names only torch.compile's work has (Dynamo's frames show in any trace with stacks: the optimizer's
 # step runs under `torch/_dynamo/eval_frame.py`).
 _MARKERS = (
@@ -85,7 +86,8 @@ def compile_stats(timeline: Timeline) -> CompileStats | None:
     step_end = np.array([w.end_us for w in steps])
 
     names = trace.names
-    is_compile = trace.names_matching(lambda name: _COMPILE.search(name) is not None)
+    compile_frame = re.compile(COMPILE_FRAMES)
+    is_compile = trace.names_matching(lambda name: compile_frame.search(name) is not None)
     tagged = trace.names_matching(lambda name: "compile_id=" in name or name.startswith("Torch-Compiled"))
     starts, ends = [], []
     ids: dict[str, float] = {}  # compile id -> when it first shows
@@ -96,11 +98,11 @@ def compile_stats(timeline: Timeline) -> CompileStats | None:
         ends.append(table.end_us[is_compile[table.name]])
         for row in np.flatnonzero(tagged[table.name]).tolist():
             name = names[int(table.name[row])]
-            region = _REGION.match(name)
+            region = re.match(_REGION, name)
             if region is not None:
                 region_rows.append((float(table.start_us[row]), float(table.end_us[row]),
                                     int(table.thread[row]), int(region.group(1))))
-            elif (found := _COMPILE_ID.search(name)) is not None:
+            elif (found := re.search(_COMPILE_ID, name)) is not None:
                 ids.setdefault(f"{found.group(1)}/{found.group(2)}", float(table.start_us[row]))
     compile_starts, compile_ends = np.concatenate(starts), np.concatenate(ends)
     in_steps = timeline.step_of(compile_starts) >= 0
@@ -165,8 +167,9 @@ def _resume_sites(trace) -> list[str]:
     if not len(python):
         return []
     sites = set()
+    resume = re.compile(_RESUME)
     for name_id in distinct(python.name).tolist():
-        found = _RESUME.search(trace.names[name_id])
+        found = resume.search(trace.names[name_id])
         if found is not None:
             sites.add(f"{found.group(1)} line {found.group(2)}")
     return sorted(sites)
@@ -266,7 +269,8 @@ def _compile_site(timeline: Timeline) -> Where:
     if thread is None or not len(trace.events["python_function"]):
         return Where()
     table = trace.events["cpu_op"]
-    compiling = trace.names_matching(lambda name: _COMPILE.search(name) is not None)[table.name]
+    compile_frame = re.compile(COMPILE_FRAMES)
+    compiling = trace.names_matching(lambda name: compile_frame.search(name) is not None)[table.name]
     rows = np.flatnonzero(compiling & (table.thread == thread) & (timeline.step_of(table.start_us) >= 0))
     if not len(rows):
         return Where()
