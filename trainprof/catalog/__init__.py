@@ -9,11 +9,9 @@ it, the library versions it applies to, and where it was checked in the library'
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,12 @@ class CatalogSite:
 @functools.lru_cache(maxsize=1)
 def sync_sites() -> tuple[CatalogSite, ...]:
     """The catalog's entries, in file order."""
+    # Imported here: only a sync point with library frames asks, and importlib.resources imports
+    # tempfile and random (json and it: 3 ms of `trainprof analyze`'s start, 2-core development
+    # machine, 2026-11-25).
+    import json
+    from importlib import resources
+
     text = resources.files(__package__).joinpath("sync_sites.json").read_text(encoding="utf-8")
     entries = []
     for entry in json.loads(text)["sites"]:
