@@ -40,6 +40,35 @@ def test_analyze_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+# Modules `trainprof analyze FILE` (--json or the console report) never needs, each imported where
+# another command or a rarer input needs it: torch and the session (training), worker processes (a
+# folder of several traces), the sync-site catalog's reader, statistics (random, fractions) and
+# subprocess (trainprof ncu).
+NOT_IMPORTED_BY_ANALYZE = (
+    "torch", "trainprof.session", "trainprof.config", "multiprocessing", "concurrent.futures",
+    "importlib.resources", "statistics", "subprocess",
+)
+_ANALYZE_IN_PROCESS = """
+import contextlib, io, json, sys
+import msgspec, numpy  # theirs, not trainprof's: what they import is left out of the count
+before = set(sys.modules)
+from trainprof.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    codes = [main(["analyze", sys.argv[1], *extra, "--quiet"]) for extra in (["--json"], [])]
+print(json.dumps({"codes": codes, "imported": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_analyze_imports_only_what_it_needs(fixtures_dir):
+    (trace_file,) = (fixtures_dir / "traces/gpt2_clean").glob("*.pt.trace.json.gz")
+    done = subprocess.run([sys.executable, "-c", _ANALYZE_IN_PROCESS, str(trace_file)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(done.stdout)
+    assert result["codes"] == [0, 0]
+    assert "trainprof.analysis.core" in result["imported"]  # the count holds what the command imported
+    assert sorted(set(NOT_IMPORTED_BY_ANALYZE) & set(result["imported"])) == []
+
+
 def _bad_inputs(tmp: Path) -> dict[str, Path]:
     (tmp / "empty.json").write_text("")
     (tmp / "notjson.json").write_text("this is not json {")

@@ -6,6 +6,8 @@ import gzip
 import importlib
 import json
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -21,6 +23,16 @@ from trainprof.session import Session, worker_name
 session_module = importlib.import_module("trainprof.session")  # `trainprof.session` is the function
 
 FAST = {"console": False, "tensorboard_scalars": False}  # outputs not under test stay off
+
+
+def test_trainprof_session_is_the_function_whoever_imports_the_module_first():
+    """The package imports the session on first use; the submodule imported first (as an
+    integration does) must not take the name `trainprof.session` from the function."""
+    code = ("import importlib, sys, trainprof; assert 'trainprof.session' not in sys.modules; "
+            "module = importlib.import_module('trainprof.session'); "
+            "assert trainprof.session is module.session and trainprof.Session is module.Session; "
+            "from trainprof import session; assert session is module.session")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def _model_and_optimizer():
