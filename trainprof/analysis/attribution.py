@@ -28,8 +28,8 @@ every kernel of a trace costs about as much as loading its cpu_ops.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from trainprof.analysis.arrays import distinct, unique_inverse
@@ -50,8 +50,7 @@ _INSTANCE = re.compile(r"_\d+$")  # the profiler numbers module instances per cl
 _SEQ_BITS = 40  # (thread, sequence number) packed into one int64 key; sequence numbers stay far below 2^40
 
 
-@dataclass(frozen=True)
-class ModuleRef:
+class ModuleRef(msgspec.Struct, frozen=True):
     """One `nn.Module` instance as the trace names it.
 
     `path`: the enclosing module frames' names, outermost first (`GPT2LMHeadModel_0/GPT2Model_0/GPT2Block_3/
@@ -68,8 +67,7 @@ class ModuleRef:
     end_us: float
 
 
-@dataclass
-class KernelOwners:
+class KernelOwners(msgspec.Struct):
     """Who launched each kernel of `timeline.kernels` (every array is parallel to it).
 
     `phase`: codes into `PHASES`; `op`: index into `ops` (-1 unknown), the forward op that created

@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -44,8 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.trace import EventTable, Trace
 
 
-@dataclass(frozen=True)
-class KernelFamily:
+class KernelFamily(msgspec.Struct, frozen=True):
     """Kernels whose name matches `pattern` (a search, ignoring case) carry `library`'s communication."""
 
     library: str
@@ -102,8 +100,7 @@ def comm_library(name: str, rocm: bool) -> str:
     return "c10d"
 
 
-@dataclass(frozen=True)
-class CollectiveKind:
+class CollectiveKind(msgspec.Struct, frozen=True):
     """A collective op: names matching `pattern` (kernel names, c10d's collective names, gloo
     ranges), its bus-bandwidth factor for `n` ranks, and which element count is its size (nccl-tests'
     convention: all_gather's is the gathered output, reduce_scatter's the whole input)."""
@@ -166,8 +163,7 @@ def bus_bandwidth_gbps(
 # ---- which spans are communication -------------------------------------------------------------
 
 
-@dataclass
-class CommSpans:
+class CommSpans(msgspec.Struct):
     """A trace's communication: one span per communication kernel (`kernel` its row of the
     timeline's kernels), or per host collective range on a trace with no GPU work (`on_host`,
     `kernel` -1); `name` indexes `Trace.names`. Sorted by start."""

@@ -14,7 +14,6 @@ collective's), and the rest, which overlap hides (the exposed-communication find
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -30,8 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.trace import Trace
 
 
-@dataclass(frozen=True)
-class Framework:
+class Framework(msgspec.Struct, frozen=True):
     """A distributed framework, known by a name in the trace (`pattern`, a search over names);
     `micro_batch` marks the start of each forward (one per micro-batch) and `synced_ops` are the
     ops that synchronise gradients, for the no_sync check (None: not checked)."""
@@ -55,8 +53,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Knob:
+class Knob(msgspec.Struct, frozen=True):
     """The fix for exposed communication of `ops` (a regex over the op) under `framework` (None: any)."""
 
     framework: str | None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from trainprof.trace import Trace
 from trainprof.user_code import is_user_file
@@ -15,8 +16,7 @@ _PY_FRAME = re.compile(r"^(.*)\((\d{1,18})\): (.*)$")
 PROFILER_FILES = ("torch/profiler/", "torch/autograd/profiler")
 
 
-@dataclass(frozen=True)
-class PyFrame:
+class PyFrame(msgspec.Struct, frozen=True):
     """A parsed `python_function` event name: `file(line): function`."""
 
     file: str
@@ -40,8 +40,7 @@ def is_profiler_file(file: str) -> bool:
     return any(marker in file for marker in PROFILER_FILES)
 
 
-@dataclass
-class CallContext:
+class CallContext(msgspec.Struct):
     """What enclosed one CPU call: cpu_op chain, annotations, python frames (outermost first).
 
     `user` is the innermost user frame and `user_index` its position in `python` (-1 if none).

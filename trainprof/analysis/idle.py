@@ -21,7 +21,6 @@ holders, the `host` time by Python function, and the one-off holders. The findin
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -167,8 +166,7 @@ _WARMUP_OPS_PATTERN = NamePattern(WARMUP_OPS.pattern, anchored=True)
 _STEP_ANNOTATION_PATTERN = NamePattern(_STEP_ANNOTATION.pattern, anchored=True)
 
 
-@dataclass
-class _ThreadLabels:
+class _ThreadLabels(msgspec.Struct):
     """A thread's host activity as a step function of time: per segment, a cause and who decided it."""
 
     times: np.ndarray  # segment starts, sorted; segment k is [times[k], times[k+1])

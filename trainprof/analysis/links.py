@@ -15,13 +15,13 @@ Vendors quote NVLink and Infinity Fabric as both directions together: the table 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from trainprof.analysis.result import Record
 
 
-@dataclass(frozen=True)
-class LinkSpec:
+class LinkSpec(msgspec.Struct, frozen=True):
     """One row of `LINKS`: GPUs whose name matches `pattern` talk over `kind` at `gbps` GB/s per
     direction; `source` is where the figure comes from."""
 

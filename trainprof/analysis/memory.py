@@ -28,8 +28,8 @@ over the events; `MemoryProfile.series` is the allocated total over time by cate
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
@@ -47,8 +47,7 @@ CATEGORIES = ("persistent", "activations", "gradients", "optimizer_state", "temp
 PERSISTENT, ACTIVATIONS, GRADIENTS, OPTIMIZER_STATE, TEMPORARIES = range(len(CATEGORIES))
 
 
-@dataclass(frozen=True)
-class TensorFamily:
+class TensorFamily(msgspec.Struct, frozen=True):
     """What a group of allocations is for, how to recognise them, and how to stop holding them.
 
     An allocation belongs to the family when its `nn.Module`'s class path matches `modules`, or its

@@ -11,8 +11,7 @@ its launch (a backward kernel: around its forward op), e.g. a metric computed in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 import numpy as np
 
 from trainprof.analysis.attribution import (
@@ -61,10 +60,8 @@ class OwnerRow(Record, frozen=True):
     top_ops: list[TinyOp]
     summary: str
 
-@dataclass
 
-
-class OwnerCost:
+class OwnerCost(msgspec.Struct):
     """The kernels of one owner over the profiled steps (totals; `row` divides by the step count).
 
     `module_path` is a module class path (`GPT2LMHeadModel/GPT2Model/GPT2Block/GPT2Attention`) or None
@@ -85,7 +82,7 @@ class OwnerCost:
     optimizer_kernels: int
     tiny_kernels: int
     gpu_us: float
-    tiny_ops: list[TinyOp] = field(default_factory=list)
+    tiny_ops: list[TinyOp] = msgspec.field(default_factory=list)
 
     @property
     def phases(self) -> str:
@@ -133,8 +130,7 @@ class OwnerCost:
         )
 
 
-@dataclass
-class OwnerCosts:
+class OwnerCosts(msgspec.Struct):
     """Every owner's row (sorted by GPU time), and what no owner was found for (kernels in steps):
     `unowned_tiny_ops` counts the unowned tiny kernels by forward op (a trace without Python stacks
     has no owners, but its kernels still have ops)."""
@@ -145,7 +141,7 @@ class OwnerCosts:
     tiny_kernels: int
     unowned_kernels: int
     unowned_tiny_kernels: int
-    unowned_tiny_ops: list[TinyOp] = field(default_factory=list)
+    unowned_tiny_ops: list[TinyOp] = msgspec.field(default_factory=list)
 
     @property
     def modules(self) -> list[OwnerCost]:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from trainprof.analysis.arrays import distinct, numpy_round
@@ -45,8 +45,7 @@ from trainprof.trace.model import FRAME_CATEGORIES
 from trainprof.user_code import CodeLayout, is_user_file, library_of
 
 
-@dataclass(frozen=True)
-class SyncCause:
+class SyncCause(msgspec.Struct, frozen=True):
     """A concrete reason a sync happens: how to say it, and the generic way to remove it."""
 
     words: str
@@ -126,8 +125,7 @@ CAUSES: dict[str, SyncCause] = {
 }
 
 
-@dataclass(frozen=True)
-class CauseRule:
+class CauseRule(msgspec.Struct, frozen=True):
     """Evidence for one cause. Every non-empty field must match (any of its entries).
 
     `python`: a python frame below the user frame whose name starts with, or whose file ends with,
@@ -210,8 +208,7 @@ def copy_blocks_host(call_name: str, copy_name: str | None) -> bool:
     return False
 
 
-@dataclass
-class SyncPoint:
+class SyncPoint(msgspec.Struct):
     """One synchronizing operation in one step."""
 
     step: int
@@ -234,9 +231,9 @@ class SyncPoint:
     cause: str = "stream_wait"
     via: Via | None = None
     catalog: CatalogSite | None = None
-    library_frames: list[PyFrame] = field(default_factory=list)
+    library_frames: list[PyFrame] = msgspec.field(default_factory=list)
     """Parsed library frames inside the user frame, outermost first."""
-    python_below_user: list[str] = field(default_factory=list)
+    python_below_user: list[str] = msgspec.field(default_factory=list)
     """Every python_function name inside the user frame (builtins included), outermost first."""
 
     @property

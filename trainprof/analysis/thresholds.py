@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
+import msgspec
 
-@dataclass(frozen=True)
-class Threshold:
+
+class Threshold(msgspec.Struct, frozen=True):
     """One named cut-off: its default value and why it has that value."""
 
     name: str

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
@@ -21,8 +21,7 @@ def is_launch_call(name: str) -> bool:
     return call_kind(name) in ("launch", "graph_launch")
 
 
-@dataclass
-class StepWindow:
+class StepWindow(msgspec.Struct):
     """One profiled step: the CPU span of its `ProfilerStep#N` annotation (µs)."""
 
     number: int
@@ -30,8 +29,7 @@ class StepWindow:
     end_us: float
 
 
-@dataclass
-class Timeline:
+class Timeline(msgspec.Struct):
     """Shared, precomputed views of one trace (built once by `build_timeline`)."""
 
     trace: Trace

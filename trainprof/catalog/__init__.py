@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass(frozen=True)
-class CatalogSite:
+class CatalogSite(msgspec.Struct, frozen=True):
     """One known sync site (one entry of `sync_sites.json`)."""
 
     id: str
