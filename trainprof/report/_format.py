@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from trainprof.analysis.kernels import TopKernelsDetails
 from trainprof.analysis.modules import ModuleCostsDetails
@@ -64,8 +65,7 @@ STEP_SPLIT_MIN_PCT = 0.5
 """A GPU-idle cause under this share of the step is left out of "where the step went" (noise)."""
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(msgspec.Struct, frozen=True):
     """One column of a report table. `drop`: 0 keeps it at any width; on a narrow terminal the
     columns with the highest `drop` go first (and the console says which went)."""
 
@@ -74,14 +74,13 @@ class Column:
     drop: int = 0
 
 
-@dataclass
-class Table:
+class Table(msgspec.Struct):
     """A report table: title, columns, rows of display strings (already safe: `text.safe_text`).
     The first column names the row (it wraps rather than being cut, so names stay distinct)."""
 
     title: str
     columns: tuple[Column, ...]
-    rows: list[tuple[str, ...]] = field(default_factory=list)
+    rows: list[tuple[str, ...]] = msgspec.field(default_factory=list)
 
 
 # Each headline row: (label, `Summary` field, unit suffix, decimals).
