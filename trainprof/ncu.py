@@ -30,8 +30,9 @@ import io
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import msgspec
 
 #: Sections collected: Speed Of Light (throughputs, duration), occupancy, launch statistics (the
 #: tail-effect rule), warp states (stall rules), source counters (the uncoalesced-access rules).
@@ -113,8 +114,7 @@ def import_command(report: Path, ncu: str = "ncu") -> list[str]:
     return [ncu, "--import", str(report), "--csv", "--page", "details", "--print-units", "base"]
 
 
-@dataclass
-class NcuHint:
+class NcuHint(msgspec.Struct):
     """A rule Nsight Compute fired on a kernel."""
 
     rule: str
@@ -125,8 +125,7 @@ class NcuHint:
     """ncu's estimate of the kernel's speedup if the cause went away, % (global or local, as it says)."""
 
 
-@dataclass
-class NcuKernel:
+class NcuKernel(msgspec.Struct):
     """One kernel function's figures, averaged over its profiled launches."""
 
     name: str
@@ -138,7 +137,7 @@ class NcuKernel:
     compute_pct: float | None = None
     """Compute (SM) throughput, % of the device's peak."""
     achieved_occupancy_pct: float | None = None
-    hints: list[NcuHint] = field(default_factory=list)
+    hints: list[NcuHint] = msgspec.field(default_factory=list)
     block_size: str = ""
     grid_size: str = ""
 
@@ -208,8 +207,7 @@ def parse_details_csv(text: str) -> list[NcuKernel]:
     return kernels
 
 
-@dataclass
-class NcuRow:
+class NcuRow(msgspec.Struct):
     """One kernel of the run's kernel table with Nsight Compute's figures beside it."""
 
     kernel: str
@@ -279,7 +277,7 @@ def profile(
 
 def to_dict(rows: Sequence[NcuRow]) -> list[dict]:
     """JSON-ready rows."""
-    return [asdict(row) for row in rows]
+    return msgspec.to_builtins(list(rows))
 
 
 def add_ncu_parser(commands) -> None:
