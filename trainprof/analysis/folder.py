@@ -90,16 +90,11 @@ def _default_workers(count: int) -> int:
 
 
 def _can_fork() -> bool:
-    """Whether worker processes may be forked from this one: the platform forks, this process runs one
-    Python thread, and it has not imported torch (a training process, whose CUDA and runtime threads a
-    forked child would inherit in whatever state they were)."""
-    import multiprocessing  # here, not at the top: analysing one file never starts a worker
-
-    return (
-        "fork" in multiprocessing.get_all_start_methods()
-        and threading.active_count() == 1
-        and "torch" not in sys.modules
-    )
+    """Whether worker processes may be forked from this one: Linux (macOS's system libraries, its BLAS
+    among them, are not safe in a forked child), one Python thread in this process, and no torch (a
+    training process, whose CUDA and runtime threads a forked child would inherit in whatever state
+    they were)."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1 and "torch" not in sys.modules
 
 
 def _number_windows(results: list[TraceResult]) -> None:
