@@ -233,3 +233,19 @@ def test_mutated_traces_give_msgspecs_result_or_its_error(fixtures_dir, tmp_path
         assert difference is None, f"mutant {number}: {difference}"
         path.unlink()
     assert scanned > MUTANTS // 10  # the scanner read a share of them: the test compared both paths
+
+
+def test_a_large_metadata_field_is_not_copied(tmp_path):
+    """Metadata past METADATA_BYTES is skipped unread, as msgspec.Raw skips it: never a copy of it."""
+    import tracemalloc
+
+    big = loader.METADATA_BYTES * 4
+    text = _trace(_KERNEL, deviceProperties="x" * big)
+    tracemalloc.start()
+    try:
+        scanned = loader._scanned(tmp_path / "t.json", text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert scanned is not None and "deviceProperties" not in scanned[-1]
+    assert peak < big / 2

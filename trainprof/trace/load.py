@@ -887,7 +887,8 @@ def _scanned(path: Path, text: bytes | bytearray):
         [strings[i] if i >= 0 else None for i in x["dtype"][calls].tolist()], x["group_size"][calls],
     ) if len(calls) else None
     _steps_to_annotations(tables, names)
-    raws = {field: text[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans}
+    view = memoryview(text)  # views, as msgspec.Raw is: a field over METADATA_BYTES is never copied
+    raws = {field: view[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans}
     metadata = _metadata(path, raws)
     return names, threads, tables, memory, collectives, op_inputs, metadata
 
