@@ -60,6 +60,14 @@ static PyObject *buf_take(Buf *b) {
     return bytes;
 }
 
+/* A string's bytes as a str; NULL when they are not UTF-8 (no error set: the scanner bails, as
+ * msgspec raises there) or on another error (set). */
+static PyObject *utf8(const char *s, Py_ssize_t n) {
+    PyObject *text = PyUnicode_DecodeUTF8(s, n, "strict");
+    if (!text && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
+    return text;
+}
+
 /* ---- names: each distinct byte string once, decoded (and so checked as UTF-8) once ---- */
 
 typedef struct {
@@ -118,11 +126,8 @@ static Name *names_get(Names *t, const char *s, Py_ssize_t n) {
         if (e->hash == h && e->len == n && memcmp(e->at, s, n) == 0) return e;
         j = (j + 1) & (t->cap - 1);
     }
-    PyObject *text = PyUnicode_DecodeUTF8(s, n, "strict");
-    if (!text) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear(); /* bail */
-        return NULL;
-    }
+    PyObject *text = utf8(s, n);
+    if (!text) return NULL;
     Name *e = &t->slots[j];
     e->at = s;
     e->len = n;
@@ -309,37 +314,60 @@ static int read_number(Cur *c, Number *n) {
 
 static int skip_value(Cur *c, int depth);
 
-static int skip_container(Cur *c, int depth, char close) {
-    if (depth > MAX_DEPTH) return -1;
+/* Containers, read in three steps:
+ *     int more = open_container(c, '{');          1: a first item follows, 0: empty, -1: malformed
+ *     while (more > 0) { member_key(...); <the value>; more = next_item(c, '}'); }
+ *     return more;                                 0: read to its close, -1: malformed */
+static inline int open_container(Cur *c, char open) {
+    if (c->p >= c->end || *c->p != open) return -1;
     c->p++;
     skip_ws(c);
-    if (c->p < c->end && *c->p == close) {
+    if (c->p < c->end && *c->p == (open == '{' ? '}' : ']')) {
         c->p++;
         return 0;
     }
-    for (;;) {
-        if (close == '}') {
-            const char *s;
-            Py_ssize_t n;
-            int escaped;
-            if (c->p >= c->end || *c->p != '"' || scan_string(c, &s, &n, &escaped) < 0) return -1;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') return -1;
-            c->p++;
-            skip_ws(c);
-        }
-        if (skip_value(c, depth + 1) < 0) return -1;
+    return 1;
+}
+
+/* A member's key and its colon; `escaped` NULL: a key with an escape bails (it may spell a field). */
+static inline int member_key(Cur *c, const char **k, Py_ssize_t *kn, int *escaped) {
+    int escape;
+    if (c->p >= c->end || *c->p != '"' || scan_string(c, k, kn, &escape) < 0) return -1;
+    if (escape && !escaped) return -1;
+    if (escaped) *escaped = escape;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ':') return -1;
+    c->p++;
+    skip_ws(c);
+    return 0;
+}
+
+/* After an item: 1 when another follows (past its comma), 0 at the close (past it), -1 otherwise. */
+static inline int next_item(Cur *c, char close) {
+    skip_ws(c);
+    if (c->p >= c->end) return -1;
+    if (*c->p == ',') {
+        c->p++;
         skip_ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p != close) return -1;
-        c->p++;
-        return 0;
+        return 1;
     }
+    if (*c->p != close) return -1;
+    c->p++;
+    return 0;
+}
+
+static int skip_container(Cur *c, int depth, char close) {
+    if (depth > MAX_DEPTH) return -1;
+    int more = open_container(c, close == '}' ? '{' : '[');
+    while (more > 0) {
+        const char *k;
+        Py_ssize_t kn;
+        int escaped;
+        if (close == '}' && member_key(c, &k, &kn, &escaped) < 0) return -1;
+        if (skip_value(c, depth + 1) < 0) return -1;
+        more = next_item(c, close);
+    }
+    return more;
 }
 
 /* Any JSON value at c->p (no whitespace before it): moves past it. */
@@ -439,20 +467,15 @@ static int read_id(Cur *c, int64_t *out, int *is_text) {
     const char *s;
     Py_ssize_t n;
     if (read_plain_string(c, &s, &n) < 0) return -1;
-    PyObject *checked = PyUnicode_DecodeUTF8(s, n, "strict");
-    if (!checked) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
-        else c->failed = 2;
-        return -1;
-    }
+    PyObject *checked = utf8(s, n);
+    if (!checked) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
     Py_DECREF(checked);
     *is_text = 1;
     return 0;
 }
 
-static inline int key_is(const char *s, Py_ssize_t n, const char *name) {
-    return (Py_ssize_t)strlen(name) == n && memcmp(s, name, n) == 0;
-}
+/* Whether a key's bytes are the string literal `name` (its length known when compiled). */
+#define key_is(s, n, name) ((n) == (Py_ssize_t)sizeof(name) - 1 && memcmp((s), (name), sizeof(name) - 1) == 0)
 
 /* ---- one event ---- */
 
@@ -511,12 +534,8 @@ static int read_optional_string(State *st, Cur *c, int32_t *out) {
     const char *s;
     Py_ssize_t n;
     if (read_plain_string(c, &s, &n) < 0) return -1;
-    PyObject *text = PyUnicode_DecodeUTF8(s, n, "strict");
-    if (!text) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
-        else c->failed = 2;
-        return -1;
-    }
+    PyObject *text = utf8(s, n);
+    if (!text) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
     PyObject *id = PyDict_GetItemWithError(st->string_ids, text);
     if (id) {
         *out = (int32_t)PyLong_AsLong(id);
@@ -554,22 +573,11 @@ static int read_optional_float(Cur *c, double *out) {
 static int read_args(State *st, Cur *c, int complete, Args *a) {
     args_defaults(a);
     if (is_null(c)) return 0;
-    if (c->p >= c->end || *c->p != '{') return -1;
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 0;
-    }
-    for (;;) {
+    int more = open_container(c, '{');
+    while (more > 0) {
         const char *k;
         Py_ssize_t kn;
-        int escaped;
-        if (c->p >= c->end || *c->p != '"' || scan_string(c, &k, &kn, &escaped) < 0 || escaped) return -1;
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') return -1;
-        c->p++;
-        skip_ws(c);
+        if (member_key(c, &k, &kn, NULL) < 0) return -1;
         int r = 1; /* 1: not a field of this kind, skipped */
         if (complete) {
             if (key_is(k, kn, "correlation")) r = read_int(c, &a->correlation);
@@ -596,17 +604,9 @@ static int read_args(State *st, Cur *c, int complete, Args *a) {
         }
         if (r == 1) r = skip_value(c, 2);
         if (r < 0) return -1;
-        skip_ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p != '}') return -1;
-        c->p++;
-        return 0;
+        more = next_item(c, '}');
     }
+    return more;
 }
 
 /* The phases msgspec's tagged decoding knows besides X and i (load._OTHER_PHASES). */
@@ -621,22 +621,17 @@ static int read_event(State *st, Cur *c) {
     const char *pid_at = NULL, *tid_at = NULL, *ts_at = NULL, *dur_at = NULL;
     int ph_count = 0, name_ok = 0, name_escaped = 0;
     Args args;
-    int args_read = 0, args_complete = -1;
+    int args_read = 0;
 
-    if (c->p >= c->end || *c->p != '{') return -1;
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') return -1; /* no phase: msgspec's tagged decoding fails */
-    for (;;) {
+    int more = open_container(c, '{');
+    if (more == 0) return -1; /* {}: no phase, msgspec's tagged decoding fails */
+    while (more > 0) {
         const char *k;
         Py_ssize_t kn;
-        int escaped;
-        if (c->p >= c->end || *c->p != '"' || scan_string(c, &k, &kn, &escaped) < 0 || escaped) return -1;
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') return -1;
-        c->p++;
-        skip_ws(c);
-        const char *value = c->p;
+        if (member_key(c, &k, &kn, NULL) < 0) return -1;
+        const char *value = c->p, **later = key_is(k, kn, "pid") ? &pid_at : key_is(k, kn, "tid") ? &tid_at
+                                           : key_is(k, kn, "ts")  ? &ts_at : key_is(k, kn, "dur") ? &dur_at
+                                                                           : NULL;
         int r = 0;
         if (key_is(k, kn, "ph")) {
             ph_count++;
@@ -648,17 +643,8 @@ static int read_event(State *st, Cur *c) {
             name_ok = c->p < c->end && *c->p == '"';
             r = name_ok ? scan_string(c, &name, &name_n, &name_escaped) : skip_value(c, 1);
             if (!name_ok) name = value;
-        } else if (key_is(k, kn, "pid")) {
-            pid_at = value;
-            r = skip_value(c, 1);
-        } else if (key_is(k, kn, "tid")) {
-            tid_at = value;
-            r = skip_value(c, 1);
-        } else if (key_is(k, kn, "ts")) {
-            ts_at = value;
-            r = skip_value(c, 1);
-        } else if (key_is(k, kn, "dur")) {
-            dur_at = value;
+        } else if (later) { /* read below, once the phase says how */
+            *later = value;
             r = skip_value(c, 1);
         } else if (key_is(k, kn, "args")) {
             /* Read in place when the phase is already known (torch writes "ph" first). */
@@ -666,7 +652,6 @@ static int read_event(State *st, Cur *c) {
             if (complete >= 0) {
                 r = read_args(st, c, complete, &args);
                 args_read = 1;
-                args_complete = complete;
                 args_at = NULL;
             } else {
                 args_at = value;
@@ -677,18 +662,9 @@ static int read_event(State *st, Cur *c) {
             r = skip_value(c, 1);
         }
         if (r < 0) return -1;
-        skip_ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p != '}') return -1;
-        c->p++;
-        break;
+        more = next_item(c, '}');
     }
-    if (!ph || ph_count != 1 || ph_n != 1) return -1;
+    if (more < 0 || !ph || ph_count != 1 || ph_n != 1) return -1;
     int complete = *ph == 'X', instant = *ph == 'i';
     if (!complete && !instant) return other_phase(ph, ph_n) ? 0 : -1; /* only `cat` is read, checked */
 
@@ -703,12 +679,8 @@ static int read_event(State *st, Cur *c) {
     for (Py_ssize_t i = 0; cat && i < st->ncats; i++)
         if (st->cat_lens[i] == cat_n && memcmp(st->cats[i], cat, cat_n) == 0) kept = i;
     if (cat && kept == st->ncats) { /* msgspec decodes it: it must be UTF-8 (kept ones are ASCII) */
-        PyObject *checked = PyUnicode_DecodeUTF8(cat, cat_n, "strict");
-        if (!checked) {
-            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
-            else c->failed = 2;
-            return -1;
-        }
+        PyObject *checked = utf8(cat, cat_n);
+        if (!checked) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
         Py_DECREF(checked);
     }
     int64_t pid = 0, tid = 0;
@@ -727,8 +699,6 @@ static int read_event(State *st, Cur *c) {
         args_read = 1;
     } else if (!args_read) {
         args_defaults(&args);
-    } else if (args_complete != complete) {
-        return -1; /* not reachable: args read in place only with the phase known */
     }
 
     if (instant) {
@@ -761,31 +731,50 @@ static int read_event(State *st, Cur *c) {
 }
 
 static int read_events(State *st, Cur *c) {
-    if (c->p >= c->end || *c->p != '[') return -1;
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == ']') {
-        c->p++;
-        return 0;
-    }
-    for (;;) {
+    int more = open_container(c, '[');
+    while (more > 0) {
         if (read_event(st, c) < 0) return -1;
-        skip_ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p != ']') return -1;
-        c->p++;
-        return 0;
+        more = next_item(c, ']');
     }
+    return more;
 }
 
 static const char *METADATA[] = {"deviceProperties", "distributedInfo", "schemaVersion", "traceName",
                                  "trainprof"};
 #define N_METADATA 5
+
+static int is_metadata(const char *k, Py_ssize_t kn, int m) {
+    return (Py_ssize_t)strlen(METADATA[m]) == kn && memcmp(k, METADATA[m], kn) == 0;
+}
+
+/* The top level: a document with exactly one `traceEvents` list (its metadata fields' spans into
+ * `metadata`), or the event list alone. */
+static int read_document(State *st, Cur *c, PyObject *metadata) {
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '[') return read_events(st, c);
+    int events_seen = 0;
+    int more = open_container(c, '{');
+    while (more > 0) {
+        const char *k;
+        Py_ssize_t kn;
+        if (member_key(c, &k, &kn, NULL) < 0) return -1;
+        if (key_is(k, kn, "traceEvents")) {
+            if (events_seen++ || read_events(st, c) < 0) return -1;
+        } else {
+            const char *start = c->p;
+            if (skip_value(c, 1) < 0) return -1;
+            for (int m = 0; m < N_METADATA; m++) {
+                if (!is_metadata(k, kn, m)) continue;
+                PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(start - st->base), (Py_ssize_t)(c->p - st->base));
+                int stored = span ? PyDict_SetItemString(metadata, METADATA[m], span) : -1;
+                Py_XDECREF(span);
+                if (stored < 0) return c->failed = 2, -1;
+            }
+        }
+        more = next_item(c, '}');
+    }
+    return more == 0 && events_seen == 1 ? 0 : -1;
+}
 
 
 /* scan(text, categories, codes) -> None, or (names, threads, x rows, strings, memory rows, metadata). */
@@ -826,50 +815,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (PyErr_Occurred()) goto done;
 
     Cur c = {view.buf, (const char *)view.buf + view.len, 0};
-    int ok = 0;
-    skip_ws(&c);
-    if (c.p < c.end && *c.p == '[') {
-        ok = read_events(&st, &c) == 0;
-    } else if (c.p < c.end && *c.p == '{') {
-        int events_seen = 0;
-        c.p++;
-        skip_ws(&c);
-        if (c.p < c.end && *c.p == '}') c.p++; /* {}: no traceEvents */
-        else for (;;) {
-            const char *k;
-            Py_ssize_t kn;
-            int escaped;
-            if (c.p >= c.end || *c.p != '"' || scan_string(&c, &k, &kn, &escaped) < 0 || escaped) break;
-            skip_ws(&c);
-            if (c.p >= c.end || *c.p != ':') break;
-            c.p++;
-            skip_ws(&c);
-            if (key_is(k, kn, "traceEvents")) {
-                if (events_seen++ || read_events(&st, &c) < 0) break;
-            } else {
-                const char *start = c.p;
-                if (skip_value(&c, 1) < 0) break;
-                for (int m = 0; m < N_METADATA; m++) {
-                    if (!key_is(k, kn, METADATA[m])) continue;
-                    PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(start - st.base), (Py_ssize_t)(c.p - st.base));
-                    if (!span || PyDict_SetItemString(metadata, METADATA[m], span) < 0) c.failed = 2;
-                    Py_XDECREF(span);
-                }
-                if (c.failed) break;
-            }
-            skip_ws(&c);
-            if (c.p < c.end && *c.p == ',') {
-                c.p++;
-                skip_ws(&c);
-                continue;
-            }
-            if (c.p < c.end && *c.p == '}') {
-                c.p++;
-                ok = events_seen == 1;
-            }
-            break;
-        }
-    }
+    int ok = read_document(&st, &c, metadata) == 0;
     if (c.failed == 2) goto done;
     skip_ws(&c);
     if (!ok || c.failed || c.p != c.end || st.x.len == 0) {
