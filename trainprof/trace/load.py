@@ -833,28 +833,46 @@ def _scanned(path: Path, text: bytes | bytearray):
     scanned_names, scanned_threads, x_rows, strings, memory_rows, spans = scanned
     x = np.frombuffer(x_rows, dtype=_row_type(_scan.X_FIELDS, _scan.X_SIZE))
     m = np.frombuffer(memory_rows, dtype=_row_type(_scan.MEMORY_FIELDS, _scan.MEMORY_SIZE))
-    cat, ts, dur = x["cat"], x["ts"], x["dur"]
-    order = np.argsort(cat, kind="stable")  # by category (KEPT_CATEGORIES order), trace order within
+    order = np.argsort(x["cat"], kind="stable")  # by category (KEPT_CATEGORIES order), trace order within
     name, by_number = _renumbered(x["name"], order, len(scanned_names))
     names = [scanned_names[i] for i in by_number]
-    allocated = m["total_allocated"]
     # `_memory_table`'s rule: CUDA blocks, totals within MAX_MEMORY_BYTES (False for NaN)
-    on_cuda = (m["device_type"] == 1) & (np.abs(allocated) <= MAX_MEMORY_BYTES)
+    on_cuda = (m["device_type"] == 1) & (np.abs(m["total_allocated"]) <= MAX_MEMORY_BYTES)
     memory_rows = np.flatnonzero(on_cuda)
-    threads_of = np.concatenate((x["thread"], m["thread"]))
-    thread_ids, by_number = _renumbered(threads_of, np.concatenate((order, len(x) + memory_rows)),
-                                        len(scanned_threads))
+    thread_ids, by_number = _renumbered(np.concatenate((x["thread"], m["thread"])),
+                                        np.concatenate((order, len(x) + memory_rows)), len(scanned_threads))
     threads = [scanned_threads[i] for i in by_number]
-    thread, memory_thread = thread_ids[: len(x)], thread_ids[len(x) :][memory_rows]
+    thread = thread_ids[: len(x)]
 
-    bounds = np.searchsorted(cat[order], np.arange(len(KEPT_CATEGORIES) + 1)).tolist()
+    bounds = np.searchsorted(x["cat"][order], np.arange(len(KEPT_CATEGORIES) + 1)).tolist()
     rows_of = {category: order[bounds[code] : bounds[code + 1]]
                for code, category in enumerate(KEPT_CATEGORIES)}
+    tables, op_inputs = _scanned_tables(x, name, thread, names, rows_of, text)
+    if not any(len(table) for table in tables.values()):
+        return None  # every event timed beyond MAX_TIME_US: msgspec's path says so
+    memory = _scanned_memory(m[memory_rows], thread_ids[len(x) :][memory_rows])
     ops = rows_of["cpu_op"]
-    has_inputs = np.fromiter(map(_has_inputs, names), dtype=bool, count=len(names))
-    keep = has_inputs[name[ops]]
+    calls = ops[x["collective"][ops] >= 0] if "record_param_comms" in names else ops[:0]
+    collectives = CollectiveCalls.from_columns(
+        x["ts"][calls], x["dur"][calls], thread[calls], [strings[i] for i in x["collective"][calls].tolist()],
+        x["in_nelems"][calls], x["out_nelems"][calls],
+        [strings[i] if i >= 0 else None for i in x["dtype"][calls].tolist()], x["group_size"][calls],
+    ) if len(calls) else None
+    _steps_to_annotations(tables, names)
+    view = memoryview(text)  # views, as msgspec.Raw is: a field over METADATA_BYTES is never copied
+    raws = {field: view[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans}
+    return names, threads, tables, memory, collectives, op_inputs, _metadata(path, raws)
+
+
+def _scanned_tables(
+    x: np.ndarray, name: np.ndarray, thread: np.ndarray, names: list[str], rows_of: dict[str, np.ndarray],
+    text: bytes | bytearray,
+) -> tuple[dict[str, EventTable], OpInputs]:
+    """Each kept category's table from the scanner's rows, as `_table` and `_op_table` build them."""
+    ts, dur = x["ts"], x["dur"]
+    ops = rows_of["cpu_op"]
+    keep = np.fromiter(map(_has_inputs, names), dtype=bool, count=len(names))[name[ops]]
     kept = ops[keep].tolist()
-    op_inputs = OpInputs(_texts(text, x["dims"], kept), _texts(text, x["types"], kept))
     tables = {}
     for category, rows in rows_of.items():
         if category == "cpu_op":
@@ -870,27 +888,19 @@ def _scanned(path: Path, text: bytes | bytearray):
             np.full(len(rows), -1, dtype=np.int64) if frames else x["correlation"][rows],
             np.full(len(rows), _NAN) if frames else x["bytes"][rows],
         )
-    if not any(len(table) for table in tables.values()):
-        return None  # every event timed beyond MAX_TIME_US: msgspec's path says so
-    count = len(memory_rows)
-    block_bytes = m["alloc_bytes"][memory_rows]
-    memory = EventTable.from_columns(
-        m["ts"][memory_rows], np.zeros(count), memory_thread, np.zeros(count, dtype=np.int32),
-        np.full(count, -1, dtype=np.int64), allocated[memory_rows],
+    return tables, OpInputs(_texts(text, x["dims"], kept), _texts(text, x["types"], kept))
+
+
+def _scanned_memory(m: np.ndarray, thread: np.ndarray) -> EventTable:
+    """The CUDA `[memory]` instants' table from the scanner's kept rows, as `_memory_table` builds it."""
+    count = len(m)
+    block_bytes = m["alloc_bytes"]
+    return EventTable.from_columns(
+        m["ts"], np.zeros(count), thread, np.zeros(count, dtype=np.int32), np.full(count, -1, dtype=np.int64),
+        m["total_allocated"],
         block_bytes=np.where(np.abs(block_bytes) <= MAX_MEMORY_BYTES, block_bytes, _NAN),
-        addr=m["addr"][memory_rows],
+        addr=m["addr"],
     )
-    calls = ops[x["collective"][ops] >= 0] if "record_param_comms" in names else ops[:0]
-    collectives = CollectiveCalls.from_columns(
-        ts[calls], dur[calls], thread[calls], [strings[i] for i in x["collective"][calls].tolist()],
-        x["in_nelems"][calls], x["out_nelems"][calls],
-        [strings[i] if i >= 0 else None for i in x["dtype"][calls].tolist()], x["group_size"][calls],
-    ) if len(calls) else None
-    _steps_to_annotations(tables, names)
-    view = memoryview(text)  # views, as msgspec.Raw is: a field over METADATA_BYTES is never copied
-    raws = {field: view[slice(*spans[field])] for field in _METADATA_FIELDS if field in spans}
-    metadata = _metadata(path, raws)
-    return names, threads, tables, memory, collectives, op_inputs, metadata
 
 
 def _row_type(fields: tuple, size: int) -> np.dtype:
