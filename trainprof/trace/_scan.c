@@ -158,6 +158,12 @@ typedef struct {
     PyObject *pairs; /* list: (pid, tid) by id */
 } Threads;
 
+/* A (pid, tid)'s first slot in a table of `cap` (a power of two) slots; unsigned arithmetic. */
+static size_t thread_slot(int64_t pid, int64_t tid, size_t cap) {
+    uint64_t key = (uint64_t)pid * 31u + (uint64_t)tid;
+    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & (cap - 1);
+}
+
 /* The number of (pid, tid); -1 with a Python error set. */
 static int32_t threads_get(Threads *t, int64_t pid, int64_t tid) {
     if ((t->used + 1) * 2 > t->cap) {
@@ -166,7 +172,7 @@ static int32_t threads_get(Threads *t, int64_t pid, int64_t tid) {
         if (!slots) return PyErr_NoMemory(), -1;
         for (size_t i = 0; i < t->cap; i++) {
             if (!t->slots[i].used) continue;
-            size_t j = (size_t)((uint64_t)(t->slots[i].pid * 31 + t->slots[i].tid) * 0x9E3779B97F4A7C15ULL >> 20) & (cap - 1);
+            size_t j = thread_slot(t->slots[i].pid, t->slots[i].tid, cap);
             while (slots[j].used) j = (j + 1) & (cap - 1);
             slots[j] = t->slots[i];
         }
@@ -174,7 +180,7 @@ static int32_t threads_get(Threads *t, int64_t pid, int64_t tid) {
         t->slots = slots;
         t->cap = cap;
     }
-    size_t j = (size_t)((uint64_t)(pid * 31 + tid) * 0x9E3779B97F4A7C15ULL >> 20) & (t->cap - 1);
+    size_t j = thread_slot(pid, tid, t->cap);
     while (t->slots[j].used) {
         if (t->slots[j].pid == pid && t->slots[j].tid == tid) return t->slots[j].id;
         j = (j + 1) & (t->cap - 1);
