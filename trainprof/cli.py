@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                               "trainprof/analysis/thresholds.py")
     analyze.add_argument("--workers", type=int, default=None, metavar="N",
                          help="processes that analyse a folder's traces, one trace each at a time "
-                              "(default: one per core from 2 files on)")
+                              "(default: one per core from 2 files on; from 4 off Linux)")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
     analyze.add_argument("--quiet", action="store_true",
