@@ -7,9 +7,9 @@ and sends back its `TraceResult` (steps, findings, a few-kB summary of its colle
 `core.compose` merges: time grows with the number of ranks divided by the workers, memory with
 the largest trace times the workers.
 
-Workers are forked where that is safe: a process with one Python thread that has not imported torch
-(`trainprof analyze`), whose workers start in milliseconds with the analysis already imported, so two
-files already pay for a second process. Elsewhere they are started by `forkserver` (where the platform
+Workers are forked where that is safe: on Linux, from a process with one Python thread that has not
+imported torch (`trainprof analyze`); they start in milliseconds with the analysis already imported,
+so two files already pay for a second process. Elsewhere they are started by `forkserver` (where the platform
 has it, else `spawn`): forking a process that runs threads (a notebook, a training job) can deadlock
 in the child; a worker then takes ~0.3 s to start and import the analysis, once, not once per trace.
 """
