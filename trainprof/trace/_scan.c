@@ -8,8 +8,8 @@
  * key or in a string the analyses read, a string pid or tid, an integer outside int64, a phase
  * msgspec does not know, a value of the wrong type, invalid UTF-8 in a decoded string, a number
  * out of range, nesting deeper than MAX_DEPTH, malformed JSON, no kept event. The contract (which
- * fields, which defaults, which numbering) is in load._native_parse; tests/test_native_scan.py
- * holds the two paths equal.
+ * fields, which defaults, which numbering) is in load._scanned; tests/test_native_scan.py holds the
+ * two paths equal.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -199,7 +199,7 @@ static int32_t threads_get(Threads *t, int64_t pid, int64_t tid) {
 
 typedef struct {
     const char *p, *end;
-    int failed; /* 1: bail (None); 2: a Python error is set */
+    int error; /* a Python error is set: scan() raises it (a bail sets nothing, and gives None) */
 } Cur;
 
 static inline void skip_ws(Cur *c) {
@@ -335,12 +335,12 @@ static inline int open_container(Cur *c, char open) {
     return 1;
 }
 
-/* A member's key and its colon; `escaped` NULL: a key with an escape bails (it may spell a field). */
-static inline int member_key(Cur *c, const char **k, Py_ssize_t *kn, int *escaped) {
-    int escape;
-    if (c->p >= c->end || *c->p != '"' || scan_string(c, k, kn, &escape) < 0) return -1;
-    if (escape && !escaped) return -1;
-    if (escaped) *escaped = escape;
+/* A member's key and its colon. A key with an escape bails unless `escapes_allowed` (a key the
+ * scanner reads could be spelt with one; a skipped object's keys are only checked). */
+static inline int member_key(Cur *c, const char **k, Py_ssize_t *kn, int escapes_allowed) {
+    int escaped;
+    if (c->p >= c->end || *c->p != '"' || scan_string(c, k, kn, &escaped) < 0) return -1;
+    if (escaped && !escapes_allowed) return -1;
     skip_ws(c);
     if (c->p >= c->end || *c->p != ':') return -1;
     c->p++;
@@ -368,8 +368,7 @@ static int skip_container(Cur *c, int depth, char close) {
     while (more > 0) {
         const char *k;
         Py_ssize_t kn;
-        int escaped;
-        if (close == '}' && member_key(c, &k, &kn, &escaped) < 0) return -1;
+        if (close == '}' && member_key(c, &k, &kn, 1) < 0) return -1;
         if (skip_value(c, depth + 1) < 0) return -1;
         more = next_item(c, close);
     }
@@ -474,7 +473,7 @@ static int read_id(Cur *c, int64_t *out, int *is_text) {
     Py_ssize_t n;
     if (read_plain_string(c, &s, &n) < 0) return -1;
     PyObject *checked = utf8(s, n);
-    if (!checked) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
+    if (!checked) return c->error = PyErr_Occurred() != NULL, -1;
     Py_DECREF(checked);
     *is_text = 1;
     return 0;
@@ -541,7 +540,7 @@ static int read_optional_string(State *st, Cur *c, int32_t *out) {
     Py_ssize_t n;
     if (read_plain_string(c, &s, &n) < 0) return -1;
     PyObject *text = utf8(s, n);
-    if (!text) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
+    if (!text) return c->error = PyErr_Occurred() != NULL, -1;
     PyObject *id = PyDict_GetItemWithError(st->string_ids, text);
     if (id) {
         *out = (int32_t)PyLong_AsLong(id);
@@ -561,7 +560,7 @@ static int read_optional_string(State *st, Cur *c, int32_t *out) {
     return 0;
 error:
     Py_DECREF(text);
-    c->failed = 2;
+    c->error = 1;
     return -1;
 }
 
@@ -583,7 +582,7 @@ static int read_args(State *st, Cur *c, int complete, Args *a) {
     while (more > 0) {
         const char *k;
         Py_ssize_t kn;
-        if (member_key(c, &k, &kn, NULL) < 0) return -1;
+        if (member_key(c, &k, &kn, 0) < 0) return -1;
         int r = 1; /* 1: not a field of this kind, skipped */
         if (complete) {
             if (key_is(k, kn, "correlation")) r = read_int(c, &a->correlation);
@@ -634,7 +633,7 @@ static int read_event(State *st, Cur *c) {
     while (more > 0) {
         const char *k;
         Py_ssize_t kn;
-        if (member_key(c, &k, &kn, NULL) < 0) return -1;
+        if (member_key(c, &k, &kn, 0) < 0) return -1;
         const char *value = c->p, **later = key_is(k, kn, "pid") ? &pid_at : key_is(k, kn, "tid") ? &tid_at
                                            : key_is(k, kn, "ts")  ? &ts_at : key_is(k, kn, "dur") ? &dur_at
                                                                            : NULL;
@@ -679,41 +678,35 @@ static int read_event(State *st, Cur *c) {
     if (name) { /* msgspec reads it: a string, with no escape here */
         if (!name_ok || name_escaped) return -1;
         entry = names_get(&st->names, name, name_n);
-        if (!entry) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
+        if (!entry) return c->error = PyErr_Occurred() != NULL, -1;
     }
     Py_ssize_t kept = st->ncats; /* the category's index among the kept ones, ncats if not kept */
     for (Py_ssize_t i = 0; cat && i < st->ncats; i++)
         if (st->cat_lens[i] == cat_n && memcmp(st->cats[i], cat, cat_n) == 0) kept = i;
     if (cat && kept == st->ncats) { /* msgspec decodes it: it must be UTF-8 (kept ones are ASCII) */
         PyObject *checked = utf8(cat, cat_n);
-        if (!checked) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
+        if (!checked) return c->error = PyErr_Occurred() != NULL, -1;
         Py_DECREF(checked);
     }
     int64_t pid = 0, tid = 0;
     int pid_text = 0, tid_text = 0;
     double ts = NAN_, dur = 0.0;
-    Cur at;
-    if (pid_at && (at = (Cur){pid_at, c->end, 0}, read_id(&at, &pid, &pid_text) < 0))
-        return at.failed ? (c->failed = at.failed, -1) : -1;
-    if (tid_at && (at = (Cur){tid_at, c->end, 0}, read_id(&at, &tid, &tid_text) < 0))
-        return at.failed ? (c->failed = at.failed, -1) : -1;
-    if (ts_at && (at = (Cur){ts_at, c->end, 0}, read_float(&at, &ts) < 0)) return -1;
-    if (complete && dur_at && (at = (Cur){dur_at, c->end, 0}, read_float(&at, &dur) < 0)) return -1;
-    if (args_at) {
-        at = (Cur){args_at, c->end, 0};
-        if (read_args(st, &at, complete, &args) < 0) return at.failed ? (c->failed = at.failed, -1) : -1;
-        args_read = 1;
-    } else if (!args_read) {
-        args_defaults(&args);
-    }
+    Cur at = {NULL, c->end, 0}; /* the values left for now, read where they are */
+    if ((pid_at && (at.p = pid_at, read_id(&at, &pid, &pid_text) < 0)) ||
+        (tid_at && (at.p = tid_at, read_id(&at, &tid, &tid_text) < 0)) ||
+        (ts_at && (at.p = ts_at, read_float(&at, &ts) < 0)) ||
+        (complete && dur_at && (at.p = dur_at, read_float(&at, &dur) < 0)) ||
+        (args_at && (at.p = args_at, read_args(st, &at, complete, &args) < 0)))
+        return c->error = at.error, -1;
+    if (!args_at && !args_read) args_defaults(&args);
 
     if (instant) {
         if (!(name && name_n == 8 && memcmp(name, "[memory]", 8) == 0)) return 0;
         if (pid_text || tid_text) return -1;
         int32_t thread = threads_get(&st->threads, pid, tid);
-        if (thread < 0) return c->failed = 2, -1;
+        if (thread < 0) return c->error = 1, -1;
         MemoryRow row = {args.device_type, ts, args.total_allocated, args.alloc_bytes, args.addr, thread};
-        if (buf_put(&st->mem, &row, sizeof(row)) < 0) return c->failed = 2, -1;
+        if (buf_put(&st->mem, &row, sizeof(row)) < 0) return c->error = 1, -1;
         return 0;
     }
     if (!cat) return 0; /* "" is not a kept category */
@@ -721,18 +714,18 @@ static int read_event(State *st, Cur *c) {
     if (pid_text || tid_text) return -1;
     if (!entry) {
         entry = names_get(&st->names, "", 0); /* msgspec's default name */
-        if (!entry) return PyErr_Occurred() ? (c->failed = 2, -1) : -1;
+        if (!entry) return c->error = PyErr_Occurred() != NULL, -1;
     }
     if (entry->id < 0) {
         entry->id = (int32_t)PyList_GET_SIZE(st->names.ids);
-        if (PyList_Append(st->names.ids, entry->text) < 0) return c->failed = 2, -1;
+        if (PyList_Append(st->names.ids, entry->text) < 0) return c->error = 1, -1;
     }
     int32_t thread = threads_get(&st->threads, pid, tid);
-    if (thread < 0) return c->failed = 2, -1;
+    if (thread < 0) return c->error = 1, -1;
     XRow row = {args.correlation, args.sequence, args.fwd_thread, args.in_nelems, args.out_nelems,
                 args.group_size, {args.dims[0], args.dims[1]}, {args.types[0], args.types[1]}, ts, dur,
                 args.bytes, args.flops, thread, entry->id, args.collective, args.dtype, st->cat_codes[kept]};
-    if (buf_put(&st->x, &row, sizeof(row)) < 0) return c->failed = 2, -1;
+    if (buf_put(&st->x, &row, sizeof(row)) < 0) return c->error = 1, -1;
     return 0;
 }
 
@@ -763,7 +756,7 @@ static int read_document(State *st, Cur *c, PyObject *metadata) {
     while (more > 0) {
         const char *k;
         Py_ssize_t kn;
-        if (member_key(c, &k, &kn, NULL) < 0) return -1;
+        if (member_key(c, &k, &kn, 0) < 0) return -1;
         if (key_is(k, kn, "traceEvents")) {
             if (events_seen++ || read_events(st, c) < 0) return -1;
         } else {
@@ -774,7 +767,7 @@ static int read_document(State *st, Cur *c, PyObject *metadata) {
                 PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(start - st->base), (Py_ssize_t)(c->p - st->base));
                 int stored = span ? PyDict_SetItemString(metadata, METADATA[m], span) : -1;
                 Py_XDECREF(span);
-                if (stored < 0) return c->failed = 2, -1;
+                if (stored < 0) return c->error = 1, -1;
             }
         }
         more = next_item(c, '}');
@@ -822,9 +815,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 
     Cur c = {view.buf, (const char *)view.buf + view.len, 0};
     int ok = read_document(&st, &c, metadata) == 0;
-    if (c.failed == 2) goto done;
+    if (c.error) goto done;
     skip_ws(&c);
-    if (!ok || c.failed || c.p != c.end || st.x.len == 0) {
+    if (!ok || c.p != c.end || st.x.len == 0) {
         if (PyErr_Occurred()) goto done;
         result = Py_None;
         Py_INCREF(result);
@@ -877,13 +870,12 @@ PyMODINIT_FUNC PyInit__scan(void) {
         "(NNNNNN)", FIELD(MemoryRow, device_type, "i8"), FIELD(MemoryRow, ts, "f8"),
         FIELD(MemoryRow, total_allocated, "f8"), FIELD(MemoryRow, alloc_bytes, "f8"), FIELD(MemoryRow, addr, "f8"),
         FIELD(MemoryRow, thread, "i4"));
-    if (!x || !mem || PyModule_AddObject(m, "X_FIELDS", x) < 0 || PyModule_AddObject(m, "MEMORY_FIELDS", mem) < 0 ||
-        PyModule_AddIntConstant(m, "X_SIZE", sizeof(XRow)) < 0 ||
-        PyModule_AddIntConstant(m, "MEMORY_SIZE", sizeof(MemoryRow)) < 0) {
-        Py_XDECREF(x);
-        Py_XDECREF(mem);
-        Py_DECREF(m);
-        return NULL;
-    }
+    int added = x && mem && PyModule_AddObjectRef(m, "X_FIELDS", x) == 0 &&
+                PyModule_AddObjectRef(m, "MEMORY_FIELDS", mem) == 0 &&
+                PyModule_AddIntConstant(m, "X_SIZE", sizeof(XRow)) == 0 &&
+                PyModule_AddIntConstant(m, "MEMORY_SIZE", sizeof(MemoryRow)) == 0;
+    Py_XDECREF(x);
+    Py_XDECREF(mem);
+    if (!added) Py_CLEAR(m);
     return m;
 }
