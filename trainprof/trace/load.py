@@ -830,15 +830,13 @@ def _scanned(path: Path, text: bytes | bytearray):
     scanned = _scan.scan(text, _SCAN_CATEGORY_BYTES, _SCAN_CODES)
     if scanned is None:
         return None
-    scanned_names, scanned_threads, x_rows, strings, memory_rows, spans = scanned
-    x = np.frombuffer(x_rows, dtype=_row_type(_scan.X_FIELDS, _scan.X_SIZE))
-    m = np.frombuffer(memory_rows, dtype=_row_type(_scan.MEMORY_FIELDS, _scan.MEMORY_SIZE))
+    scanned_names, scanned_threads, x_bytes, strings, memory_bytes, spans = scanned
+    x = np.frombuffer(x_bytes, dtype=_row_type(_scan.X_FIELDS, _scan.X_SIZE))
+    m = np.frombuffer(memory_bytes, dtype=_row_type(_scan.MEMORY_FIELDS, _scan.MEMORY_SIZE))
     order = np.argsort(x["cat"], kind="stable")  # by category (KEPT_CATEGORIES order), trace order within
     name, by_number = _renumbered(x["name"], order, len(scanned_names))
     names = [scanned_names[i] for i in by_number]
-    # `_memory_table`'s rule: CUDA blocks, totals within MAX_MEMORY_BYTES (False for NaN)
-    on_cuda = (m["device_type"] == 1) & (np.abs(m["total_allocated"]) <= MAX_MEMORY_BYTES)
-    memory_rows = np.flatnonzero(on_cuda)
+    memory_rows = np.flatnonzero(_kept_memory(m["device_type"] == 1, m["total_allocated"]))
     thread_ids, by_number = _renumbered(np.concatenate((x["thread"], m["thread"])),
                                         np.concatenate((order, len(x) + memory_rows)), len(scanned_threads))
     threads = [scanned_threads[i] for i in by_number]
@@ -850,7 +848,9 @@ def _scanned(path: Path, text: bytes | bytearray):
     tables, op_inputs = _scanned_tables(x, name, thread, names, rows_of, text)
     if not any(len(table) for table in tables.values()):
         return None  # every event timed beyond MAX_TIME_US: msgspec's path says so
-    memory = _scanned_memory(m[memory_rows], thread_ids[len(x) :][memory_rows])
+    kept = m[memory_rows]
+    memory = _memory_events(kept["ts"], thread_ids[len(x) :][memory_rows], kept["total_allocated"],
+                            kept["alloc_bytes"], kept["addr"])
     ops = rows_of["cpu_op"]
     calls = ops[x["collective"][ops] >= 0] if "record_param_comms" in names else ops[:0]
     collectives = CollectiveCalls.from_columns(
@@ -889,18 +889,6 @@ def _scanned_tables(
             np.full(len(rows), _NAN) if frames else x["bytes"][rows],
         )
     return tables, OpInputs(_texts(text, x["dims"], kept), _texts(text, x["types"], kept))
-
-
-def _scanned_memory(m: np.ndarray, thread: np.ndarray) -> EventTable:
-    """The CUDA `[memory]` instants' table from the scanner's kept rows, as `_memory_table` builds it."""
-    count = len(m)
-    block_bytes = m["alloc_bytes"]
-    return EventTable.from_columns(
-        m["ts"], np.zeros(count), thread, np.zeros(count, dtype=np.int32), np.full(count, -1, dtype=np.int64),
-        m["total_allocated"],
-        block_bytes=np.where(np.abs(block_bytes) <= MAX_MEMORY_BYTES, block_bytes, _NAN),
-        addr=m["addr"],
-    )
 
 
 def _row_type(fields: tuple, size: int) -> np.dtype:
@@ -1062,19 +1050,37 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
     # Compared as Python ints: a Device Type outside int64 (2**63) is simply not CUDA.
     on_cuda = np.fromiter([arg.device_type == 1 for arg in args], dtype=bool, count=count)  # 1 = CUDA
-    keep = on_cuda & (np.abs(allocated) <= MAX_MEMORY_BYTES)  # False for NaN
+    keep = _kept_memory(on_cuda, allocated)
     kept = list(itertools.compress(events, keep.tolist())) if not keep.all() else events
-    block_bytes = np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)[keep]
-    block_bytes[~(np.abs(block_bytes) <= MAX_MEMORY_BYTES)] = _NAN  # sums of such would overflow
-    addr = np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)[keep]
-    return EventTable.from_columns(
+    return _memory_events(
         [event.ts for event in kept],
-        np.zeros(len(kept)),
         ids.threads_of([event.pid for event in kept], [event.tid for event in kept]),
-        np.zeros(len(kept), dtype=np.int32),
-        np.full(len(kept), -1, dtype=np.int64),
         allocated[keep],
-        block_bytes=block_bytes,
+        np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)[keep],
+        np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)[keep],
+    )
+
+
+def _kept_memory(on_cuda: np.ndarray, allocated: np.ndarray) -> np.ndarray:
+    """Which `[memory]` instants are kept: CUDA blocks with a total within `MAX_MEMORY_BYTES` (False
+    for NaN: an absent total)."""
+    return on_cuda & (np.abs(allocated) <= MAX_MEMORY_BYTES)
+
+
+def _memory_events(
+    starts, thread: np.ndarray, allocated: np.ndarray, block_bytes: np.ndarray, addr: np.ndarray
+) -> EventTable:
+    """The kept `[memory]` instants' table; a block size beyond `MAX_MEMORY_BYTES` is NaN (sums of
+    such would overflow)."""
+    count = len(starts)
+    return EventTable.from_columns(
+        starts,
+        np.zeros(count),
+        thread,
+        np.zeros(count, dtype=np.int32),
+        np.full(count, -1, dtype=np.int64),
+        allocated,
+        block_bytes=np.where(np.abs(block_bytes) <= MAX_MEMORY_BYTES, block_bytes, _NAN),
         addr=addr,
     )
 
