@@ -157,8 +157,8 @@ def _scheme_paths() -> dict[str, str]:
     """`sysconfig.get_paths()`, its default scheme's folders filled from `sys`, as sysconfig fills them.
 
     `get_paths()` first loads every build variable of the interpreter (3.5 ms of a first analysis on
-    the 2-core development machine, 2026-11-25), for the few its folders name. A scheme that names
-    another falls back to it.
+    the 2-core development machine, 2026-11-25), for the few its folders name. A scheme whose folders
+    name a variable not filled here falls back to `get_paths()`.
     """
     version = sys.version_info
     values = {

@@ -63,11 +63,12 @@ def analyze_files(
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     alone = len(files) == 1 or not in_folder
-    workers = min(_default_workers(len(files)) if workers is None else workers, len(files))
+    fork = _can_fork()
+    workers = min(_default_workers(len(files), fork) if workers is None else workers, len(files))
     if workers == 1:
         results = [_serial(file, index, len(files), alone, sync_sites, limits, report, views)
                    for index, file in enumerate(files)]
-    elif _can_fork():
+    elif fork:
         results = _forked(files, alone, sync_sites, limits, workers, report, views)
     else:
         results = _parallel(files, alone, sync_sites, limits, workers, report, views)
@@ -80,12 +81,10 @@ def analyze_files(
     return kept
 
 
-def _default_workers(count: int) -> int:
+def _default_workers(count: int, fork: bool) -> int:
     """Workers for `count` files when none are asked for: one per core from `FORKED_MIN_FILES` files on
-    where they can be forked, else from `PARALLEL_MIN_FILES`."""
-    if count < FORKED_MIN_FILES:  # below both: one file never imports multiprocessing to ask
-        return 1
-    least = FORKED_MIN_FILES if _can_fork() else PARALLEL_MIN_FILES
+    where they can be forked (`fork`), else from `PARALLEL_MIN_FILES`."""
+    least = FORKED_MIN_FILES if fork else PARALLEL_MIN_FILES
     return min(os.cpu_count() or 1, count) if count >= least else 1
 
 
