@@ -130,6 +130,9 @@ LEFT_TO_MSGSPEC = {
     "trailing comma": _trace(_KERNEL).replace(b"}]}", b"},]}"),
     "control character in a string": _trace({**_KERNEL, "name": "a\tb"}).replace(b"\\t", b"\t"),
     "leading zero": _trace(_KERNEL).replace(b'"dur": 2', b'"dur": 02'),
+    **{f"{what} where the analyses read nothing": _trace({**_KERNEL, "args": {"External id": "@"}}).replace(
+        b'"@"', number) for what, number in (("leading zero", b"01"), ("bare minus", b"-"),
+                                             ("no digit after the point", b"1."), ("empty exponent", b"1e+"))},
     "two event lists": _trace(_KERNEL).replace(b"]}", b'], "traceEvents": []}'),
     "no event lists": json.dumps({"deviceProperties": []}).encode(),
     "no kept event": _trace({"ph": "X", "cat": "other", "name": "a", "ts": 1}),
@@ -185,6 +188,8 @@ READ_ALIKE = {
     "metadata": _trace(_KERNEL, deviceProperties=[{"name": "H200"}], distributedInfo={"rank": 1},
                        traceName="x", schemaVersion=1, other={"skipped": [1, 2]}),
     "numbers of every form": _trace(_KERNEL).replace(b'"dur": 2', b'"dur": -0.0e+0, "flops": 1E2'),
+    "numbers of every form where the analyses read nothing": _trace(
+        {**_KERNEL, "args": {"x": [0, -0.0e+0, 1E2, -12.5e-3, 10**30, 0.000001]}}),
     "negative zero as an integer": _trace(_KERNEL).replace(b'"dur": 2', b'"dur": -0'),
     "long decimals": _trace(_KERNEL).replace(b'"ts": 10.5', b'"ts": 1795302414630700.547123456789'),
     "escapes where the analyses read nothing": _trace(
