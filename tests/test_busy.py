@@ -27,12 +27,14 @@ from trainprof.analysis.kernel_classes import (
     NAME_RULES,
     OP_RULES,
     KernelClass,
+    _Search,
     classify_name,
+    required_literals,
 )
 from trainprof.analysis.peaks import KNOWN_DEVICES, known_device, measured_peaks
 from trainprof.analysis.work import op_work
 from trainprof.report._format import headline
-from trainprof.trace import load_trace
+from trainprof.trace import TraceLoadError, load_trace
 
 MAIN = 100
 H200 = {"bf16": 804.0, "fp16": 773.0, "tf32": 404.0, "fp32": 50.5}  # the table's measured row
@@ -226,6 +228,37 @@ def test_class_rules_are_lowercase_as_the_lowercased_names_they_search():
     for pattern in patterns:
         literal = re.sub(r"\\.", "", pattern)  # an escape (\b, \w) is not a letter to match
         assert literal == literal.lower(), pattern
+
+
+@pytest.mark.parametrize(
+    "pattern, literals",
+    [
+        (r"all_?reduce|sendrecv", ("reduce", "sendrecv")),  # an optional character ends a run
+        (r"\blamb\b|conv(?!ert)|^cijk_\w*_(bbs|hb)_", ("lamb", "conv", "cijk_")),  # zero-width goes on
+        (r"cudnn.*(sdpa|fmha)|im2d?2?col", ("cudnn", "im2")),
+        (r"gemm|.*", None),  # an alternative that needs no letter
+        (r"a+b|x{2}|[ab]c", None),  # syntax not read: the regex alone decides
+    ],
+)
+def test_required_literals(pattern, literals):
+    assert required_literals(pattern) == literals
+
+
+def test_class_rules_search_as_re_does_on_every_fixture_name(fixtures_dir):
+    names = set()
+    for path in sorted(fixtures_dir.glob("**/*.json*")):
+        try:
+            names.update(load_trace(path).names)
+        except TraceLoadError:  # sidecars and sync sites files: not traces
+            continue
+    assert len(names) > 5000
+    lowered = [name.lower() for name in names]
+    patterns = [rule.pattern for rule in NAME_RULES + OP_RULES] + [p for _, p in GEMM_DTYPE_RULES]
+    for pattern in patterns:
+        search, compiled = _Search(pattern), re.compile(pattern)
+        assert search.literals is not None, pattern  # every rule has its prefilter
+        for name in lowered:
+            assert search.found_in(name) == (compiled.search(name) is not None), (pattern, name)
 
 
 def test_op_work_counts_flops_as_torch_does_and_bytes_read_and_written():

@@ -130,9 +130,14 @@ LEFT_TO_MSGSPEC = {
     "trailing comma": _trace(_KERNEL).replace(b"}]}", b"},]}"),
     "control character in a string": _trace({**_KERNEL, "name": "a\tb"}).replace(b"\\t", b"\t"),
     "leading zero": _trace(_KERNEL).replace(b'"dur": 2', b'"dur": 02'),
-    **{f"{what} where the analyses read nothing": _trace({**_KERNEL, "args": {"External id": "@"}}).replace(
-        b'"@"', number) for what, number in (("leading zero", b"01"), ("bare minus", b"-"),
-                                             ("no digit after the point", b"1."), ("empty exponent", b"1e+"))},
+    **{
+        f"{what} where the analyses read nothing": _trace({**_KERNEL, "args": {"External id": "@"}}).replace(
+            b'"@"', number)
+        for what, number in (
+            ("leading zero", b"01"), ("bare minus", b"-"), ("no digit after the point", b"1."),
+            ("empty exponent", b"1e+"),
+        )
+    },
     "two event lists": _trace(_KERNEL).replace(b"]}", b'], "traceEvents": []}'),
     "no event lists": json.dumps({"deviceProperties": []}).encode(),
     "no kept event": _trace({"ph": "X", "cat": "other", "name": "a", "ts": 1}),
