@@ -21,16 +21,16 @@ import pytest
 
 from trainprof.analysis import Analysis, analyze
 from trainprof.analysis.busy_findings import FUSED_ATTENTION_PEAK_SHARE, KERNEL_FLOOR_US
+from trainprof.analysis.collectives import COMM_KERNELS
 from trainprof.analysis.fusion import FORWARD_BYTES_FACTOR, FUSED_BYTES_FACTOR, SWAPPABLE, rope_bytes
 from trainprof.analysis.kernel_classes import (
     GEMM_DTYPE_RULES,
     NAME_RULES,
     OP_RULES,
     KernelClass,
-    _Search,
     classify_name,
-    required_literals,
 )
+from trainprof.analysis.name_patterns import GuardedSearch, required_literals
 from trainprof.analysis.peaks import KNOWN_DEVICES, known_device, measured_peaks
 from trainprof.analysis.work import op_work
 from trainprof.report._format import headline
@@ -244,7 +244,7 @@ def test_required_literals(pattern, literals):
     assert required_literals(pattern) == literals
 
 
-def test_class_rules_search_as_re_does_on_every_fixture_name(fixtures_dir):
+def test_guarded_rules_search_as_re_does_on_every_fixture_name(fixtures_dir):
     names = set()
     for path in sorted(fixtures_dir.glob("**/*.json*")):
         try:
@@ -254,8 +254,9 @@ def test_class_rules_search_as_re_does_on_every_fixture_name(fixtures_dir):
     assert len(names) > 5000
     lowered = [name.lower() for name in names]
     patterns = [rule.pattern for rule in NAME_RULES + OP_RULES] + [p for _, p in GEMM_DTYPE_RULES]
+    patterns += [family.pattern for family in COMM_KERNELS]
     for pattern in patterns:
-        search, compiled = _Search(pattern), re.compile(pattern)
+        search, compiled = GuardedSearch(pattern), re.compile(pattern)
         assert search.literals is not None, pattern  # every rule has its prefilter
         for name in lowered:
             assert search.found_in(name) == (compiled.search(name) is not None), (pattern, name)

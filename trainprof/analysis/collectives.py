@@ -23,6 +23,7 @@ last arriver's, is its transfer time.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -33,6 +34,7 @@ import numpy as np
 
 from trainprof.analysis.arrays import distinct, median
 from trainprof.analysis.links import Link
+from trainprof.analysis.name_patterns import GuardedSearch
 from trainprof.analysis.result import Record
 from trainprof.analysis.thresholds import COLLECTIVES_KEPT
 from trainprof.trace.model import NESTING_SLACK_US
@@ -69,10 +71,6 @@ COMM_KERNELS: tuple[KernelFamily, ...] = (
                  "vLLM / SGLang custom all-reduce, TensorRT-LLM / FlashInfer fused all-reduce, "
                  "Transformer Engine userbuffers"),
 )
-_COMM_KERNEL_SOURCE = "|".join(f"(?:{family.pattern})" for family in COMM_KERNELS)
-# Searched in the lowercased name (the patterns are lowercase): for an ASCII name the same match as
-# re.IGNORECASE, in half its time on ATen's long kernel names; other names take re.IGNORECASE.
-_COMM_KERNEL = re.compile(_COMM_KERNEL_SOURCE)
 
 COLLECTIVE_OPS = re.compile(r"^(record_param_comms$|c10d::(?!wait)|_?c10d_functional::(?!wait))")
 """Ops that launch communication: a kernel launched with one of them innermost is a collective's."""
@@ -84,9 +82,18 @@ _NOT_COMPUTE = re.compile(r"^(record_param_comms$|c10d::|_?c10d_functional::|glo
 
 def is_comm_kernel(name: str) -> bool:
     """Whether a kernel's name is one of `COMM_KERNELS`'."""
-    if name.isascii():
-        return _COMM_KERNEL.search(name.lower()) is not None
-    return re.search(_COMM_KERNEL_SOURCE, name, re.IGNORECASE) is not None  # rare: re's cache keeps it
+    if name.isascii():  # lowercased, the lowercase patterns match as re.IGNORECASE does
+        lowered = name.lower()
+        return any(search.found_in(lowered) for search in _comm_kernel_searches())
+    # Rare: re's cache keeps them. str.lower differs from re.IGNORECASE beyond ASCII (`ſ` is `s`).
+    return any(re.search(family.pattern, name, re.IGNORECASE) for family in COMM_KERNELS)
+
+
+@functools.cache
+def _comm_kernel_searches() -> tuple[GuardedSearch, ...]:
+    """`COMM_KERNELS`' patterns, each behind its literal test: gpt2_clean's 66 kernel names are
+    tried in 0.4 ms, against 1.6 by one regex of them all (first call, 2-core machine, 2026-11-25)."""
+    return tuple(GuardedSearch(family.pattern) for family in COMM_KERNELS)
 
 
 def comm_library(name: str, rocm: bool) -> str:

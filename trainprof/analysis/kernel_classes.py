@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from typing import NamedTuple
 
-from trainprof.analysis.name_patterns import top_level_alternatives
+from trainprof.analysis.name_patterns import GuardedSearch
 
 
 class Work(enum.Enum):
@@ -262,93 +261,12 @@ SDPA_MATH_OP = "aten::_scaled_dot_product_attention_math"
 """SDPA's fallback: attention as plain matmuls and a softmax (its kernels are unfused attention)."""
 
 
-class _Search:
-    """A rule's pattern as a search that first asks whether the text holds one of the literals any
-    match holds (`required_literals`): `in` over a 330-character ATen name is faster than re's scan,
-    and a pattern whose literals never occur is never compiled. gpt2_clean's 66 kernel names, first
-    classification in a fresh process: 3.2 ms, against 4.2 with re alone (medians of 7, 2-core
-    machine, 2026-11-25)."""
-
-    def __init__(self, pattern: str):
-        self.pattern = pattern
-        self.literals = required_literals(pattern)
-
-    @functools.cached_property
-    def _compiled(self) -> re.Pattern:
-        return re.compile(self.pattern)
-
-    def found_in(self, text: str) -> bool:
-        if self.literals is not None and not any(literal in text for literal in self.literals):
-            return False
-        return self._compiled.search(text) is not None
-
-
-def required_literals(pattern: str) -> tuple[str, ...] | None:
-    """Strings of which every match of `pattern` holds one: per top-level alternative, its longest
-    run of plain characters. None where an alternative has no such run, or the pattern uses syntax
-    beyond what this reads (letters, digits, `_`, `:`, `-`; `^ $ \\b`; lookarounds; groups, `.`,
-    `\\w`-style classes and the quantifiers `?` and `*`, each ending a run)."""
-    literals = []
-    for alternative in top_level_alternatives(pattern):
-        runs, run, i = [], "", 0
-        while i < len(alternative):
-            char = alternative[i]
-            if char in "^$" or alternative.startswith("\\b", i):  # zero-width: the run goes on
-                i += 1 if char in "^$" else 2
-                continue
-            if char == "(":
-                end = _group_end(alternative, i)
-                if end is None:
-                    return None
-                # A lookaround consumes nothing: the run goes on past it.
-                if not alternative.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
-                    runs.append(run)
-                    run = ""
-                i = end + 1
-            elif char == "." or char == "\\":
-                runs.append(run)
-                run = ""
-                i += 1 if char == "." else 2
-            elif char.isalnum() or char in "_:-":
-                i += 1
-                if i < len(alternative) and alternative[i] in "?*":  # optional: not part of any run
-                    runs.append(run)
-                    run = ""
-                else:
-                    run += char
-                continue
-            elif char not in "?*":  # `+`, `{n}`, a set, ...: not read here
-                return None
-            else:
-                i += 1
-        runs.append(run)
-        longest = max(runs, key=len)
-        if not longest:
-            return None
-        literals.append(longest)
-    return tuple(dict.fromkeys(literals))
-
-
-def _group_end(pattern: str, start: int) -> int | None:
-    """The index of the `)` closing the group that opens at `start`, or None."""
-    depth, i = 0, start
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            i += 2
-            continue
-        depth += char == "("
-        depth -= char == ")"
-        if depth == 0:
-            return i
-        i += 1
-    return None
-
-
 @functools.cache
-def _searches(rules: tuple) -> tuple[tuple[_Search, object], ...]:
-    """The rules' patterns as `_Search`es, made once, on first use (not at import)."""
-    return tuple((_Search(pattern), value) for pattern, value, *_ in rules)
+def _searches(rules: tuple) -> tuple[tuple[GuardedSearch, object], ...]:
+    """The rules' patterns as `GuardedSearch`es, made once, on first use (not at import).
+    gpt2_clean's 66 kernel names, first classification in a fresh process: 3.2 ms, against 4.2
+    with re alone (medians of 7, 2-core machine, 2026-11-25)."""
+    return tuple((GuardedSearch(pattern), value) for pattern, value, *_ in rules)
 
 
 @functools.lru_cache(maxsize=8192)
