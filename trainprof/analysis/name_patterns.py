@@ -122,60 +122,50 @@ class GuardedSearch:
 def required_literals(pattern: str) -> tuple[str, ...] | None:
     """Strings of which every match of `pattern` holds one: per top-level alternative, its longest
     run of plain characters. None where an alternative has no such run, or the pattern uses syntax
-    beyond what this reads (letters, digits, `_`, `:`, `-`; `^ $ \\b`; lookarounds; groups, `.`,
+    beyond what this reads (letters, digits, `_PLAIN`; `^ $ \\b`; lookarounds; groups, `.`,
     `\\w`-style classes and the quantifiers `?` and `*`, each ending a run)."""
-    literals = []
-    for alternative in top_level_alternatives(pattern):
-        runs, run, i = [], "", 0
-        while i < len(alternative):
-            char = alternative[i]
-            if char in "^$" or alternative.startswith("\\b", i):  # zero-width: the run goes on
-                i += 1 if char in "^$" else 2
-                continue
-            if char == "(":
-                end = _group_end(alternative, i)
-                if end is None:
-                    return None
-                # A lookaround consumes nothing: the run goes on past it.
-                if not alternative.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+    tokens = _TOKEN.findall(pattern)
+    literals, runs, run, depth, skip_to = [], [], "", 0, None
+    for at, token in enumerate(tokens + ["|"]):  # a final `|` closes the last alternative
+        quantified = at + 1 < len(tokens) and tokens[at + 1] in ("?", "*")
+        if token == "(" or token.startswith("(?"):
+            depth += 1
+            if skip_to is None:  # the group's content is not read; a lookaround consumes nothing
+                skip_to = depth
+                if token not in _LOOKAROUNDS:
                     runs.append(run)
                     run = ""
-                i = end + 1
-            elif char == "." or char == "\\":
-                runs.append(run)
-                run = ""
-                i += 1 if char == "." else 2
-            elif char.isalnum() or char in "_:-":
-                i += 1
-                if i < len(alternative) and alternative[i] in "?*":  # optional: not part of any run
-                    runs.append(run)
-                    run = ""
-                else:
-                    run += char
-                continue
-            elif char not in "?*":  # `+`, `{n}`, a set, ...: not read here
+        elif token == ")":
+            depth -= 1
+            if depth < 0:
                 return None
+            if skip_to is not None and depth < skip_to:
+                skip_to = None
+        elif skip_to is not None or token in ("^", "$", "\\b", "?", "*"):
+            continue  # inside a skipped group, zero-width, or a quantifier already applied
+        elif token == "|":
+            runs.append(run)
+            longest = max(runs, key=len)
+            if not longest:
+                return None
+            literals.append(longest)
+            runs, run = [], ""
+        elif token[0].isalnum() or token[0] in _PLAIN:
+            if quantified:  # the last character is optional: it ends the run
+                runs.extend((run + token[:-1], ""))
+                run = ""
             else:
-                i += 1
-        runs.append(run)
-        longest = max(runs, key=len)
-        if not longest:
+                run += token
+        elif token == "." or token.startswith("\\"):
+            runs.append(run)
+            run = ""
+        else:  # `+`, `{n}`, a set, ...: not read here
             return None
-        literals.append(longest)
-    return tuple(dict.fromkeys(literals))
+    return tuple(dict.fromkeys(literals)) if depth == 0 else None
 
 
-def _group_end(pattern: str, start: int) -> int | None:
-    """The index of the `)` closing the group that opens at `start`, or None."""
-    depth, i = 0, start
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            i += 2
-            continue
-        depth += char == "("
-        depth -= char == ")"
-        if depth == 0:
-            return i
-        i += 1
-    return None
+_TOKEN = re.compile(r"\\.|\(\?<?[=!:]?|\)|[A-Za-z0-9_:\-]+|.", re.DOTALL)
+"""`required_literals`' tokens: an escape, a group's opening, a run of plain characters, one character."""
+_LOOKAROUNDS = ("(?=", "(?!", "(?<=", "(?<!")
+_PLAIN = "_:- /#,=<>@%&~;!'\""
+"""Characters that stand for themselves outside a set (a group's `(?=`, `(?<` are tokens of their own)."""
