@@ -240,6 +240,8 @@ def test_class_rules_are_lowercase_as_the_lowercased_names_they_search():
         (r"a+b|x{2}|[ab]c", None),  # syntax not read: the regex alone decides
         (r"\(dynamo_timed\)$|^aten::(mm|bmm)$| to ", ("dynamo_timed", "aten::", " to ")),
         (r"(?:nccl)|ab(", None),  # no run outside a group; an unclosed group
+        (r"(?i)nccl", None),  # inline flags
+        (r"(?P<lib>nccl|rccl)_kernel", ("_kernel",)),  # a named group
     ],
 )
 def test_required_literals(pattern, literals):

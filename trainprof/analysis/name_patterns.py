@@ -128,6 +128,8 @@ def required_literals(pattern: str) -> tuple[str, ...] | None:
     literals, runs, run, depth, skip_to = [], [], "", 0, None
     for at, token in enumerate(tokens + ["|"]):  # a final `|` closes the last alternative
         quantified = at + 1 < len(tokens) and tokens[at + 1] in ("?", "*")
+        if token == "(?" and not tokens[at + 1 : at + 2] == ["P"]:
+            return None  # inline flags (`(?i)`) change what the literals match
         if token == "(" or token.startswith("(?"):
             depth += 1
             if skip_to is None:  # the group's content is not read; a lookaround consumes nothing
