@@ -114,9 +114,12 @@ class GuardedSearch:
         return re.compile(self.pattern)
 
     def found_in(self, text: str) -> bool:
-        if self.literals is not None and not any(literal in text for literal in self.literals):
-            return False
-        return self._compiled.search(text) is not None
+        if self.literals is None:
+            return self._compiled.search(text) is not None
+        for literal in self.literals:  # a loop, not any(...): no generator per call
+            if literal in text:
+                return self._compiled.search(text) is not None
+        return False
 
 
 def required_literals(pattern: str) -> tuple[str, ...] | None:
