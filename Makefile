@@ -15,8 +15,8 @@ $(VENV)/.torch-spec: FORCE
 	@mkdir -p $(VENV)
 	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
 
-# setup.py and the C source: an edit rebuilds trainprof/trace/_scan (pip install -e builds it in place)
-$(VENV)/.installed: pyproject.toml setup.py trainprof/trace/_scan.c $(VENV)/.torch-spec
+# setup.py and the C sources: an edit rebuilds trainprof/trace/_scan and _forest (pip install -e builds them in place)
+$(VENV)/.installed: pyproject.toml setup.py trainprof/trace/_scan.c trainprof/trace/_forest.c $(VENV)/.torch-spec
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

@@ -1,9 +1,15 @@
-"""The one compiled part of trainprof: `trainprof.trace._scan`, the loader's C scanner.
+"""The compiled parts of trainprof: `trainprof.trace._scan`, the loader's C scanner, and
+`trainprof.trace._forest`, one-pass walks over the frames' forest.
 
-Optional: where it does not build (no C compiler), trainprof reads every trace with msgspec alone,
-with the same results (DEVELOPING.md, "Loading").
+Optional: where they do not build (no C compiler), trainprof reads every trace with msgspec alone
+and walks the forest with numpy, with the same results (DEVELOPING.md, "Loading" and, under "Analysis", "Frames").
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trainprof.trace._scan", ["trainprof/trace/_scan.c"], optional=True)])
+setup(
+    ext_modules=[
+        Extension("trainprof.trace._scan", ["trainprof/trace/_scan.c"], optional=True),
+        Extension("trainprof.trace._forest", ["trainprof/trace/_forest.c"], optional=True),
+    ]
+)

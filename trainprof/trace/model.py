@@ -18,6 +18,11 @@ import numpy as np
 
 from trainprof.user_code import CodeLayout
 
+try:
+    from trainprof.trace import _forest
+except ImportError:  # not built (no C compiler where it was installed): numpy walks the forest
+    _forest = None
+
 # Categories of complete ("X") events kept by the loader. Everything else (flows, metadata) is dropped:
 # GPU events carry `args.correlation`, which joins them to their runtime call without the flow events.
 CPU_CATEGORIES = ("cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver")
@@ -197,8 +202,8 @@ def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -
     `ends[j] + NESTING_SLACK_US >= ends[i]` (and, with `group_first`, `j >= group_first[i]`: ranges
     of one thread each, in consecutive groups, where `group_first[i]` is the first index of i's group).
     That is exactly what a stack pass finds (pop while the top ends before i, then the top is the
-    parent), vectorised: a Python stack pass cost 11 ms on gpt2_pathologies' 23k-frame thread, this
-    under 2 ms.
+    parent): `_forest.enclosing_parents` makes it in C where the module is built. Else vectorised: a
+    Python stack pass cost 11 ms on gpt2_pathologies' 23k-frame thread, this under 2 ms.
 
     How: most ranges sit directly inside the one before them. For the others, `maxima[k][q]` is the
     largest reach (`ends + slack`) of the aligned block [q * 2^k, (q + 1) * 2^k). Each query climbs
@@ -211,6 +216,11 @@ def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -
     parent = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return parent
+    if _forest is not None and _forest.enclosing_parents(
+        np.ascontiguousarray(ends, dtype=np.float64), NESTING_SLACK_US, parent
+    ):
+        return np.where(parent >= group_first, parent, -1) if group_first is not None else parent
+    parent[:] = -1
     reach = np.full(1 << (n - 1).bit_length(), -np.inf)  # padded to a power of two
     reach[:n] = ends + NESTING_SLACK_US
     maxima = [reach]
@@ -254,12 +264,19 @@ def nearest_marked(parents: np.ndarray, marked: np.ndarray) -> np.ndarray:
     """Per node of a forest (`parents[i]`, -1 at roots), the nearest marked node among itself and
     its ancestors, or -1.
 
-    Pointer doubling: every node jumps to its pointer's pointer until each points at a marked node
-    or at -1 (log2(depth) vectorised passes).
+    `_forest.nearest_marked` walks up once per node in C where the module is built. Else pointer
+    doubling: every node jumps to its pointer's pointer until each points at a marked node or at -1
+    (log2(depth) vectorised passes).
     """
     n = len(parents)
     if not marked.any():  # e.g. named Python frames in a trace without stacks: nothing to climb to
         return np.full(n, -1, dtype=np.int64)
+    if _forest is not None:
+        nearest = np.empty(n, dtype=np.int64)
+        _forest.nearest_marked(
+            np.ascontiguousarray(parents, dtype=np.int64), np.ascontiguousarray(marked, dtype=bool), nearest
+        )
+        return nearest
     # One extra node at the end stands for -1: it points at itself and counts as marked.
     pointer = np.append(np.where(marked, np.arange(n), parents), n)
     pointer[pointer < 0] = n
