@@ -238,8 +238,10 @@ def test_class_rules_are_lowercase_as_the_lowercased_names_they_search():
         (r"cudnn.*(sdpa|fmha)|im2d?2?col", ("cudnn", "im2")),
         (r"gemm|.*", None),  # an alternative that needs no letter
         (r"a+b|x{2}|[ab]c", None),  # syntax not read: the regex alone decides
-        (r"\(dynamo_timed\)$|^aten::(mm|bmm)$| to ", ("dynamo_timed", "aten::", " to ")),
-        (r"(?:nccl)|ab(", None),  # no run outside a group; an unclosed group
+        (r"\(dynamo_timed\)$|^aten::(mm|bmm)$| to ", ("(dynamo_timed)", "aten::", " to ")),  # `\(`: a (
+        (r"(^|/)(nccl|rccl)|ab+c", ("nccl", "rccl", "ab")),  # a group every match holds; `+` ends a run
+        (r"(ab)*|cd", None),  # an optional group holds nothing required
+        (r"ab(", None),  # an unclosed group
         (r"(?i)nccl", None),  # inline flags
         (r"(?P<lib>nccl|rccl)_kernel", ("_kernel",)),  # a named group
     ],

@@ -656,9 +656,10 @@ def test_name_rules_at_once_agree_with_one_search_per_name(fixtures_dir):
         "mytrainprof/x.py(1): f",
         "torch/autograd/profiler_util.py(1): f",
     ]
-    for folder in sorted((fixtures_dir / "traces").iterdir()):
-        for trace in load_traces(folder):
-            names += trace.names
+    for kind in ("traces", "busy", "stacks"):  # compile, data loading and framework frames among them
+        for folder in sorted(p for p in (fixtures_dir / kind).iterdir() if p.is_dir()):
+            for trace in load_traces(folder):
+                names += trace.names
 
     def one_by_one(name: str) -> tuple[int, bool, bool]:
         codes = [code for code, rule in zip(idle._FRAME_RULE_CODES, FRAME_RULES, strict=True)

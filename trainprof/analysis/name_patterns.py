@@ -37,6 +37,11 @@ class NamePattern:
         self.anchored = anchored
         self.joined, self.offset = _joined_form(source)
 
+    @functools.cached_property
+    def literals(self) -> tuple[str, ...] | None:
+        """`required_literals` of the pattern: where none is in any name, no name matches."""
+        return required_literals(self.source)
+
 
 def _joined_form(source: str) -> tuple[re.Pattern, int]:
     for anchor, joined in _JOINED_ANCHORS:
@@ -82,6 +87,11 @@ class NameText:
         """Per name, whether `pattern` matches it (`re.search`, or `re.match` when anchored)."""
         found = np.zeros(len(self.names), dtype=bool)
         text, line_starts = self._text, self._line_starts
+        literals = pattern.literals
+        if literals is not None and not any(
+            literal in text or any(literal in self.names[i] for i in self._alone) for literal in literals
+        ):  # most frame rules name libraries a trace never runs: a substring test of the text rules them out
+            return found
         for match in pattern.joined.finditer(text):
             start = match.start() + pattern.offset  # an anchored form's match starts one before the name
             line = int(np.searchsorted(line_starts, start, side="right")) - 1
@@ -124,19 +134,24 @@ class GuardedSearch:
 
 def required_literals(pattern: str) -> tuple[str, ...] | None:
     """Strings of which every match of `pattern` holds one: per top-level alternative, its longest
-    run of plain characters. None where an alternative has no such run, or the pattern uses syntax
-    beyond what this reads (letters, digits, `_PLAIN`; `^ $ \\b`; lookarounds; groups, `.`,
-    `\\w`-style classes and the quantifiers `?` and `*`, each ending a run)."""
+    run of literal characters, else the literals of the first group that every match of it holds
+    (not optional, not a lookaround) and that has some. None where an alternative has neither, or
+    the pattern uses syntax beyond what this reads: letters, digits, `_PLAIN` and escaped
+    punctuation (`\\.`) are literal; `^ $ \\b` and lookarounds are zero-width; a group, `.` or a
+    class (`\\w`) ends a run; `?` and `*` take their character out of it, `+` ends the run after
+    it; anything else (a set, `{n}`, inline flags) gives None."""
     tokens = _TOKEN.findall(pattern)
     literals, runs, run, depth, skip_to = [], [], "", 0, None
+    group_at, groups = 0, []  # where the group being skipped opens; the groups every match holds
     for at, token in enumerate(tokens + ["|"]):  # a final `|` closes the last alternative
         quantified = at + 1 < len(tokens) and tokens[at + 1] in ("?", "*")
+        literal = token[1] if token[0] == "\\" and not token[1:].isalnum() else token
         if token == "(?" and not tokens[at + 1 : at + 2] == ["P"]:
             return None  # inline flags (`(?i)`) change what the literals match
         if token == "(" or token.startswith("(?"):
             depth += 1
-            if skip_to is None:  # the group's content is not read; a lookaround consumes nothing
-                skip_to = depth
+            if skip_to is None:  # the group's content is not read here; a lookaround consumes nothing
+                skip_to, group_at = depth, at
                 if token not in _LOOKAROUNDS:
                     runs.append(run)
                     run = ""
@@ -146,25 +161,28 @@ def required_literals(pattern: str) -> tuple[str, ...] | None:
                 return None
             if skip_to is not None and depth < skip_to:
                 skip_to = None
+                if tokens[group_at] in ("(", "(?:") and not quantified:
+                    groups.append("".join(tokens[group_at + 1 : at]))
         elif skip_to is not None or token in ("^", "$", "\\b", "?", "*"):
             continue  # inside a skipped group, zero-width, or a quantifier already applied
         elif token == "|":
             runs.append(run)
             longest = max(runs, key=len)
-            if not longest:
+            inner = None if longest else next(filter(None, map(required_literals, groups)), None)
+            if not longest and inner is None:
                 return None
-            literals.append(longest)
-            runs, run = [], ""
-        elif token[0].isalnum() or token[0] in _PLAIN:
+            literals.extend(inner if not longest else (longest,))
+            runs, run, groups = [], "", []
+        elif literal[0].isalnum() or literal[0] in _PLAIN or literal is not token:
             if quantified:  # the last character is optional: it ends the run
-                runs.extend((run + token[:-1], ""))
+                runs.extend((run + literal[:-1], ""))
                 run = ""
             else:
-                run += token
-        elif token == "." or token.startswith("\\"):
+                run += literal
+        elif token in (".", "+") or token[0] == "\\":  # `+`: its character (or class) is in, once
             runs.append(run)
             run = ""
-        else:  # `+`, `{n}`, a set, ...: not read here
+        else:
             return None
     return tuple(dict.fromkeys(literals)) if depth == 0 else None
 
