@@ -46,12 +46,12 @@ class NamePattern:
 def _joined_form(source: str) -> tuple[re.Pattern, int]:
     for anchor, joined in _JOINED_ANCHORS:
         rest = source[len(anchor):]
-        if source.startswith(anchor) and "^" not in rest and len(top_level_alternatives(rest)) == 1:
+        if source.startswith(anchor) and "^" not in rest and len(_top_level_alternatives(rest)) == 1:
             return re.compile(joined + rest, re.MULTILINE), 1
     return re.compile(source, re.MULTILINE), 0
 
 
-def top_level_alternatives(source: str) -> list[str]:
+def _top_level_alternatives(source: str) -> list[str]:
     """A pattern's alternatives outside every group and set (`^a|b`: two, the anchor holds for `a`
     only; `(a|b)c`: one)."""
     alternatives, start, depth, escaped, in_set = [], 0, 0, False, False
