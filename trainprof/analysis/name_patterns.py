@@ -46,16 +46,15 @@ class NamePattern:
 def _joined_form(source: str) -> tuple[re.Pattern, int]:
     for anchor, joined in _JOINED_ANCHORS:
         rest = source[len(anchor):]
-        if source.startswith(anchor) and "^" not in rest and len(_top_level_alternatives(rest)) == 1:
+        if source.startswith(anchor) and "^" not in rest and not _alternates_at_top(rest):
             return re.compile(joined + rest, re.MULTILINE), 1
     return re.compile(source, re.MULTILINE), 0
 
 
-def _top_level_alternatives(source: str) -> list[str]:
-    """A pattern's alternatives outside every group and set (`^a|b`: two, the anchor holds for `a`
-    only; `(a|b)c`: one)."""
-    alternatives, start, depth, escaped, in_set = [], 0, 0, False, False
-    for i, char in enumerate(source):
+def _alternates_at_top(source: str) -> bool:
+    """Whether a pattern has a `|` outside every group (`^a|b`: the anchor holds for `a` only)."""
+    depth, escaped, in_set = 0, False, False
+    for char in source:
         if escaped:
             escaped = False
         elif char == "\\":
@@ -67,10 +66,8 @@ def _top_level_alternatives(source: str) -> list[str]:
         elif char in "()":
             depth += 1 if char == "(" else -1
         elif char == "|" and depth == 0:
-            alternatives.append(source[start:i])
-            start = i + 1
-    alternatives.append(source[start:])
-    return alternatives
+            return True
+    return False
 
 
 class NameText:
