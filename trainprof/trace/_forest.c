@@ -29,6 +29,17 @@ static int vector(PyObject *object, Py_buffer *view, const char *format, Py_ssiz
     return 0;
 }
 
+/* n int64 slots of scratch when the arrays agree in length (`same`); NULL with an error set. */
+static int64_t *scratch(Py_ssize_t n, int same) {
+    if (!same) {
+        PyErr_SetString(PyExc_ValueError, "the arrays differ in length");
+        return NULL;
+    }
+    int64_t *slots = malloc((n ? n : 1) * sizeof(int64_t));
+    if (!slots) PyErr_NoMemory();
+    return slots;
+}
+
 /* nearest_marked(parents, marked, out): per node, the nearest marked node among itself and its
  * ancestors, or -1 (a negative parent is a root). Nodes in any order: a walk up stops at the first
  * node already answered and answers its whole path, so each node is walked over once. */
@@ -50,17 +61,9 @@ static PyObject *nearest_marked(PyObject *self, PyObject *args) {
     const int64_t *parent = pv.buf;
     const uint8_t *marked = mv.buf;
     int64_t *out = ov.buf;
-    int64_t *path = NULL;
     PyObject *result = NULL;
-    if (mv.len != n || ov.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "parents, marked and out differ in length");
-        goto done;
-    }
-    path = malloc((n ? n : 1) * sizeof(int64_t));
-    if (!path) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    int64_t *path = scratch(n, mv.len == n && ov.len / 8 == n);
+    if (!path) goto done;
     const int64_t unknown = -2;
     for (Py_ssize_t i = 0; i < n; i++) out[i] = unknown;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -114,17 +117,9 @@ static PyObject *enclosing_parents(PyObject *self, PyObject *args) {
     Py_ssize_t n = ev.len / 8;
     const double *ends = ev.buf;
     int64_t *out = ov.buf;
-    int64_t *stack = NULL;
     PyObject *result = NULL;
-    if (ov.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "ends and out differ in length");
-        goto done;
-    }
-    stack = malloc((n ? n : 1) * sizeof(int64_t));
-    if (!stack) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    int64_t *stack = scratch(n, ov.len / 8 == n);
+    if (!stack) goto done;
     Py_ssize_t top = 0;
     int numbers = 1;
     for (Py_ssize_t i = 0; i < n && numbers; i++) {
