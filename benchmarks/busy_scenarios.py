@@ -13,7 +13,8 @@ problem folder should name the waste and predict the gain that the fix variant's
 Scenarios (each variant's first line says what it changes):
 - fp32_mlp: 4 Llama-sized MLP blocks (2048 -> 8192 -> 2048, SwiGLU) in fp32 with TF32 off (PyTorch's
   default), a torch.cuda.synchronize() per step as timing loops have; fixes: TF32, bf16 autocast.
-- gpt2_attention: GPT-2 124M at T=2048 with attn_implementation="eager"; fix: "sdpa".
+- gpt2_attention: GPT-2 124M at T=2048 with attn_implementation="eager"; fix: "sdpa". With SDPA its
+  50,257-token head is the slow GEMM shape; fix: the vocabulary padded to 50,304 (`sdpa_vocab64`).
 - compile_recompile: torch.compile(dynamic=False) fed a new sequence length each step; fixes:
   dynamic=True, padding to one length.
 - empty_cache: torch.cuda.empty_cache() after every step; fix: none.
@@ -39,7 +40,7 @@ import torch
 
 SCENARIOS: dict[str, tuple[str, ...]] = {
     "fp32_mlp": ("fp32", "tf32", "bf16"),
-    "gpt2_attention": ("eager", "sdpa"),
+    "gpt2_attention": ("eager", "sdpa", "sdpa_vocab64"),
     "compile_recompile": ("recompile", "dynamic", "padded"),
     "empty_cache": ("empty_cache", "plain"),
     "vocab_head": ("bare", "liger_flce"),
@@ -99,11 +100,13 @@ def build(scenario: str, variant: str) -> tuple[Callable[[int], None], dict]:
 
         seq = 2048 if scenario == "gpt2_attention" else 1024
         batch = 4 if scenario == "gpt2_attention" else 8
-        config = GPT2Config(n_positions=seq)
-        attn = variant if scenario == "gpt2_attention" else "sdpa"
+        # sdpa_vocab64: the gemm_shape finding's fix, the vocabulary padded to a multiple of 64 (the
+        # token ids stay GPT-2's: the padding rows are never a label)
+        config = GPT2Config(n_positions=seq, vocab_size=50304 if variant == "sdpa_vocab64" else 50257)
+        attn = variant.removesuffix("_vocab64") if scenario == "gpt2_attention" else "sdpa"
         model = GPT2LMHeadModel._from_config(config, attn_implementation=attn).to(device)
-        ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
-        notes.update(batch=batch, seq=seq, attn_implementation=attn)
+        ids = torch.randint(0, 50257, (batch, seq), device=device)
+        notes.update(batch=batch, seq=seq, attn_implementation=attn, vocab_size=config.vocab_size)
         if scenario == "inference":
             model.eval()
 
