@@ -1099,6 +1099,7 @@ RULES = {
     "gemm_precision": ("fp32_mlp", "fp32", ("tf32", "bf16")),
     "unfused_attention": ("gpt2_attention", "eager", ("sdpa",)),
     "fusible_layers": ("llama_swap", "bare", ("fused",)),
+    "gemm_shape": ("gpt2_attention", "sdpa", ("sdpa_vocab64",)),
 }
 
 
@@ -1151,6 +1152,13 @@ def test_swap_predicts_fused_layers_within_30_percent(busy_run):
     assert [row.op for row in finding.details.swap.rows] == ["rms_norm", "gated_mlp", "rope"]
     assert [row.instances for row in finding.details.swap.rows] == [9, 4, 4]  # as swap replaced in the run
     measured = bare_ms - busy_run("llama_swap", "fused")[1]
+    assert finding.gpu_ms_per_step == pytest.approx(measured, rel=0.3)
+
+
+def test_gemm_shape_predicts_the_padded_vocabulary_within_30_percent(busy_run):
+    result, sdpa_ms = busy_run("gpt2_attention", "sdpa")
+    (finding,) = _findings(result, "gemm_shape")
+    measured = sdpa_ms - busy_run("gpt2_attention", "sdpa_vocab64")[1]  # 61.8 -> 49.1 ms
     assert finding.gpu_ms_per_step == pytest.approx(measured, rel=0.3)
 
 
