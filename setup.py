@@ -2,7 +2,8 @@
 `trainprof.trace._forest`, one-pass walks over the frames' forest.
 
 Optional: where they do not build (no C compiler), trainprof reads every trace with msgspec alone
-and walks the forest with numpy, with the same results (DEVELOPING.md, "Loading" and, under "Analysis", "Frames").
+and walks the forest with numpy, with the same results (DEVELOPING.md: "Loading", and "Frames" under
+"Analysis").
 """
 
 from setuptools import Extension, setup
