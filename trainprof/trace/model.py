@@ -202,8 +202,21 @@ def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -
     `ends[j] + NESTING_SLACK_US >= ends[i]` (and, with `group_first`, `j >= group_first[i]`: ranges
     of one thread each, in consecutive groups, where `group_first[i]` is the first index of i's group).
     That is exactly what a stack pass finds (pop while the top ends before i, then the top is the
-    parent): `_forest.enclosing_parents` makes it in C where the module is built. Else vectorised: a
-    Python stack pass cost 11 ms on gpt2_pathologies' 23k-frame thread, this under 2 ms.
+    parent): `_forest.enclosing_parents` makes it in C where the module is built, else
+    `_climbed_parents` with numpy.
+    """
+    parent = np.full(len(ends), -1, dtype=np.int64)
+    walked = _forest is not None and _forest.enclosing_parents(  # False where an end is NaN
+        np.ascontiguousarray(ends, dtype=np.float64), NESTING_SLACK_US, parent
+    )
+    if len(ends) and not walked:
+        parent = _climbed_parents(ends)
+    return np.where(parent >= group_first, parent, -1) if group_first is not None else parent
+
+
+def _climbed_parents(ends: np.ndarray) -> np.ndarray:
+    """`enclosing_parents` without groups, vectorised: a Python stack pass cost 11 ms on
+    gpt2_pathologies' 23k-frame thread, this under 2 ms.
 
     How: most ranges sit directly inside the one before them. For the others, `maxima[k][q]` is the
     largest reach (`ends + slack`) of the aligned block [q * 2^k, (q + 1) * 2^k). Each query climbs
@@ -214,13 +227,6 @@ def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -
     """
     n = len(ends)
     parent = np.full(n, -1, dtype=np.int64)
-    if n == 0:
-        return parent
-    if _forest is not None and _forest.enclosing_parents(
-        np.ascontiguousarray(ends, dtype=np.float64), NESTING_SLACK_US, parent
-    ):
-        return np.where(parent >= group_first, parent, -1) if group_first is not None else parent
-    parent[:] = -1
     reach = np.full(1 << (n - 1).bit_length(), -np.inf)  # padded to a power of two
     reach[:n] = ends + NESTING_SLACK_US
     maxima = [reach]
@@ -255,8 +261,6 @@ def enclosing_parents(ends: np.ndarray, group_first: np.ndarray | None = None) -
         right = maxima[k - 1][(bound[:deep] >> (k - 1)) - 1] >= target[:deep]
         bound[:deep] -= (~right) << (k - 1)
     parent[query] = bound - 1
-    if group_first is not None:
-        parent = np.where(parent >= group_first, parent, -1)
     return parent
 
 
