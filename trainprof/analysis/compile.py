@@ -86,8 +86,7 @@ def compile_stats(timeline: Timeline) -> CompileStats | None:
     step_end = np.array([w.end_us for w in steps])
 
     names = trace.names
-    compile_frame = re.compile(COMPILE_FRAMES)
-    is_compile = trace.names_matching(lambda name: compile_frame.search(name) is not None)
+    is_compile = _compile_names(trace)
     tagged = trace.names_matching(lambda name: "compile_id=" in name or name.startswith("Torch-Compiled"))
     starts, ends = [], []
     ids: dict[str, float] = {}  # compile id -> when it first shows
@@ -159,6 +158,12 @@ def _eager_gaps_idle(timeline: Timeline, regions: list[tuple[float, float, int, 
     step = timeline.step_of(start)
     same = (thread[1:] == thread[:-1]) & (step[1:] == step[:-1]) & (start[1:] > end[:-1])
     return _idle_within(timeline, end[:-1][same], start[1:][same])
+
+
+def _compile_names(trace) -> np.ndarray:
+    """Per name of the trace: is it a frame of torch.compile's work (`COMPILE_FRAMES`)?"""
+    compile_frame = re.compile(COMPILE_FRAMES)
+    return trace.names_matching(lambda name: compile_frame.search(name) is not None)
 
 
 def _resume_sites(trace) -> list[str]:
@@ -269,8 +274,7 @@ def _compile_site(timeline: Timeline) -> Where:
     if thread is None or not len(trace.events["python_function"]):
         return Where()
     table = trace.events["cpu_op"]
-    compile_frame = re.compile(COMPILE_FRAMES)
-    compiling = trace.names_matching(lambda name: compile_frame.search(name) is not None)[table.name]
+    compiling = _compile_names(trace)[table.name]
     rows = np.flatnonzero(compiling & (table.thread == thread) & (timeline.step_of(table.start_us) >= 0))
     if not len(rows):
         return Where()
