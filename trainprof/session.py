@@ -11,7 +11,10 @@ so a loop calling both `opt.step(); sess.step()` (either order) counts each step
 Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
   (checked after export; a failed or truncated export is removed, never left as a trace);
-- `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md);
+- `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md), and at exit
+  the host time of the steps the profiler did not record (`unprofiled_step_ms`: from one step's
+  end to the next's, trainprof's own work at step ends left out; the loop's first step, warm-up and
+  recorded steps never count), against which the analysis weighs the recorded ones;
 - `W.peaks.json`: the GPU's matmul and copy rates, measured once per device and torch version
   (`trainprof.capture.peaks`), read by the analysis for achieved TFLOP/s, TB/s and MFU;
 - at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
@@ -51,6 +54,7 @@ import os
 import re
 import socket
 import threading
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -69,6 +73,9 @@ logger = logging.getLogger("trainprof")
 
 MAX_WINDOWS = 8
 """Recorded windows kept for the analysis at exit (the most recent ones; older traces stay on disk)."""
+
+UNPROFILED_STEPS_KEPT = 256
+"""Un-profiled step times kept (the most recent): their median is the loop's step without the profiler."""
 
 # A rank as torchrun writes it: ASCII digits, at most 9 (str.isdigit() also accepts '²', and int()
 # refuses 5000 digits).
@@ -190,6 +197,9 @@ class Session:
         """Recorded windows exported so far (each one trace file)."""
         self.steps_ended = 0
         """Steps ended so far (optimizer steps or manual `step()` calls)."""
+        self.unprofiled_step_ms: collections.deque[float] = collections.deque(maxlen=UNPROFILED_STEPS_KEPT)
+        """Host ms of the most recent steps the profiler did not touch (module docstring)."""
+        self._step_began: float | None = None  # perf_counter when trainprof's work at the last step end ended
         self._windows: collections.deque[tuple[Path, list[dict[str, Any]]]] = collections.deque(
             maxlen=MAX_WINDOWS
         )
@@ -498,8 +508,19 @@ class Session:
     def _advance(self) -> None:
         if not self._running or os.getpid() != self._pid:
             return
+        ended = time.perf_counter()
         self._group.capture()  # a script may create its process group after the session started
         self.steps_ended += 1
+        # The step that just ended ran under action_at(steps_ended - 1); the first step (no clock
+        # yet) pays the loop's one-off costs and is never counted.
+        if self._step_began is not None and self.config.action_at(self.steps_ended - 1) == "none":
+            self.unprofiled_step_ms.append((ended - self._step_began) * 1e3)
+        try:
+            self._profile_step()
+        finally:
+            self._step_began = time.perf_counter()
+
+    def _profile_step(self) -> None:
         if self._capture is not None:
             self._capture.pause()  # the profiler's own syncs (stopping a trace) are not the user's
         try:
@@ -631,6 +652,8 @@ class Session:
         }
         if self._compile_counters:  # torch.compile's graph breaks (trainprof.capture.compile)
             payload["compile"] = self._compile_counters
+        if self.unprofiled_step_ms:  # written at exit, once the steps after the last window ran
+            payload["unprofiled_step_ms"] = [round(ms, 3) for ms in self.unprofiled_step_ms]
         tmp = path.with_name(path.name + ".tmp")
         try:
             tmp.write_text(json.dumps(payload, indent=1))
@@ -670,6 +693,11 @@ class Session:
             return
         if self.config.measure_peaks:  # for an offline analysis too
             self._write_peaks()
+        if self.unprofiled_step_ms:  # beside the traces, for this analysis and an offline one
+            try:
+                self._write_sync_sites()
+            except OSError as exc:  # the analysis goes on without them
+                warn(f"trainprof: could not write the un-profiled step times beside the traces ({exc})")
         if not self.config.analyze:
             reason = "analyze=False: traces written, not analysed"
             self.summary = _not_profiled(reason)

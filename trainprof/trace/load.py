@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, NamedTuple, TypeVar, Union
 
 import msgspec
 import numpy as np
@@ -318,7 +318,7 @@ def load_trace(path: str | Path) -> Trace:
         match = _RANK_IN_NAME.search(worker)
         rank = int(match.group(1)) if match else None
     sites_path = sync_sites_path(path)
-    sites, layout, counters = _read_sync_sites_file(sites_path) if sites_path.is_file() else (None,) * 3
+    sidecar = _read_sync_sites_file(sites_path) if sites_path.is_file() else None
     peaks_file = peaks_path(path)
     trace = Trace(
         path=path,
@@ -332,10 +332,11 @@ def load_trace(path: str | Path) -> Trace:
         device_properties=[d for d in _as_list(metadata.get("deviceProperties")) if isinstance(d, dict)],
         distributed_info=distributed,
         metadata=metadata,
-        sync_sites=sites,
-        sync_sites_path=sites_path if sites is not None else None,
-        code_layout=layout,
-        compile_counters=counters,
+        sync_sites=sidecar.sites if sidecar is not None else None,
+        sync_sites_path=sites_path if sidecar is not None else None,
+        code_layout=sidecar.layout if sidecar is not None else None,
+        compile_counters=sidecar.compile_counters if sidecar is not None else None,
+        unprofiled_step_ms=sidecar.unprofiled_step_ms if sidecar is not None else None,
         op_inputs=op_inputs,
         device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
     )
@@ -639,11 +640,21 @@ def read_sync_sites(path: Path) -> list[dict]:
 
     Wrong-typed fields of a site or stack frame are removed; a site that is not an object is an error.
     """
-    return _read_sync_sites_file(path)[0]
+    return _read_sync_sites_file(path).sites
 
 
-def _read_sync_sites_file(path: Path) -> tuple[list[dict], CodeLayout | None, dict | None]:
-    """The sites, the recorded code layout and Dynamo's counters of a sync sites file, decoded once."""
+class SyncSitesFile(NamedTuple):
+    """What a `<worker>.syncsites.json` holds, checked (DEVELOPING.md): the sites, the run's code
+    layout, Dynamo's counters, and the host ms of the steps the session did not profile."""
+
+    sites: list[dict]
+    layout: CodeLayout | None
+    compile_counters: dict | None
+    unprofiled_step_ms: list[float] | None
+
+
+def _read_sync_sites_file(path: Path) -> SyncSitesFile:
+    """A sync sites file's parts (`SyncSitesFile`), decoded once."""
     text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
     try:
         document = msgspec.json.decode(text)
@@ -658,7 +669,9 @@ def _read_sync_sites_file(path: Path) -> tuple[list[dict], CodeLayout | None, di
     if not isinstance(sites, list) or not all(isinstance(s, dict) for s in sites):
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
     layout = CodeLayout.from_dict(document.get("code_layout"))
-    return [_typed_site(site) for site in sites], layout, _compile_counters(document)
+    return SyncSitesFile(
+        [_typed_site(site) for site in sites], layout, _compile_counters(document), _step_times(document)
+    )
 
 
 def _typed_fields(record: dict, fields: dict[str, type]) -> dict:
@@ -698,12 +711,25 @@ def read_device_peaks(path: Path) -> dict | None:
 
 def read_code_layout(path: Path) -> CodeLayout | None:
     """The run's `code_layout` recorded in a version-2 sync sites file (None in version 1)."""
-    return _read_sync_sites_file(path)[1]
+    return _read_sync_sites_file(path).layout
 
 
 def read_compile_counters(path: Path) -> dict | None:
     """Dynamo's counters recorded in a sync sites file (`_compile_counters`); None when absent."""
-    return _read_sync_sites_file(path)[2]
+    return _read_sync_sites_file(path).compile_counters
+
+
+def _step_times(document: dict) -> list[float] | None:
+    """The `unprofiled_step_ms` of a decoded sync sites file: its positive finite numbers (booleans,
+    strings and the like dropped); None when absent or none is left."""
+    values = document.get("unprofiled_step_ms")
+    if not isinstance(values, list):
+        return None
+    kept = [
+        float(value) for value in values
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    ]
+    return kept or None
 
 
 def _compile_counters(document: Any) -> dict | None:
