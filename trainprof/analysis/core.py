@@ -43,6 +43,7 @@ from trainprof.analysis.memory import memory_finding, memory_profile, peak_memor
 from trainprof.analysis.modules import module_costs_finding, owner_costs
 from trainprof.analysis.overlap import step_exposure
 from trainprof.analysis.peaks import device_peaks
+from trainprof.analysis.profiler_cost import bound_findings, profiler_cost, rejudged, slowdown_finding
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
@@ -210,13 +211,19 @@ def _analyze_one(
     inference = is_inference(trace)
     if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
+    # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
+    cost = profiler_cost(trace.unprofiled_step_ms, trace_verdict, steps, limits)
+    trace_verdict = rejudged(trace_verdict, cost, limits)
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
     busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
         busy = busy_breakdown(timeline, work, costs, limits)
         swap, swapped = swap_prediction(timeline, owners, work)
-        findings.extend(busy_findings(trace, work, busy, swap, swapped, costs, trace.rank, limits))
+        # Gains are predicted from the un-profiled step where the profiler slowed the recorded ones.
+        judged = work if cost is None or not cost.slowed else msgspec.structs.replace(
+            work, step_ms=cost.judged_step_ms)
+        findings.extend(busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits))
     compiled = compile_stats(timeline)
     recompiling = compiled is not None and compiled.recompiles_every_step
     # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
@@ -235,6 +242,10 @@ def _analyze_one(
         if maybe is not None:
             findings.append(maybe)
     comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
+    bound_findings(findings, cost, limits)
+    slowdown = slowdown_finding(cost, n, trace.rank)
+    if slowdown is not None:
+        findings.append(slowdown)
     known_peaks = [p for p in peaks if p is not None]
     drawn = None
     if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
@@ -260,6 +271,7 @@ def _analyze_one(
         window=trace.window,
         comm=comm,
         busy=busy,
+        profiler=cost,
     )
     return steps, findings, info
 
@@ -336,6 +348,7 @@ def _summary(
         thresholds_overridden=limits.overridden(),
         idle_ms_per_step=_idle_ms_per_step(steps),
         **_busy_summary(busy),
+        **_unprofiled_summary(traces),
     )
 
 
@@ -351,6 +364,21 @@ def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
                 totals[cause.key] += ms
             totals["one_off"] += step.idle.one_off_ms
     return {key: round(ms / n, 4) for key, ms in totals.items()}
+
+
+def _unprofiled_summary(traces: list[TraceInfo]) -> dict:
+    """The un-profiled step and how much longer the recorded steps are, over the traces that know
+    it (weighted by their steps), as `Summary` fields; empty when none does."""
+    known = [(t.profiler, len(t.step_numbers)) for t in traces if t.profiler is not None]
+    steps = sum(n for _, n in known)
+    if not steps:
+        return {}
+    unprofiled = sum(cost.unprofiled_step_ms * n for cost, n in known) / steps
+    recorded = sum(cost.recorded_step_ms * n for cost, n in known) / steps
+    return {
+        "unprofiled_step_ms": round(unprofiled, 4),
+        "profiler_slowdown_pct": round(100.0 * (recorded / unprofiled - 1.0), 2),
+    }
 
 
 def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:

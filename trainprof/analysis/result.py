@@ -39,14 +39,21 @@ work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weig
 `mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
 (measured)`, `H100 SXM datasheet`) (the last six absent without GPU work; `mfu_pct`
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
-`mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`).
+`mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`), `unprofiled_step_ms`
+and `profiler_slowdown_pct` (the session's un-profiled step and how much longer the recorded ones
+are, in % of it; absent when no trace has un-profiled steps beside it).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`.
+- profiler (`profiler_cost.ProfilerCost`; null without the session's un-profiled steps):
+  `unprofiled_step_ms` (their median), `unprofiled_steps`, `recorded_step_ms`, `slowdown_pct`,
+  `gpu_busy_ms_per_step`, `unprofiled_gpu_busy_pct`, `unprofiled_idle_ms_per_step` (the most GPU
+  idle an un-profiled step can hold), `slowed` (the verdict and the findings are judged on the
+  un-profiled step: `profiler_slowdown_min_share`).
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
   blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
   `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
@@ -141,6 +148,7 @@ in `traces[].verdict`):
   where, api_steps, free_calls_per_step, alloc_calls_per_step, free_ms_per_step, alloc_ms_per_step,
   gpu_idle_ms_per_step}`, the Python call behind the allocator's blocking calls).
 - one_off (`idle_findings.OneOffDetails`): `steps`, `event`, `op`, `idle_ms`.
+- profiler_slowdown (`profiler_cost.ProfilerCost`): as `traces[].profiler`.
 - launch_overhead (`launch.LaunchDetails`): `fixes`, `tiny_kernel_pct`, `kernels_per_step`,
   `graph_replay_kernels_per_step`, `graph_launch_ms_per_step`, `launch_ms_per_step`,
   `median_launch_us`, `median_kernel_us`, `gpu_idle_while_launching_ms_per_step`, `regions`,
@@ -201,6 +209,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
     from trainprof.analysis.memory import MemoryProfile
     from trainprof.analysis.overlap import StepComm
+    from trainprof.analysis.profiler_cost import ProfilerCost
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -385,6 +394,9 @@ class TraceInfo(msgspec.Struct):
     """Its communication and collectives (`collectives`); None when it has none."""
     busy: BusyBreakdown | None = None
     """Where the GPU's busy time goes (`busy`); None without GPU work."""
+    profiler: ProfilerCost | None = None
+    """The recorded steps against the session's un-profiled ones (`profiler_cost`); None when the
+    trace has no un-profiled steps beside it."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -408,6 +420,7 @@ class TraceInfo(msgspec.Struct):
             "memory": self.memory.to_dict() if self.memory is not None else None,
             "communication": self.comm.to_dict() if self.comm is not None else None,
             "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
+            "profiler": self.profiler.to_dict() if self.profiler is not None else None,
         }
 
 
@@ -455,6 +468,11 @@ class Summary(Record, frozen=True):
     """Where the device peaks came from (`peaks.DevicePeaks.label`)."""
     peaks_label: str | None = None
     """The same in a few words, for a headline (`peaks.DevicePeaks.short_label`)."""
+    unprofiled_step_ms: float | None = None
+    """The session's un-profiled step (`profiler_cost`), weighted by steps over the traces that
+    have one; None when none has."""
+    profiler_slowdown_pct: float | None = None
+    """How much longer the recorded steps are than that, in % of it."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 

@@ -93,6 +93,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "steps are noticeably slower than un-profiled ones. Below, it shows only as `idle_profiler_ms`.",
     ),
     Threshold(
+        "profiler_slowdown_min_share",
+        0.15,
+        "When the recorded steps are at least 15% longer than the session's un-profiled steps of the "
+        "same loop, the profiler's host cost has changed the step: the verdict is judged again on the "
+        "un-profiled step and no GPU-idle finding claims more than an un-profiled step leaves idle. "
+        "Below 15%, step-to-step spread (a few %) and the profiler's small cost blur together.",
+    ),
+    Threshold(
         "profiler_first_launch_ratio",
         3.0,
         "The trace's first kernel launch counts as profiler overhead (its start-up: CUPTI instruments "

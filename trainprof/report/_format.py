@@ -159,6 +159,11 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         if summary.mean_step_ms and summary.gpu_step_ms > HOST_AHEAD * summary.mean_step_ms:
             gpu_step += " (the host runs ahead: its step windows are shorter)"
         rows.insert(2, ("GPU step time", gpu_step))
+    if summary.unprofiled_step_ms is not None and summary.profiler_slowdown_pct is not None:
+        longer = summary.profiler_slowdown_pct
+        rows.insert(2, ("un-profiled step", number(summary.unprofiled_step_ms, 1, " ms") + (
+            f" (the recorded steps are {longer:.0f}% longer)" if longer >= 0.5
+            else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
         rows.append(("MFU", mfu))
@@ -247,7 +252,13 @@ def step_split(analysis: Analysis) -> str | None:
     idle = [f"{IDLE_CAUSE_WORDS.get(cause, cause)} {pct:.1f}%" for pct, cause in shares
             if pct >= STEP_SPLIT_MIN_PCT]
     text = f"where the step went: GPU busy {summary.gpu_busy_pct:.1f}%"
-    return text + (f"; GPU idle: {', '.join(idle)}" if idle else "")
+    text += f"; GPU idle: {', '.join(idle)}" if idle else ""
+    if any(t.profiler is not None and t.profiler.slowed for t in analysis.traces):
+        unprofiled = summary.unprofiled_step_ms or summary.mean_step_ms
+        busy_pct = min(100.0, summary.gpu_busy_pct * summary.mean_step_ms / unprofiled)
+        text = (f"{text} (recorded); un-profiled ({unprofiled:,.1f} ms/step) GPU busy {busy_pct:.0f}%: "
+                "the rest of the idle time is the profiler's")
+    return text
 
 
 def size(num_bytes: float) -> str:

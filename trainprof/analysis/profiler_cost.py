@@ -1,0 +1,160 @@
+"""How much longer are the recorded steps than the same loop's un-profiled ones, and what does that
+leave of the GPU-idle time the trace shows?
+
+torch.profiler costs the host time per op (more with `record_shapes`, `with_stack` and
+`profile_memory`) and leaves the kernels' speed alone. A loop whose host kept just ahead of the GPU
+falls behind it while recorded: the trace then shows GPU-idle time, and a launch- or host-bound
+verdict, that the same loop does not have un-profiled. The session times the steps it does not
+profile (`Trace.unprofiled_step_ms`); against their median:
+
+- an un-profiled step leaves the GPU idle at most (its time - the recorded GPU busy time per step):
+  no GPU-idle finding claims more, each finding's severity is its gain over the un-profiled step
+  (`bound_findings`), and the findings on GPU-busy waste predict from it (`core`);
+- a cause verdict is judged again (`rejudged`): `gpu-bound` when the recorded GPU busy time is
+  `gpu_bound_busy_pct` of the un-profiled step, else the same verdict with the bound in its reason;
+- a `profiler_slowdown` finding says how much the profiler added.
+
+All three only when the recorded step is at least `profiler_slowdown_min_share` longer than the
+un-profiled one. Without un-profiled steps (another tool's trace, a loop that ended with its window)
+nothing changes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.severity import severity_for
+from trainprof.analysis.thresholds import Thresholds
+from trainprof.analysis.verdict import Verdict
+
+IDLE_KINDS = frozenset({
+    "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",
+    "communication_wait", "sync_point", "recompile", "graph_breaks",
+})
+"""The findings whose `gpu_ms_per_step` is GPU-idle time (`severity`'s docstring): what the profiler's
+host cost can inflate."""
+
+_JUDGED_AGAIN = frozenset({"gpu-bound", "communication-bound", "cpu-only"})
+"""Verdicts left as they are: the GPU was busy even while recorded, or there is no GPU."""
+
+
+class ProfilerCost(Record, frozen=True):
+    """One trace's recorded steps against its process's un-profiled steps (module docstring)."""
+
+    unprofiled_step_ms: float
+    """The median host time of the un-profiled steps."""
+    unprofiled_steps: int
+    recorded_step_ms: float
+    slowdown_pct: float
+    """How much longer the recorded step is, in % of the un-profiled one (negative: shorter)."""
+    gpu_busy_ms_per_step: float
+    """The recorded steps' GPU busy time per step (the kernels run as fast un-profiled)."""
+    unprofiled_gpu_busy_pct: float
+    """That busy time over the un-profiled step, at most 100."""
+    unprofiled_idle_ms_per_step: float
+    """The most GPU-idle time an un-profiled step can hold: its time less the busy time, at least 0."""
+    slowed: bool
+    """Whether `slowdown_pct` reaches `profiler_slowdown_min_share`: the verdict and findings are
+    then judged on the un-profiled step."""
+
+    @property
+    def judged_step_ms(self) -> float:
+        """The step that gains are judged against: the un-profiled one, or the GPU busy time where
+        that is longer (a host that ran ahead of the GPU timed its steps short)."""
+        return max(self.unprofiled_step_ms, self.gpu_busy_ms_per_step)
+
+
+def profiler_cost(
+    unprofiled_step_ms: list[float] | None, verdict: Verdict, steps: list[Step], thresholds: Thresholds
+) -> ProfilerCost | None:
+    """The trace's `ProfilerCost`; None without un-profiled steps or without GPU work."""
+    if not unprofiled_step_ms or not steps or verdict.idle is None or verdict.step_ms <= 0:
+        return None
+    unprofiled = float(np.median(np.asarray(unprofiled_step_ms, dtype=np.float64)))
+    busy = sum(s.times.gpu_busy_ms for s in steps) / len(steps)
+    slowdown = verdict.step_ms / unprofiled - 1.0
+    return ProfilerCost(
+        unprofiled_step_ms=round(unprofiled, 4),
+        unprofiled_steps=len(unprofiled_step_ms),
+        recorded_step_ms=verdict.step_ms,
+        slowdown_pct=round(100.0 * slowdown, 2),
+        gpu_busy_ms_per_step=round(busy, 4),
+        unprofiled_gpu_busy_pct=round(min(100.0, 100.0 * busy / unprofiled), 2),
+        unprofiled_idle_ms_per_step=round(max(unprofiled - busy, 0.0), 4),
+        slowed=slowdown >= thresholds.profiler_slowdown_min_share,
+    )
+
+
+def rejudged(verdict: Verdict, cost: ProfilerCost | None, thresholds: Thresholds) -> Verdict:
+    """The verdict judged on the un-profiled step where the profiler slowed the recorded ones."""
+    if cost is None or not cost.slowed or verdict.label in _JUDGED_AGAIN:
+        return verdict
+    measured = f"{cost.unprofiled_step_ms:.1f} ms, median of {cost.unprofiled_steps} un-profiled steps"
+    if cost.unprofiled_gpu_busy_pct >= thresholds.gpu_bound_busy_pct:
+        why = (
+            f"the GPU is busy {cost.unprofiled_gpu_busy_pct:.0f}% of an un-profiled step ({measured}); "
+            f"recorded, the steps took {cost.slowdown_pct:.0f}% longer and the GPU waited on the "
+            f"profiler's host cost ({verdict.label} while recorded: {verdict.why})"
+        )
+        return msgspec.structs.replace(verdict, label="gpu-bound", cause=None, fix=None, why=why)
+    why = (
+        f"{verdict.why}; un-profiled steps take {measured}, so at most "
+        f"{cost.unprofiled_idle_ms_per_step:.1f} ms/step of the GPU-idle time is the loop's, the rest "
+        "the profiler's"
+    )
+    return msgspec.structs.replace(verdict, why=why)
+
+
+def bound_findings(findings: list[Finding], cost: ProfilerCost | None, thresholds: Thresholds) -> None:
+    """Where the profiler slowed the steps: cap each GPU-idle finding's gain at what an un-profiled
+    step leaves idle (saying so in its title), and judge every finding's severity against the
+    un-profiled step. In place."""
+    if cost is None or not cost.slowed:
+        return
+    bound = cost.unprofiled_idle_ms_per_step
+    for finding in findings:
+        if finding.gpu_ms_per_step is None or finding.severity == "info":
+            continue
+        if finding.kind in IDLE_KINDS and finding.gpu_ms_per_step > bound:
+            finding.gpu_ms_per_step = bound
+            finding.title += (
+                f" (un-profiled steps leave the GPU idle at most {bound:.1f} ms/step: the rest is the "
+                "profiler's)"
+            )
+        finding.severity = severity_for(finding.gpu_ms_per_step, cost.judged_step_ms, thresholds)
+
+
+def slowdown_finding(cost: ProfilerCost | None, steps: int, rank: int | None) -> Finding | None:
+    """What the profiler added to each recorded step, when it slowed them (module docstring)."""
+    if cost is None or not cost.slowed:
+        return None
+    added_ms = cost.recorded_step_ms - cost.unprofiled_step_ms
+    return Finding(
+        kind="profiler_slowdown",
+        title=(
+            f"The profiler made the recorded steps {cost.slowdown_pct:.0f}% longer: "
+            f"{cost.recorded_step_ms:.1f} ms against {cost.unprofiled_step_ms:.1f} ms un-profiled "
+            f"(median of {cost.unprofiled_steps} steps); un-profiled, the GPU is busy "
+            f"{cost.unprofiled_gpu_busy_pct:.0f}% of the step and idle at most "
+            f"{cost.unprofiled_idle_ms_per_step:.1f} ms/step"
+        ),
+        severity="low",
+        op=None,
+        where=Where(),
+        count=steps,
+        per_step=1.0,
+        cost_ms=round(added_ms * steps, 4),
+        fix=(
+            "Read the step by its un-profiled time: the GPU-idle time the trace shows beyond it is the "
+            "profiler's host cost per op, which a run without the profiler does not pay. To record "
+            "steps closer to the real ones, profile with fewer of with_stack, record_shapes and "
+            "profile_memory (the findings that need them lose their detail), or launch fewer ops per "
+            "step (torch.compile)."
+        ),
+        rank=rank,
+        cause="torch.profiler's host cost per op slows the host, not the kernels",
+        gpu_ms_per_step=0.0,
+        details=cost,
+    )
