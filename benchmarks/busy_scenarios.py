@@ -22,6 +22,12 @@ Scenarios (each variant's first line says what it changes):
   a fused linear cross-entropy (Liger's, where liger-kernel is installed).
 - llama_swap: a 4-layer Llama-1B-shaped model (vocab 32,000), bf16; fix: fused_layers.swap.
 - inference: GPT-2 124M forward under torch.no_grad, no backward, no optimizer.
+- small_mlp: 32 narrow blocks (Linear 256 -> 256, GELU, LayerNorm) at batch 64, each kernel shorter
+  than its launch: launch-bound with or without the profiler. No fix variant: it checks that judging
+  a recorded step by the un-profiled one (`analysis.profiler_cost`) keeps a real launch-bound verdict.
+
+The session runs `AFTER_WINDOW_STEPS` steps past its window, which it times un-profiled
+(`unprofiled_step_ms` in the sync sites file) beside the CUDA-event timing above.
 """
 
 from __future__ import annotations
@@ -46,12 +52,14 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "vocab_head": ("bare", "liger_flce"),
     "llama_swap": ("bare", "fused"),
     "inference": ("forward",),
+    "small_mlp": ("eager",),
 }
 TIMED_STEPS = 10
 WARMUP_STEPS = 3
 # The session's window: steps 2-3 recorded (wait 1, warm-up 1). Recompiling models are recorded
 # without Python stacks: with them, the profiler spends minutes per step in Dynamo's frames.
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 2}
+AFTER_WINDOW_STEPS = 8
 
 
 def _mlp_block(hidden: int, inner: int) -> torch.nn.Module:
@@ -183,6 +191,12 @@ def build(scenario: str, variant: str) -> tuple[Callable[[int], None], dict]:
             return model(input_ids=ids, labels=ids).loss
 
         return (lambda i: _train_step(model, optimizer, loss_of)), notes
+    if scenario == "small_mlp":
+        blocks = [(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.LayerNorm(256)) for _ in range(32)]
+        model = torch.nn.Sequential(*[layer for block in blocks for layer in block]).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(64, 256, device=device)
+        return (lambda i: _train_step(model, optimizer, lambda: model(x).pow(2).mean())), notes
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -218,7 +232,7 @@ def run_variant(scenario: str, variant: str, out: Path) -> dict:
     run_dir = out / scenario
     run_dir.mkdir(parents=True, exist_ok=True)
     first = WARMUP_STEPS + TIMED_STEPS
-    total = sum(SCHEDULE.values()) + 1
+    total = sum(SCHEDULE.values()) + AFTER_WINDOW_STEPS
     with trainprof.session(
         log_dir=run_dir, run_name=variant, analyze=False, console=False, tensorboard_scalars=False,
         with_stack=notes.get("with_stack", True), **SCHEDULE,

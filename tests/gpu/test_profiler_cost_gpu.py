@@ -1,0 +1,45 @@
+"""On a GPU: the session's un-profiled steps time the loop as CUDA events do, and the profiler's slowdown
+of a launch-bound loop is seen and leaves its verdict launch-bound."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+import trainprof
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_the_session_times_unprofiled_steps_as_cuda_events_do(tmp_path):
+    device = torch.device("cuda")
+    blocks = [(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.LayerNorm(256)) for _ in range(32)]
+    model = torch.nn.Sequential(*[layer for block in blocks for layer in block]).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(64, 256, device=device)
+
+    def step() -> None:
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    with trainprof.session(log_dir=tmp_path, run_name="r", wait=1, warmup=1, active=2, console=False) as sess:
+        for _ in range(12):  # steps 4-11 run after the window
+            step()
+    cost = sess.analysis.traces[0].profiler
+    assert cost is not None and cost.unprofiled_steps == 8
+    assert cost.unprofiled_step_ms == pytest.approx(statistics.median(times), rel=0.3)
+    assert cost.slowed  # stacks, shapes and memory cost far more than this loop's 12 ms of launches
+    assert sess.summary.verdict == "launch-bound"

@@ -1,0 +1,189 @@
+"""The recorded steps weighed against the session's un-profiled steps (`analysis.profiler_cost`).
+
+On the two H200 runs whose sessions timed the 8 steps after their window (tests/fixtures/busy):
+GPT-2 with its vocabulary padded, GPU-bound un-profiled but launch-bound while recorded, and a small
+MLP that is launch-bound either way. Then the rule's edges on a planted trace, the loader, the
+session's timing and the report's lines.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainprof
+from trainprof.analysis import analyze
+from trainprof.analysis.profiler_cost import IDLE_KINDS
+from trainprof.report._format import headline, step_split
+from trainprof.trace import load_trace
+
+GPT2 = ("gpt2_attention", "sdpa_vocab64")
+MLP = ("small_mlp", "eager")
+
+
+def _findings(result, kind: str) -> list:
+    return [f for f in result.findings if f.kind == kind]
+
+
+def _sidecar(folder: Path) -> Path:
+    (path,) = folder.glob("*.syncsites.json")
+    return path
+
+
+def _copy(folder: Path, into: Path, unprofiled_step_ms: list | None) -> Path:
+    """`folder` copied to `into`, its sync sites file holding `unprofiled_step_ms` (None: none)."""
+    shutil.copytree(folder, into)
+    sidecar = _sidecar(into)
+    document = json.loads(sidecar.read_text())
+    document.pop("unprofiled_step_ms", None)
+    if unprofiled_step_ms is not None:
+        document["unprofiled_step_ms"] = unprofiled_step_ms
+    sidecar.write_text(json.dumps(document))
+    return into
+
+
+@pytest.fixture(scope="module")
+def recorded(fixtures_dir, tmp_path_factory):
+    """`recorded(scenario, variant, unprofiled)`: the run analysed with the session's un-profiled steps
+    (True) or with the trace alone (False), each once per module."""
+    cache: dict = {}
+    scratch = tmp_path_factory.mktemp("runs")
+
+    def run(scenario: str, variant: str, unprofiled: bool = True):
+        if (scenario, variant, unprofiled) not in cache:
+            folder = fixtures_dir / "busy" / scenario / variant
+            if not unprofiled:
+                folder = _copy(folder, scratch / f"{scenario}_{variant}", None)
+            cache[scenario, variant, unprofiled] = analyze(folder)
+        return cache[scenario, variant, unprofiled]
+
+    return run
+
+
+def test_the_sessions_unprofiled_steps_agree_with_cuda_event_timing(recorded, busy_run):
+    """The session's host-timed steps (8 after the window) against CUDA events around 10 steps of
+    the same loop before it (timings.json): 49.1 against 49.5 ms, 14.0 against 12.5 ms."""
+    for scenario, variant in (GPT2, MLP):
+        cost = recorded(scenario, variant).traces[0].profiler
+        assert cost.unprofiled_steps == 8
+        measured = busy_run(scenario, variant)["step_ms_median"]
+        assert cost.unprofiled_step_ms == pytest.approx(measured, rel=0.15)
+
+
+def test_a_step_the_profiler_made_launch_bound_is_judged_gpu_bound(recorded):
+    alone, judged = recorded(*GPT2, unprofiled=False), recorded(*GPT2)
+    assert alone.summary.verdict == "launch-bound"  # what the trace alone says: GPU busy 57%
+    assert judged.summary.verdict == "gpu-bound"
+    cost = judged.traces[0].profiler
+    assert cost.slowed and cost.slowdown_pct > 50 and cost.unprofiled_gpu_busy_pct >= 90
+    verdict = judged.traces[0].verdict
+    assert verdict.cause is None and verdict.fix is None
+    assert f"busy {cost.unprofiled_gpu_busy_pct:.0f}% of an un-profiled step" in verdict.why
+    assert "launch-bound while recorded" in verdict.why
+    # No GPU-idle finding claims more than an un-profiled step leaves idle (3.1 ms of 49.1).
+    idle = [f for f in judged.findings if f.kind in IDLE_KINDS]
+    assert idle and all(f.gpu_ms_per_step <= cost.unprofiled_idle_ms_per_step for f in idle)
+    assert all("the rest is the profiler's" in f.title for f in idle)
+    assert [f.severity for f in _findings(alone, "launch_overhead")] == ["high"]
+    assert not [f for f in _findings(judged, "launch_overhead") if f.severity == "high"]
+    (slowdown,) = _findings(judged, "profiler_slowdown")
+    assert slowdown.details == cost and slowdown.gpu_ms_per_step == 0.0
+    assert not _findings(alone, "profiler_slowdown")
+
+
+def test_busy_findings_predict_and_rank_from_the_unprofiled_step(recorded):
+    alone, judged = recorded(*GPT2, unprofiled=False), recorded(*GPT2)
+    cost = judged.traces[0].profiler
+    (fusion,), (fusion_alone,) = _findings(judged, "fusible_layers"), _findings(alone, "fusible_layers")
+    assert fusion.gpu_ms_per_step == pytest.approx(fusion_alone.gpu_ms_per_step)  # the same kernels saved
+    predicted = cost.judged_step_ms - fusion.gpu_ms_per_step
+    assert f"step {cost.judged_step_ms:.1f} -> ~{predicted:.1f} ms" in fusion.fix
+    # The trace alone puts launch overhead (22.3 ms/step, none of it un-profiled) first.
+    assert [f.kind for f in alone.findings[:2]] == ["launch_overhead", "fusible_layers"]
+    assert judged.findings[0] is fusion and fusion.severity == "high"
+
+
+def test_a_launch_bound_loop_stays_launch_bound_with_its_gain_bounded(recorded):
+    alone, judged = recorded(*MLP, unprofiled=False), recorded(*MLP)
+    assert alone.summary.verdict == judged.summary.verdict == "launch-bound"
+    cost = judged.traces[0].profiler
+    assert cost.slowed and cost.unprofiled_gpu_busy_pct < 80  # 14.0 ms un-profiled, 39.5 recorded
+    assert f"at most {cost.unprofiled_idle_ms_per_step:.1f} ms/step" in judged.traces[0].verdict.why
+    (launch,), (launch_alone,) = _findings(judged, "launch_overhead"), _findings(alone, "launch_overhead")
+    assert launch_alone.gpu_ms_per_step > cost.unprofiled_idle_ms_per_step
+    assert launch.gpu_ms_per_step == cost.unprofiled_idle_ms_per_step and launch.severity == "high"
+
+
+def test_a_step_the_profiler_did_not_slow_is_judged_as_recorded(fixtures_dir, tmp_path):
+    """Un-profiled steps up to 15% (`profiler_slowdown_min_share`) shorter change nothing but the
+    `profiler` record and the headline row; from there the verdict is judged again."""
+    source = fixtures_dir / "traces" / "gpt2_pathologies"
+    base = analyze(source)
+    step_ms = base.traces[0].verdict.step_ms
+    assert base.summary.verdict != "gpu-bound" and base.traces[0].verdict.gpu_busy_pct < 80
+
+    def with_unprofiled(ms: float, name: str):
+        folder = tmp_path / name
+        shutil.copytree(source, folder)
+        (folder / (next(folder.glob("*.pt.trace.json*")).name.split(".")[0] + ".syncsites.json")).write_text(
+            json.dumps({"version": 2, "sites": [], "unprofiled_step_ms": [ms] * 5})
+        )
+        return analyze(folder)
+
+    close = with_unprofiled(step_ms / 1.14, "close")
+    assert not close.traces[0].profiler.slowed
+    assert [f.to_dict() for f in close.findings] == [f.to_dict() for f in base.findings]
+    assert close.traces[0].verdict == base.traces[0].verdict
+    slowed = with_unprofiled(step_ms / 1.16, "slowed")
+    assert slowed.traces[0].profiler.slowed
+    assert "un-profiled" in slowed.traces[0].verdict.why
+    assert _findings(slowed, "profiler_slowdown")
+
+
+def test_the_loader_keeps_only_positive_finite_step_times(fixtures_dir, tmp_path):
+    trace = next((fixtures_dir / "traces" / "gpt2_clean").glob("*.pt.trace.json.gz"))
+    shutil.copy(trace, tmp_path)
+    sidecar = tmp_path / (trace.name.split(".")[0] + ".syncsites.json")
+    sidecar.write_text('{"version": 2, "sites": [], "unprofiled_step_ms": [12.5, true, "3", -1, 0, 7]}')
+    assert load_trace(tmp_path / trace.name).unprofiled_step_ms == [12.5, 7.0]
+    sidecar.write_text('{"version": 2, "sites": [], "unprofiled_step_ms": [false, null]}')
+    assert load_trace(tmp_path / trace.name).unprofiled_step_ms is None
+    sidecar.write_text('{"version": 2, "sites": [], "unprofiled_step_ms": {"a": 1}}')
+    assert load_trace(tmp_path / trace.name).unprofiled_step_ms is None
+
+
+def test_the_session_times_the_steps_it_does_not_profile(tmp_path):
+    """Step 0 (the loop's first) and the warm-up and recorded steps (2-4) are not counted; each
+    counted step is the loop's own time, from one step's end to the next."""
+    model = torch.nn.Linear(16, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with trainprof.session(log_dir=tmp_path, run_name="r", wait=2, warmup=1, active=2, console=False) as sess:
+        for i in range(10):
+            time.sleep(0.3 if i == 0 else 0.01)
+            model(torch.randn(4, 16)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    times = list(sess.unprofiled_step_ms)
+    assert len(times) == 6  # steps 1, 5, 6, 7, 8, 9
+    assert all(10 <= ms < 300 for ms in times), times
+    written = json.loads(_sidecar(tmp_path / "r").read_text())["unprofiled_step_ms"]
+    assert written == [round(ms, 3) for ms in times]
+
+
+def test_the_report_shows_the_unprofiled_step_beside_the_recorded_one(recorded):
+    judged, alone = recorded(*GPT2), recorded(*GPT2, unprofiled=False)
+    cost = judged.traces[0].profiler
+    rows = dict(headline(judged))
+    assert rows["un-profiled step"] == f"{cost.unprofiled_step_ms:.1f} ms (the recorded steps are " \
+        f"{judged.summary.profiler_slowdown_pct:.0f}% longer)"
+    assert list(rows).index("un-profiled step") == list(rows).index("step time") + 1
+    assert "the rest of the idle time is the profiler's" in step_split(judged)
+    assert "un-profiled step" not in dict(headline(alone)) and "profiler's" not in step_split(alone)
+    summary = judged.to_dict()["trace"]
+    assert summary["traces"][0]["profiler"]["unprofiled_steps"] == 8
+    assert summary["summary"]["unprofiled_step_ms"] == cost.unprofiled_step_ms
