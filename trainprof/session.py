@@ -12,9 +12,10 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
   (checked after export; a failed or truncated export is removed, never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md), and at exit
-  the host time of the steps the profiler did not record (`unprofiled_step_ms`: from one step's
-  end to the next's, trainprof's own work at step ends left out; the loop's first step, warm-up and
-  recorded steps never count), against which the analysis weighs the recorded ones;
+  the time of the steps the profiler did not touch (`unprofiled_step_ms`, the loop's first step,
+  warm-up and recorded steps never among them), against which the analysis weighs the recorded
+  ones: as the GPU ran them, between CUDA events recorded at the step ends (after trainprof's own
+  work there), else on the host from one step's end to the next;
 - `W.peaks.json`: the GPU's matmul and copy rates, measured once per device and torch version
   (`trainprof.capture.peaks`), read by the analysis for achieved TFLOP/s, TB/s and MFU;
 - at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
@@ -197,9 +198,14 @@ class Session:
         """Recorded windows exported so far (each one trace file)."""
         self.steps_ended = 0
         """Steps ended so far (optimizer steps or manual `step()` calls)."""
-        self.unprofiled_step_ms: collections.deque[float] = collections.deque(maxlen=UNPROFILED_STEPS_KEPT)
-        """Host ms of the most recent steps the profiler did not touch (module docstring)."""
+        self.unprofiled_step_ms: list[float] = []
+        """Set at exit: ms of the most recent steps the profiler did not touch (module docstring)."""
+        self.unprofiled_timing: str | None = None
+        """Set at exit with them: how they were timed, `cuda_events` or `host`."""
+        self._host_step_ms: collections.deque[float] = collections.deque(maxlen=UNPROFILED_STEPS_KEPT)
         self._step_began: float | None = None  # perf_counter when trainprof's work at the last step end ended
+        self._gpu_marks: collections.deque[tuple[int, Any]] | None = None
+        """(step, CUDA event recorded as that step began): None without CUDA, or once a mark failed."""
         self._windows: collections.deque[tuple[Path, list[dict[str, Any]]]] = collections.deque(
             maxlen=MAX_WINDOWS
         )
@@ -276,6 +282,7 @@ class Session:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
+            self._gpu_marks = collections.deque(maxlen=UNPROFILED_STEPS_KEPT + 1)
         from trainprof.capture import torch_noise
 
         self._export = tensorboard_trace_handler(str(self.run_dir), worker_name=self.worker, use_gzip=True)
@@ -514,11 +521,51 @@ class Session:
         # The step that just ended ran under action_at(steps_ended - 1); the first step (no clock
         # yet) pays the loop's one-off costs and is never counted.
         if self._step_began is not None and self.config.action_at(self.steps_ended - 1) == "none":
-            self.unprofiled_step_ms.append((ended - self._step_began) * 1e3)
+            self._host_step_ms.append((ended - self._step_began) * 1e3)
         try:
             self._profile_step()
         finally:
+            self._mark_gpu()
             self._step_began = time.perf_counter()
+
+    def _mark_gpu(self) -> None:
+        """A CUDA event where the GPU begins step `steps_ended`, unless the profiler records that step
+        (the event would be in its trace): two marks around an un-profiled step time it as the GPU
+        runs it, host lead and all. Any failure turns the marks off for the session."""
+        if self._gpu_marks is None or self.config.action_at(self.steps_ended) in ("record", "save"):
+            return
+        try:
+            import torch
+
+            if torch.cuda.is_initialized():
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                self._gpu_marks.append((self.steps_ended, event))
+        except Exception:
+            logger.debug("trainprof: CUDA step marks off", exc_info=True)
+            self._gpu_marks = None
+
+    def _time_unprofiled_steps(self) -> None:
+        """At exit: the un-profiled steps' times from the GPU marks (after the last one is reached),
+        else from the host clock (`unprofiled_step_ms`, `unprofiled_timing`)."""
+        marks = list(self._gpu_marks or ())
+        gpu_ms: list[float] = []
+        try:
+            if len(marks) > 1:
+                marks[-1][1].synchronize()
+                gpu_ms = [
+                    start.elapsed_time(end)
+                    for (step, start), (next_step, end) in itertools.pairwise(marks)
+                    if next_step == step + 1 and self.config.action_at(step) == "none"
+                ]
+        except Exception:
+            logger.debug("trainprof: reading the CUDA step marks failed", exc_info=True)
+            gpu_ms = []
+        self._gpu_marks = None
+        if gpu_ms:
+            self.unprofiled_step_ms, self.unprofiled_timing = gpu_ms[-UNPROFILED_STEPS_KEPT:], "cuda_events"
+        elif self._host_step_ms:
+            self.unprofiled_step_ms, self.unprofiled_timing = list(self._host_step_ms), "host"
 
     def _profile_step(self) -> None:
         if self._capture is not None:
@@ -654,6 +701,7 @@ class Session:
             payload["compile"] = self._compile_counters
         if self.unprofiled_step_ms:  # written at exit, once the steps after the last window ran
             payload["unprofiled_step_ms"] = [round(ms, 3) for ms in self.unprofiled_step_ms]
+            payload["unprofiled_timing"] = self.unprofiled_timing
         tmp = path.with_name(path.name + ".tmp")
         try:
             tmp.write_text(json.dumps(payload, indent=1))
@@ -693,6 +741,7 @@ class Session:
             return
         if self.config.measure_peaks:  # for an offline analysis too
             self._write_peaks()
+        self._time_unprofiled_steps()
         if self.unprofiled_step_ms:  # beside the traces, for this analysis and an offline one
             try:
                 self._write_sync_sites()

@@ -212,7 +212,7 @@ def _analyze_one(
     if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
     # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
-    cost = profiler_cost(trace.unprofiled_step_ms, trace_verdict, steps, limits)
+    cost = profiler_cost(trace, trace_verdict, steps, limits)
     trace_verdict = rejudged(trace_verdict, cost, limits)
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
     busy = work = None

@@ -21,6 +21,8 @@ nothing changes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 import numpy as np
 
@@ -28,6 +30,9 @@ from trainprof.analysis.result import Finding, Record, Step, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.verdict import Verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.trace import Trace
 
 IDLE_KINDS = frozenset({
     "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",
@@ -44,8 +49,10 @@ class ProfilerCost(Record, frozen=True):
     """One trace's recorded steps against its process's un-profiled steps (module docstring)."""
 
     unprofiled_step_ms: float
-    """The median host time of the un-profiled steps."""
+    """The median time of the un-profiled steps."""
     unprofiled_steps: int
+    timing: str | None
+    """How the session timed them: `cuda_events` (as the GPU ran them), `host`, or None (not said)."""
     recorded_step_ms: float
     slowdown_pct: float
     """How much longer the recorded step is, in % of the un-profiled one (negative: shorter)."""
@@ -67,9 +74,10 @@ class ProfilerCost(Record, frozen=True):
 
 
 def profiler_cost(
-    unprofiled_step_ms: list[float] | None, verdict: Verdict, steps: list[Step], thresholds: Thresholds
+    trace: Trace, verdict: Verdict, steps: list[Step], thresholds: Thresholds
 ) -> ProfilerCost | None:
     """The trace's `ProfilerCost`; None without un-profiled steps or without GPU work."""
+    unprofiled_step_ms = trace.unprofiled_step_ms
     if not unprofiled_step_ms or not steps or verdict.idle is None or verdict.step_ms <= 0:
         return None
     unprofiled = float(np.median(np.asarray(unprofiled_step_ms, dtype=np.float64)))
@@ -78,6 +86,7 @@ def profiler_cost(
     return ProfilerCost(
         unprofiled_step_ms=round(unprofiled, 4),
         unprofiled_steps=len(unprofiled_step_ms),
+        timing=trace.unprofiled_timing,
         recorded_step_ms=verdict.step_ms,
         slowdown_pct=round(100.0 * slowdown, 2),
         gpu_busy_ms_per_step=round(busy, 4),
@@ -147,11 +156,11 @@ def slowdown_finding(cost: ProfilerCost | None, steps: int, rank: int | None) ->
         per_step=1.0,
         cost_ms=round(added_ms * steps, 4),
         fix=(
-            "Read the step by its un-profiled time: the GPU-idle time the trace shows beyond it is the "
-            "profiler's host cost per op, which a run without the profiler does not pay. To record "
-            "steps closer to the real ones, profile with fewer of with_stack, record_shapes and "
-            "profile_memory (the findings that need them lose their detail), or launch fewer ops per "
-            "step (torch.compile)."
+            "Nothing in the loop: read the step by its un-profiled time, as this report's verdict, "
+            "severities and predicted gains do. The GPU-idle time the trace shows beyond it is the "
+            "profiler's host cost per recorded op, which a run without the profiler does not pay; "
+            "with_stack=False, record_shapes=False and profile_memory=False lower that cost only in "
+            "part, and take the source lines, shapes and memory from the findings."
         ),
         rank=rank,
         cause="torch.profiler's host cost per op slows the host, not the kernels",

@@ -50,7 +50,8 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
 `compile`, `memory`, `communication`, `gpu_busy`, `profiler`.
 - profiler (`profiler_cost.ProfilerCost`; null without the session's un-profiled steps):
-  `unprofiled_step_ms` (their median), `unprofiled_steps`, `recorded_step_ms`, `slowdown_pct`,
+  `unprofiled_step_ms` (their median), `unprofiled_steps`, `timing` (how the session timed them:
+  `cuda_events`, `host`, or null), `recorded_step_ms`, `slowdown_pct`,
   `gpu_busy_ms_per_step`, `unprofiled_gpu_busy_pct`, `unprofiled_idle_ms_per_step` (the most GPU
   idle an un-profiled step can hold), `slowed` (the verdict and the findings are judged on the
   un-profiled step: `profiler_slowdown_min_share`).

@@ -337,6 +337,7 @@ def load_trace(path: str | Path) -> Trace:
         code_layout=sidecar.layout if sidecar is not None else None,
         compile_counters=sidecar.compile_counters if sidecar is not None else None,
         unprofiled_step_ms=sidecar.unprofiled_step_ms if sidecar is not None else None,
+        unprofiled_timing=sidecar.unprofiled_timing if sidecar is not None else None,
         op_inputs=op_inputs,
         device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
     )
@@ -645,12 +646,14 @@ def read_sync_sites(path: Path) -> list[dict]:
 
 class SyncSitesFile(NamedTuple):
     """What a `<worker>.syncsites.json` holds, checked (DEVELOPING.md): the sites, the run's code
-    layout, Dynamo's counters, and the host ms of the steps the session did not profile."""
+    layout, Dynamo's counters, and the ms of the steps the session did not profile and how they
+    were timed (`cuda_events`, `host`, or None: not said)."""
 
     sites: list[dict]
     layout: CodeLayout | None
     compile_counters: dict | None
     unprofiled_step_ms: list[float] | None
+    unprofiled_timing: str | None
 
 
 def _read_sync_sites_file(path: Path) -> SyncSitesFile:
@@ -670,7 +673,7 @@ def _read_sync_sites_file(path: Path) -> SyncSitesFile:
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
     layout = CodeLayout.from_dict(document.get("code_layout"))
     return SyncSitesFile(
-        [_typed_site(site) for site in sites], layout, _compile_counters(document), _step_times(document)
+        [_typed_site(site) for site in sites], layout, _compile_counters(document), *_step_times(document)
     )
 
 
@@ -719,17 +722,18 @@ def read_compile_counters(path: Path) -> dict | None:
     return _read_sync_sites_file(path).compile_counters
 
 
-def _step_times(document: dict) -> list[float] | None:
-    """The `unprofiled_step_ms` of a decoded sync sites file: its positive finite numbers (booleans,
-    strings and the like dropped); None when absent or none is left."""
+def _step_times(document: dict) -> tuple[list[float] | None, str | None]:
+    """The `unprofiled_step_ms` of a decoded sync sites file, its positive finite numbers (booleans,
+    strings and the like dropped; None when absent or none is left), and `unprofiled_timing`."""
     values = document.get("unprofiled_step_ms")
     if not isinstance(values, list):
-        return None
+        return None, None
     kept = [
         float(value) for value in values
         if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
     ]
-    return kept or None
+    timing = document.get("unprofiled_timing")
+    return kept or None, timing if timing in ("cuda_events", "host") and kept else None
 
 
 def _compile_counters(document: Any) -> dict | None:

@@ -522,8 +522,10 @@ class Trace:
     device_peaks: dict | None = None
     """The device's peaks measured by the session (`<worker>.peaks.json` beside the file), or None."""
     unprofiled_step_ms: list[float] | None = None
-    """Host ms of the steps its session ran without the profiler, from the sync sites file (the
+    """Ms of the steps its session ran without the profiler, from the sync sites file (the
     session's module docstring); None when not recorded."""
+    unprofiled_timing: str | None = None
+    """How they were timed: `cuda_events`, `host`, or None (not said)."""
     window: int = 0
     """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
