@@ -43,7 +43,13 @@ from trainprof.analysis.memory import memory_finding, memory_profile, peak_memor
 from trainprof.analysis.modules import module_costs_finding, owner_costs
 from trainprof.analysis.overlap import step_exposure
 from trainprof.analysis.peaks import device_peaks
-from trainprof.analysis.profiler_cost import bound_findings, profiler_cost, rejudged, slowdown_finding
+from trainprof.analysis.profiler_cost import (
+    bound_findings,
+    profiler_cost,
+    rejudged,
+    slowdown_finding,
+    unprofiled_mfu,
+)
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
@@ -218,7 +224,7 @@ def _analyze_one(
     busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
-        busy = busy_breakdown(timeline, work, costs, limits)
+        busy = unprofiled_mfu(busy_breakdown(timeline, work, costs, limits), cost)
         swap, swapped = swap_prediction(timeline, owners, work)
         # Gains are predicted from the un-profiled step where the profiler slowed the recorded ones.
         judged = work if cost is None or not cost.slowed else msgspec.structs.replace(

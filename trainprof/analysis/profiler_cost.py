@@ -10,6 +10,7 @@ profile (`Trace.unprofiled_step_ms`); against their median:
 - an un-profiled step leaves the GPU idle at most (its time - the recorded GPU busy time per step):
   no GPU-idle finding claims more, each finding's severity is its gain over the un-profiled step
   (`bound_findings`), and the findings on GPU-busy waste predict from it (`core`);
+- the MFU is the model FLOPs over the un-profiled step (`unprofiled_mfu`);
 - a cause verdict is judged again (`rejudged`): `gpu-bound` when the recorded GPU busy time is
   `gpu_bound_busy_pct` of the un-profiled step, else the same verdict with the bound in its reason;
 - a `profiler_slowdown` finding says how much the profiler added.
@@ -32,6 +33,7 @@ from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.verdict import Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.busy import BusyBreakdown
     from trainprof.trace import Trace
 
 IDLE_KINDS = frozenset({
@@ -114,6 +116,14 @@ def rejudged(verdict: Verdict, cost: ProfilerCost | None, thresholds: Thresholds
         "the profiler's"
     )
     return msgspec.structs.replace(verdict, why=why)
+
+
+def unprofiled_mfu(busy: BusyBreakdown, cost: ProfilerCost | None) -> BusyBreakdown:
+    """`busy` with its MFU over the un-profiled step where the profiler slowed the recorded ones:
+    the same FLOPs in less time. Its `step_ms` and shares stay the recorded step's."""
+    if cost is None or not cost.slowed or busy.mfu_pct is None or busy.step_ms <= cost.judged_step_ms:
+        return busy
+    return msgspec.structs.replace(busy, mfu_pct=round(busy.mfu_pct * busy.step_ms / cost.judged_step_ms, 2))
 
 
 def bound_findings(findings: list[Finding], cost: ProfilerCost | None, thresholds: Thresholds) -> None:

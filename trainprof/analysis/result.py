@@ -97,7 +97,8 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
   summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
   attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
-  (those FLOPs at their dtype's peak over `step_ms`; null when the kernels whose FLOPs are known
+  (those FLOPs at their dtype's peak over `step_ms`, or over the un-profiled step where
+  `profiler.slowed`; null when the kernels whose FLOPs are known
   hold less than `mfu_min_flops_known_share` of the compute time), `mfu_dtype`, `flops_known_pct`
   (that share: the time of the FLOP-bound classes but unfused attention, and of `other`, whose
   FLOPs are counted), `peaks` (`peaks.DevicePeaks`:

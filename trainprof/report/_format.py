@@ -166,7 +166,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
             else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
-        rows.append(("MFU", mfu))
+        slowed = any(t.profiler is not None and t.profiler.slowed for t in analysis.traces)
+        rows.append(("MFU", mfu + (" (over the un-profiled step)" if slowed and summary.mfu_pct else "")))
     if summary.peaks_label is not None:
         rows.append(("device peaks", clean(summary.peaks_label)))
     if summary.peak_memory_bytes is not None:
