@@ -41,7 +41,7 @@ work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weig
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
 `mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`), `unprofiled_step_ms`
 and `profiler_slowdown_pct` (the session's un-profiled step and how much longer the recorded ones
-are, in % of it; absent when no trace has un-profiled steps beside it).
+are, in % of it; null when no trace has un-profiled steps beside it).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
