@@ -157,6 +157,24 @@ def test_a_step_the_profiler_did_not_slow_is_judged_as_recorded(fixtures_dir, tm
     assert _findings(slowed, "profiler_slowdown")
 
 
+def test_a_step_of_collectives_is_judged_communication_bound(fixtures_dir, tmp_path):
+    """ddp_straggler's rank 0 waits in collectives (53 of its 56 busy ms per step): given un-profiled
+    steps its kernels fill, it is communication-bound; its rank 1, of almost no collectives, GPU-bound."""
+    source = fixtures_dir / "traces" / "ddp_straggler"
+    base = analyze(source)
+    folder = tmp_path / "ddp"
+    shutil.copytree(source, folder)
+    for trace in base.traces:
+        busy_ms = trace.verdict.gpu_busy_pct * trace.verdict.step_ms / 100
+        (folder / f"{trace.worker}.syncsites.json").write_text(
+            json.dumps({"version": 2, "sites": [], "unprofiled_step_ms": [1.05 * busy_ms] * 5})
+        )
+    judged = {trace.worker: trace.verdict for trace in analyze(folder).traces}
+    assert {t.worker: t.verdict.label for t in base.traces} == {"rank0": "mixed", "rank1": "host-bound"}
+    assert judged["rank0"].label == "communication-bound" and "in collectives" in judged["rank0"].why
+    assert judged["rank1"].label == "gpu-bound" and "in collectives" not in judged["rank1"].why
+
+
 def test_the_loader_keeps_only_positive_finite_step_times(fixtures_dir, tmp_path):
     trace = next((fixtures_dir / "traces" / "gpt2_clean").glob("*.pt.trace.json.gz"))
     shutil.copy(trace, tmp_path)

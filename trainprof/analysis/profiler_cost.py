@@ -11,11 +11,12 @@ profile (`Trace.unprofiled_step_ms`); against their median:
   no GPU-idle finding claims more, each finding's severity is its gain over the un-profiled step
   (`bound_findings`), and the findings on GPU-busy waste predict from it (`core`);
 - the MFU is the model FLOPs over the un-profiled step (`unprofiled_mfu`);
-- a cause verdict is judged again (`rejudged`): `gpu-bound` when the recorded GPU busy time is
-  `gpu_bound_busy_pct` of the un-profiled step, else the same verdict with the bound in its reason;
+- a cause verdict is judged again (`rejudged`): `gpu-bound` (`communication-bound` when collectives
+  hold `comm_bound_share` of the busy time) when the recorded GPU busy time is `gpu_bound_busy_pct`
+  of the un-profiled step, else the same verdict with the bound in its reason;
 - a `profiler_slowdown` finding says how much the profiler added.
 
-All three only when the recorded step is at least `profiler_slowdown_min_share` longer than the
+All of it only when the recorded step is at least `profiler_slowdown_min_share` longer than the
 un-profiled one. Without un-profiled steps (another tool's trace, a loop that ended with its window)
 nothing changes.
 """
@@ -104,12 +105,16 @@ def rejudged(verdict: Verdict, cost: ProfilerCost | None, thresholds: Thresholds
         return verdict
     measured = f"{cost.unprofiled_step_ms:.1f} ms, median of {cost.unprofiled_steps} un-profiled steps"
     if cost.unprofiled_gpu_busy_pct >= thresholds.gpu_bound_busy_pct:
+        comm_bound = verdict.comm_ms_per_step >= thresholds.comm_bound_share * cost.gpu_busy_ms_per_step
         why = (
-            f"the GPU is busy {cost.unprofiled_gpu_busy_pct:.0f}% of an un-profiled step ({measured}); "
-            f"recorded, the steps took {cost.slowdown_pct:.0f}% longer and the GPU waited on the "
+            f"the GPU is busy {cost.unprofiled_gpu_busy_pct:.0f}% of an un-profiled step ({measured})"
+            + (f", {100 * verdict.comm_ms_per_step / cost.gpu_busy_ms_per_step:.0f}% of it in collectives"
+               if comm_bound else "")
+            + f"; recorded, the steps took {cost.slowdown_pct:.0f}% longer and the GPU waited on the "
             f"profiler's host cost ({verdict.label} while recorded: {verdict.why})"
         )
-        return msgspec.structs.replace(verdict, label="gpu-bound", cause=None, fix=None, why=why)
+        label = "communication-bound" if comm_bound else "gpu-bound"
+        return msgspec.structs.replace(verdict, label=label, cause=None, fix=None, why=why)
     why = (
         f"{verdict.why}; un-profiled steps take {measured}, so at most "
         f"{cost.unprofiled_idle_ms_per_step:.1f} ms/step of the GPU-idle time is the loop's, the rest "
