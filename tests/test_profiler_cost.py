@@ -90,9 +90,9 @@ def test_a_step_the_profiler_made_launch_bound_is_judged_gpu_bound(recorded):
     assert verdict.cause is None and verdict.fix is None
     assert f"busy {cost.unprofiled_gpu_busy_pct:.0f}% of an un-profiled step" in verdict.why
     assert "launch-bound while recorded" in verdict.why
-    # No GPU-idle finding claims more than an un-profiled step leaves idle (1.8 ms of 47.5).
+    # The GPU-idle findings claim no more than an un-profiled step leaves idle (1.8 ms of 47.5).
     idle = [f for f in judged.findings if f.kind in IDLE_KINDS]
-    assert idle and all(f.gpu_ms_per_step <= cost.unprofiled_idle_ms_per_step for f in idle)
+    assert idle and sum(f.gpu_ms_per_step for f in idle) <= cost.unprofiled_idle_ms_per_step + 1e-3
     assert all("the rest is the profiler's" in f.title for f in idle)
     assert [f.severity for f in _findings(alone, "launch_overhead")] == ["high"]
     assert not [f for f in _findings(judged, "launch_overhead") if f.severity == "high"]
@@ -126,9 +126,17 @@ def test_a_launch_bound_loop_stays_launch_bound_with_its_gain_bounded(recorded):
     cost = judged.traces[0].profiler
     assert cost.slowed and cost.unprofiled_gpu_busy_pct < 80  # 18.4 ms un-profiled, 37.1 recorded
     assert f"at most {cost.unprofiled_idle_ms_per_step:.1f} ms/step" in judged.traces[0].verdict.why
-    (launch,), (launch_alone,) = _findings(judged, "launch_overhead"), _findings(alone, "launch_overhead")
-    assert launch_alone.gpu_ms_per_step > cost.unprofiled_idle_ms_per_step
-    assert launch.gpu_ms_per_step == cost.unprofiled_idle_ms_per_step and launch.severity == "high"
+    # Launch overhead (22.3 ms/step recorded) and host code (12.9) cannot both be the loop's: 17.2 ms
+    # is all the idle time an un-profiled step has, shared between them as the trace shares it.
+    idle = {f.kind: f for f in judged.findings if f.kind in IDLE_KINDS}
+    alone_idle = {f.kind: f for f in alone.findings if f.kind in IDLE_KINDS}
+    assert set(idle) == set(alone_idle) == {"launch_overhead", "host_bound"}
+    claimed = sum(f.gpu_ms_per_step for f in idle.values())
+    assert claimed == pytest.approx(cost.unprofiled_idle_ms_per_step, abs=1e-3)
+    kept = {kind: idle[kind].gpu_ms_per_step / alone_idle[kind].gpu_ms_per_step for kind in idle}
+    assert kept["launch_overhead"] == pytest.approx(kept["host_bound"], rel=1e-3)
+    assert kept["host_bound"] < 1
+    assert idle["launch_overhead"].severity == "high"
 
 
 def test_a_step_the_profiler_did_not_slow_is_judged_as_recorded(fixtures_dir, tmp_path):
