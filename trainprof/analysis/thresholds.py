@@ -97,7 +97,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         0.15,
         "When the recorded steps are at least 15% longer than the session's un-profiled steps of the "
         "same loop, the profiler's host cost has changed the step: the verdict is judged again on the "
-        "un-profiled step and no GPU-idle finding claims more than an un-profiled step leaves idle. "
+        "un-profiled step and the GPU-idle findings together claim no more than it leaves idle. "
         "Below 15%, step-to-step spread (a few %) and the profiler's small cost blur together.",
     ),
     Threshold(
