@@ -228,3 +228,16 @@ def test_the_report_shows_the_unprofiled_step_beside_the_recorded_one(recorded):
     summary = judged.to_dict()["trace"]
     assert summary["traces"][0]["profiler"]["unprofiled_steps"] == 8
     assert summary["summary"]["unprofiled_step_ms"] == cost.unprofiled_step_ms
+
+
+def test_a_diff_of_two_runs_compares_their_unprofiled_steps(fixtures_dir, tmp_path):
+    from trainprof.analysis.diff import diff_traces
+
+    gpt2 = fixtures_dir / "busy" / "gpt2_attention"
+    result = diff_traces(gpt2 / "sdpa", gpt2 / "sdpa_vocab64")  # no un-profiled steps -> with them
+    rows = {row.metric: (row.a, row.b) for row in result.headline}
+    assert list(rows)[:2] == ["step ms", "un-profiled step ms"]
+    assert rows["un-profiled step ms"] == (None, analyze(gpt2 / "sdpa_vocab64").summary.unprofiled_step_ms)
+    plain = diff_traces(gpt2 / "eager", gpt2 / "sdpa")
+    assert "un-profiled step ms" not in {row.metric for row in plain.headline}
+

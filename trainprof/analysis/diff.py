@@ -377,6 +377,9 @@ def _headline(a: Analysis, b: Analysis, ta: _Totals, tb: _Totals) -> list[Headli
         ("syncs / step", sa.syncs_per_step, sb.syncs_per_step),
         ("peak memory bytes", sa.peak_memory_bytes, sb.peak_memory_bytes),
     ]
+    if sa.unprofiled_step_ms is not None or sb.unprofiled_step_ms is not None:
+        # The step without the profiler, where a session timed it: what a fix really changed.
+        rows.insert(1, ("un-profiled step ms", sa.unprofiled_step_ms, sb.unprofiled_step_ms))
     return [HeadlineRow(metric, va, vb) for metric, va, vb in rows]
 
 
