@@ -21,7 +21,13 @@ from werkzeug.wrappers import Response  # noqa: E402
 from trainprof.analysis import analyze  # noqa: E402
 from trainprof.analysis.causes import Cause  # noqa: E402
 from trainprof.report.html import write_html  # noqa: E402
-from trainprof.report.tensorboard import FINDINGS_TAG, IDLE_TAG, REPORT_TAG, write_scalars  # noqa: E402
+from trainprof.report.tensorboard import (  # noqa: E402
+    FINDINGS_TAG,
+    IDLE_TAG,
+    REPORT_TAG,
+    UNPROFILED_TAG,
+    write_scalars,
+)
 from trainprof.report.tensorboard_plugin import TrainprofPlugin, find_runs  # noqa: E402
 
 
@@ -143,6 +149,19 @@ def test_session_scalars_and_text(tmp_path, fixtures_dir):
     assert findings.startswith("**launch\\-bound**") or findings.startswith("**launch-bound**")
     assert "fix:" in findings
     assert texts[REPORT_TAG + "/text_summary"].startswith("# trainprof report")
+    assert UNPROFILED_TAG not in tags  # a trace without the session's un-profiled steps
+
+
+def test_the_unprofiled_step_is_a_scalar_at_the_last_step(tmp_path, fixtures_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    analysis = analyze(fixtures_dir / "busy" / "gpt2_attention" / "sdpa_vocab64")
+    assert write_scalars(analysis, tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    (event,) = events.Scalars(UNPROFILED_TAG)
+    assert event.step == analysis.steps[-1].times.number
+    assert event.value == pytest.approx(analysis.summary.unprofiled_step_ms, rel=1e-6)
 
 
 def test_reading_library_versions_raises_no_warning():

@@ -24,6 +24,8 @@ SCALARS: dict[str, Callable[[Step, StepBusy | None], float | None]] = {
     "trainprof/kernels_per_step": lambda step, _: step.times.kernel_count,
     "trainprof/mfu_pct": lambda _, busy: busy.mfu_pct if busy is not None else None,
 }
+UNPROFILED_TAG = "trainprof/unprofiled_step_ms"
+"""The session's un-profiled step (`Summary.unprofiled_step_ms`), one value at the last step."""
 IDLE_TAG = "trainprof/gpu_idle_ms/"
 """Prefix of the per-step GPU-idle scalars, one per cause (`launch`, `sync`, ...) and `one_off`."""
 FINDINGS_TAG = "trainprof/findings"
@@ -67,8 +69,9 @@ def findings_markdown(analysis: Analysis) -> str:
 
 def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0) -> bool:
     """Write one scalar per step and tag (those of `SCALARS`, and GPU idle by cause), at the step's
-    number plus `step_offset` (a framework's own x-axis), and the findings and report.md as text at
-    the last step; False when tensorboard is not installed."""
+    number plus `step_offset` (a framework's own x-axis), and at the last step the un-profiled step
+    (where the session timed it) and the findings and report.md as text; False when tensorboard is
+    not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -86,6 +89,8 @@ def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0)
             for tag, ms in idle_scalars(step).items():
                 writer.add_scalar(tag, ms, global_step=at)
         last = max((step.times.number for step in analysis.steps), default=0) + step_offset
+        if analysis.summary.unprofiled_step_ms is not None:
+            writer.add_scalar(UNPROFILED_TAG, analysis.summary.unprofiled_step_ms, global_step=last)
         writer.add_text(FINDINGS_TAG, findings_markdown(analysis), global_step=last)
         writer.add_text(REPORT_TAG, render_markdown(analysis), global_step=last)
     finally:
