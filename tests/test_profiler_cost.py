@@ -241,3 +241,21 @@ def test_a_diff_of_two_runs_compares_their_unprofiled_steps(fixtures_dir, tmp_pa
     plain = diff_traces(gpt2 / "eager", gpt2 / "sdpa")
     assert "un-profiled step ms" not in {row.metric for row in plain.headline}
 
+
+def test_a_trainer_run_the_profiler_made_mixed_is_judged_gpu_bound(fixtures_dir, tmp_path):
+    """A real `transformers.Trainer` session on the H200 (tests/fixtures/stacks/hf_trainer_session):
+    107.3 ms recorded, 68.4 un-profiled (26 steps)."""
+    folder = fixtures_dir / "stacks" / "hf_trainer_session"
+    judged = analyze(folder)
+    alone = analyze(_copy(folder, tmp_path / "alone", None))
+    cost = judged.traces[0].profiler
+    assert (cost.unprofiled_steps, cost.timing) == (26, "cuda_events") and cost.slowed
+    assert alone.summary.verdict == "mixed" and judged.summary.verdict == "gpu-bound"
+    idle = [f for f in judged.findings if f.kind in IDLE_KINDS]
+    assert sum(f.gpu_ms_per_step for f in idle) <= cost.unprofiled_idle_ms_per_step + 1e-3
+    # The sync sites the session captured still name the library lines behind the syncs.
+    syncs = _findings(judged, "sync_point")
+    assert syncs and all(f.severity == "low" for f in syncs)
+    assert {f.via.library for f in syncs if f.via is not None} >= {"transformers", "accelerate"}
+    assert judged.findings[0].kind == "fusible_layers"
+
