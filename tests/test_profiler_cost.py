@@ -216,6 +216,21 @@ def test_the_session_times_the_steps_it_does_not_profile(tmp_path):
     assert sess.unprofiled_timing == ("cuda_events" if cuda else "host")
 
 
+def test_no_step_mark_is_recorded_while_the_loop_captures_a_cuda_graph(tmp_path, monkeypatch):
+    """An event recorded on a capturing stream would invalidate the user's graph capture: the session
+    leaves it out (and its marks stay on for the steps after)."""
+    import collections
+
+    made = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kwargs: made.append(kwargs))
+    sess = trainprof.session(log_dir=tmp_path, run_name="r", wait=1, warmup=1, active=1, console=False)
+    sess._gpu_marks = collections.deque()
+    sess._mark_gpu()
+    assert made == [] and sess._gpu_marks is not None and not sess._gpu_marks
+
+
 def test_the_report_shows_the_unprofiled_step_beside_the_recorded_one(recorded):
     judged, alone = recorded(*GPT2), recorded(*GPT2, unprofiled=False)
     cost = judged.traces[0].profiler

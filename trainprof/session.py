@@ -530,14 +530,15 @@ class Session:
 
     def _mark_gpu(self) -> None:
         """A CUDA event where the GPU begins step `steps_ended`, unless the profiler records that step
-        (the event would be in its trace): two marks around an un-profiled step time it as the GPU
-        runs it, host lead and all. Any failure turns the marks off for the session."""
+        (the event would be in its trace) or the stream is being captured into a CUDA graph (an event
+        recorded there would break the user's capture): two marks around an un-profiled step time it
+        as the GPU runs it, host lead and all. Any failure turns the marks off for the session."""
         if self._gpu_marks is None or self.config.action_at(self.steps_ended) in ("record", "save"):
             return
         try:
             import torch
 
-            if torch.cuda.is_initialized():
+            if torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
                 event = torch.cuda.Event(enable_timing=True)
                 event.record()
                 self._gpu_marks.append((self.steps_ended, event))
