@@ -41,3 +41,41 @@ def test_the_session_times_unprofiled_steps_as_cuda_events_do(tmp_path):
     assert cost.unprofiled_step_ms == pytest.approx(iteration_ms, rel=0.3)
     assert cost.slowed  # stacks, shapes and memory cost far more than this loop's 12 ms of launches
     assert sess.summary.verdict == "launch-bound"
+
+
+def test_a_cuda_graph_captured_inside_a_session_still_captures(tmp_path):
+    """The optimizer step inside `torch.cuda.graph` ends a session step on a capturing stream: the
+    session must record nothing there (an event would invalidate the capture), and the graph replays."""
+    device = torch.device("cuda")
+    model = torch.nn.Linear(64, 64).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1, capturable=True)
+    x = torch.randn(8, 64, device=device)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+
+    with trainprof.session(log_dir=tmp_path, run_name="r", wait=1, warmup=1, active=1, console=False) as sess:
+        for _ in range(4):  # the window ends at step 3
+            step()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        before = model.weight.detach().clone()
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.equal(before, model.weight)  # the captured step ran
+        for _ in range(2):
+            step()
+    assert sess.summary.verdict != "not-profiled"
+    assert sess.unprofiled_timing == "cuda_events" and sess.unprofiled_step_ms
