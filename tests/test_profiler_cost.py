@@ -196,18 +196,20 @@ def test_the_loader_keeps_only_positive_finite_step_times(fixtures_dir, tmp_path
 
 
 def test_the_session_times_the_steps_it_does_not_profile(tmp_path):
-    """Step 0 (the loop's first) and the warm-up and recorded steps (2-4) are not counted; each
-    counted step is the loop's own time, from one step's end to the next."""
+    """The steps before the first window (0-2: the loop's warm-up, here slow) and the warm-up and
+    recorded steps (3-5) are not counted; each counted step is the loop's own time, from one step's
+    end to the next."""
     model = torch.nn.Linear(16, 16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with trainprof.session(log_dir=tmp_path, run_name="r", wait=2, warmup=1, active=2, console=False) as sess:
-        for i in range(10):
-            time.sleep(0.3 if i == 0 else 0.01)
+    with trainprof.session(log_dir=tmp_path, run_name="r", skip_first=1, wait=2, warmup=1, active=2,
+                           console=False) as sess:
+        for i in range(11):
+            time.sleep(0.3 if i < 3 else 0.01)
             model(torch.randn(4, 16)).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
     times = list(sess.unprofiled_step_ms)
-    assert len(times) == 6  # steps 1, 5, 6, 7, 8, 9
+    assert len(times) == 5  # steps 6-10
     assert all(10 <= ms < 300 for ms in times), times
     written = json.loads(_sidecar(tmp_path / "r").read_text())["unprofiled_step_ms"]
     assert written == [round(ms, 3) for ms in times]

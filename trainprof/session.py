@@ -12,10 +12,10 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
   (checked after export; a failed or truncated export is removed, never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md), and at exit
-  the time of the steps the profiler did not touch (`unprofiled_step_ms`, the loop's first step,
-  warm-up and recorded steps never among them), against which the analysis weighs the recorded
-  ones: as the GPU ran them, between CUDA events recorded at the step ends (after trainprof's own
-  work there), else on the host from one step's end to the next;
+  the time of the steps the profiler did not touch after its first window began
+  (`unprofiled_step_ms`), against which the analysis weighs the recorded ones: as the GPU ran
+  them, between CUDA events recorded at the step ends (after trainprof's own work there), else on
+  the host from one step's end to the next;
 - `W.peaks.json`: the GPU's matmul and copy rates, measured once per device and torch version
   (`trainprof.capture.peaks`), read by the analysis for achieved TFLOP/s, TB/s and MFU;
 - at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
@@ -518,15 +518,21 @@ class Session:
         ended = time.perf_counter()
         self._group.capture()  # a script may create its process group after the session started
         self.steps_ended += 1
-        # The step that just ended ran under action_at(steps_ended - 1); the first step (no clock
-        # yet) pays the loop's one-off costs and is never counted.
-        if self._step_began is not None and self.config.action_at(self.steps_ended - 1) == "none":
+        # The step that just ended ran under action_at(steps_ended - 1).
+        if self._step_began is not None and self._unprofiled(self.steps_ended - 1):
             self._host_step_ms.append((ended - self._step_began) * 1e3)
         try:
             self._profile_step()
         finally:
             self._mark_gpu()
             self._step_began = time.perf_counter()
+
+    def _unprofiled(self, step: int) -> bool:
+        """Whether step `step` counts as an un-profiled step: the profiler off, and after the first
+        window began (the steps before it are the loop's warm-up: compilation, cuDNN's search, the
+        allocator growing; `skip_first` is there to skip them)."""
+        config = self.config
+        return step >= config.skip_first + config.wait and config.action_at(step) == "none"
 
     def _mark_gpu(self) -> None:
         """A CUDA event where the GPU begins step `steps_ended`, unless the profiler records that step
@@ -557,7 +563,7 @@ class Session:
                 gpu_ms = [
                     start.elapsed_time(end)
                     for (step, start), (next_step, end) in itertools.pairwise(marks)
-                    if next_step == step + 1 and self.config.action_at(step) == "none"
+                    if next_step == step + 1 and self._unprofiled(step)
                 ]
         except Exception:
             logger.debug("trainprof: reading the CUDA step marks failed", exc_info=True)
