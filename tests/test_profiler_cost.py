@@ -18,7 +18,7 @@ import torch
 
 import trainprof
 from trainprof.analysis import analyze
-from trainprof.analysis.profiler_cost import IDLE_KINDS
+from trainprof.analysis.severity import IDLE_KINDS
 from trainprof.report._format import headline, step_split
 from trainprof.trace import load_trace
 

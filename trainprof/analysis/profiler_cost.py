@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from trainprof.analysis.result import Finding, Record, Step, Where
-from trainprof.analysis.severity import severity_for
+from trainprof.analysis.severity import IDLE_KINDS, severity_for
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.verdict import Verdict
 
@@ -37,15 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.busy import BusyBreakdown
     from trainprof.trace import Trace
 
-IDLE_KINDS = frozenset({
-    "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",
-    "communication_wait", "sync_point", "recompile", "graph_breaks",
-})
-"""The findings whose `gpu_ms_per_step` is GPU-idle time (`severity`'s docstring): what the profiler's
-host cost can inflate."""
-
-_JUDGED_AGAIN = frozenset({"gpu-bound", "communication-bound", "cpu-only"})
-"""Verdicts left as they are: the GPU was busy even while recorded, or there is no GPU."""
+_KEPT_VERDICTS = frozenset({"gpu-bound", "communication-bound", "cpu-only"})
+"""Verdicts not judged again: the GPU was busy even while recorded, or there is no GPU."""
 
 
 class ProfilerCost(Record, frozen=True):
@@ -101,7 +94,7 @@ def profiler_cost(
 
 def rejudged(verdict: Verdict, cost: ProfilerCost | None, thresholds: Thresholds) -> Verdict:
     """The verdict judged on the un-profiled step where the profiler slowed the recorded ones."""
-    if cost is None or not cost.slowed or verdict.label in _JUDGED_AGAIN:
+    if cost is None or not cost.slowed or verdict.label in _KEPT_VERDICTS:
         return verdict
     measured = f"{cost.unprofiled_step_ms:.1f} ms, median of {cost.unprofiled_steps} un-profiled steps"
     if cost.unprofiled_gpu_busy_pct >= thresholds.gpu_bound_busy_pct:

@@ -34,6 +34,13 @@ from trainprof.analysis.thresholds import Thresholds
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.result import Finding
 
+IDLE_KINDS = frozenset({
+    "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",
+    "communication_wait", "sync_point", "recompile", "graph_breaks",
+})
+"""Kinds whose `gpu_ms_per_step` is GPU-idle time (a GPU-idle cause, a sync point, a recompile, graph
+breaks' eager gaps): what the profiler's host cost can inflate (`profiler_cost.bound_findings`)."""
+
 ONE_OFF_KINDS = frozenset({"one_off"})
 """Kinds whose cost is paid once: ranked after every steady-state finding of the same severity."""
 
