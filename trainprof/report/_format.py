@@ -166,8 +166,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
             else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
-        slowed = any(t.profiler is not None and t.profiler.slowed for t in analysis.traces)
-        rows.append(("MFU", mfu + (" (over the un-profiled step)" if slowed and summary.mfu_pct else "")))
+        over = " (over the un-profiled step)" if summary.mfu_pct and profiler_slowed(analysis) else ""
+        rows.append(("MFU", mfu + over))
     if summary.peaks_label is not None:
         rows.append(("device peaks", clean(summary.peaks_label)))
     if summary.peak_memory_bytes is not None:
@@ -254,12 +254,17 @@ def step_split(analysis: Analysis) -> str | None:
             if pct >= STEP_SPLIT_MIN_PCT]
     text = f"where the step went: GPU busy {summary.gpu_busy_pct:.1f}%"
     text += f"; GPU idle: {', '.join(idle)}" if idle else ""
-    if any(t.profiler is not None and t.profiler.slowed for t in analysis.traces):
+    if profiler_slowed(analysis):
         unprofiled = summary.unprofiled_step_ms or summary.mean_step_ms
         busy_pct = min(100.0, summary.gpu_busy_pct * summary.mean_step_ms / unprofiled)
         text = (f"{text} (recorded); un-profiled ({unprofiled:,.1f} ms/step) GPU busy {busy_pct:.0f}%: "
                 "the rest of the idle time is the profiler's")
     return text
+
+
+def profiler_slowed(analysis: Analysis) -> bool:
+    """Whether a trace's recorded steps are judged by its un-profiled ones (`ProfilerCost.slowed`)."""
+    return any(t.profiler is not None and t.profiler.slowed for t in analysis.traces)
 
 
 def size(num_bytes: float) -> str:
