@@ -244,14 +244,12 @@ def _analyze_one(
         module_costs_finding(costs, trace.rank),
         memory_finding(memory, trace_verdict.step_ms, trace.rank, limits, device_memory, inference),
         cpu_only_finding(timeline, times, trace.rank),
+        slowdown_finding(cost, n, trace.rank),
     ):
         if maybe is not None:
             findings.append(maybe)
     comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
     bound_findings(findings, cost, limits)
-    slowdown = slowdown_finding(cost, n, trace.rank)
-    if slowdown is not None:
-        findings.append(slowdown)
     known_peaks = [p for p in peaks if p is not None]
     drawn = None
     if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
