@@ -535,11 +535,17 @@ class Session:
         return step >= config.skip_first + config.wait and config.action_at(step) == "none"
 
     def _mark_gpu(self) -> None:
-        """A CUDA event where the GPU begins step `steps_ended`, unless the profiler records that step
-        (the event would be in its trace) or the stream is being captured into a CUDA graph (an event
-        recorded there would break the user's capture): two marks around an un-profiled step time it
-        as the GPU runs it, host lead and all. Any failure turns the marks off for the session."""
-        if self._gpu_marks is None or self.config.action_at(self.steps_ended) in ("record", "save"):
+        """A CUDA event where the GPU begins step `steps_ended`, where it starts or ends an un-profiled
+        step, unless the profiler records that step (the event would be in its trace) or the stream is
+        being captured into a CUDA graph (an event recorded there would break the user's capture): two
+        marks around an un-profiled step time it as the GPU runs it, host lead and all. Any failure
+        turns the marks off for the session."""
+        step = self.steps_ended
+        if (
+            self._gpu_marks is None
+            or not (self._unprofiled(step) or self._unprofiled(step - 1))
+            or self.config.action_at(step) in ("record", "save")
+        ):
             return
         try:
             import torch
@@ -547,7 +553,7 @@ class Session:
             if torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
                 event = torch.cuda.Event(enable_timing=True)
                 event.record()
-                self._gpu_marks.append((self.steps_ended, event))
+                self._gpu_marks.append((step, event))
         except Exception:
             logger.debug("trainprof: CUDA step marks off", exc_info=True)
             self._gpu_marks = None
