@@ -290,7 +290,7 @@ def where(finding: Finding) -> str:
     return text
 
 
-FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "cost ms", "fix")
+FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "cost ms, all steps", "fix")
 TOP_KERNELS_KIND = "top_kernels"  # rendered as its own table, not as a findings row
 MODULE_COSTS_KIND = "module_costs"  # likewise
 
@@ -335,8 +335,9 @@ def finding_row(finding: Finding) -> tuple[str, ...]:
 
 
 def finding_facts(finding: Finding) -> list[str]:
-    """The evidence of a finding as short facts (`op ...`, `at ...`, `2.0 per step`, `cost ... ms`),
-    those the finding has: any kind of finding renders the same way."""
+    """The evidence of a finding as short facts (`op ...`, `at ...`, `2.0 per step`, `cost ... ms in
+    all`: over the profiled steps, as the HTML report says), those the finding has: any kind of
+    finding renders the same way."""
     _, _, op, at, per_step, cost, _ = finding_row(finding)
     facts = []
     if op != "-":
@@ -348,7 +349,7 @@ def finding_facts(finding: Finding) -> list[str]:
     if per_step != "-":
         facts.append(f"{per_step} per step")
     if cost != "-":
-        facts.append(f"cost {cost} ms")
+        facts.append(f"cost {cost} ms in all")
     return facts
 
 
