@@ -217,14 +217,16 @@ def _analyze_one(
     inference = is_inference(trace)
     if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
-    # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
-    cost = profiler_cost(trace, trace_verdict, steps, limits)
-    trace_verdict = rejudged(trace_verdict, cost, limits)
-    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
     busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
-        busy = unprofiled_mfu(busy_breakdown(timeline, work, costs, limits), cost)
+        busy = busy_breakdown(timeline, work, costs, limits)
+    # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
+    cost = profiler_cost(trace, trace_verdict, steps, limits, busy)
+    trace_verdict = rejudged(trace_verdict, cost, limits)
+    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
+    if gpu_work:
+        busy = unprofiled_mfu(busy, cost)
         swap, swapped = swap_prediction(timeline, owners, work)
         # Gains are predicted from the un-profiled step where the profiler slowed the recorded ones.
         judged = work if cost is None or not cost.slowed else msgspec.structs.replace(

@@ -50,10 +50,13 @@ class ProfilerCost(Record, frozen=True):
     timing: str | None
     """How the session timed them: `cuda_events` (as the GPU ran them), `host`, or None (not said)."""
     recorded_step_ms: float
+    """The recorded steps' mean: the host's step window, or the step as the GPU ran it where the
+    host ran ahead (`profiler_cost`)."""
     slowdown_pct: float
     """How much longer the recorded step is, in % of the un-profiled one (negative: shorter)."""
     gpu_busy_ms_per_step: float
-    """The recorded steps' GPU busy time per step (the kernels run as fast un-profiled)."""
+    """The recorded steps' GPU busy time per step (the kernels run as fast un-profiled): inside the
+    host's step windows, or of the kernels each step launched where the host ran ahead."""
     unprofiled_gpu_busy_pct: float
     """That busy time over the un-profiled step, at most 100."""
     unprofiled_idle_ms_per_step: float
@@ -70,20 +73,35 @@ class ProfilerCost(Record, frozen=True):
 
 
 def profiler_cost(
-    trace: Trace, verdict: Verdict, steps: list[Step], thresholds: Thresholds
+    trace: Trace,
+    verdict: Verdict,
+    steps: list[Step],
+    thresholds: Thresholds,
+    gpu: BusyBreakdown | None = None,
 ) -> ProfilerCost | None:
-    """The trace's `ProfilerCost`; None without un-profiled steps or without GPU work."""
+    """The trace's `ProfilerCost`; None without un-profiled steps or without GPU work.
+
+    The session timed the un-profiled steps as the GPU ran them. A host that runs ahead of the GPU
+    has step windows (`verdict.step_ms`) shorter than its steps, and they hold only part of each
+    step's GPU work: the recorded step is then the step as the GPU ran it (`gpu.step_ms`, the span
+    of its kernels or their summed time) and its busy time that of the kernels it launched
+    (`gpu.kernel_ms_per_step`). H200, 2026-11-25: a 128,256-token head's windows took 21.5 ms and
+    held 20.2 ms of GPU work; its steps took 49.7 ms recorded and 49.5 un-profiled, 48.8 of it kernels."""
     unprofiled_step_ms = trace.unprofiled_step_ms
     if not unprofiled_step_ms or not steps or verdict.idle is None or verdict.step_ms <= 0:
         return None
     unprofiled = float(np.median(np.asarray(unprofiled_step_ms, dtype=np.float64)))
+    recorded = verdict.step_ms
     busy = sum(s.times.gpu_busy_ms for s in steps) / len(steps)
-    slowdown = verdict.step_ms / unprofiled - 1.0
+    if gpu is not None and gpu.step_ms > recorded:
+        recorded = gpu.step_ms
+        busy = max(busy, gpu.kernel_ms_per_step)
+    slowdown = recorded / unprofiled - 1.0
     return ProfilerCost(
         unprofiled_step_ms=round(unprofiled, 4),
         unprofiled_steps=len(unprofiled_step_ms),
         timing=trace.unprofiled_timing,
-        recorded_step_ms=verdict.step_ms,
+        recorded_step_ms=round(recorded, 4),
         slowdown_pct=round(100.0 * slowdown, 2),
         gpu_busy_ms_per_step=round(busy, 4),
         unprofiled_gpu_busy_pct=round(min(100.0, 100.0 * busy / unprofiled), 2),

@@ -51,9 +51,10 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
 `compile`, `memory`, `communication`, `gpu_busy`, `profiler`.
 - profiler (`profiler_cost.ProfilerCost`; null without the session's un-profiled steps):
   `unprofiled_step_ms` (their median), `unprofiled_steps`, `timing` (how the session timed them:
-  `cuda_events`, `host`, or null), `recorded_step_ms`, `slowdown_pct`,
-  `gpu_busy_ms_per_step`, `unprofiled_gpu_busy_pct`, `unprofiled_idle_ms_per_step` (the most GPU
-  idle an un-profiled step can hold), `slowed` (the verdict and the findings are judged on the
+  `cuda_events`, `host`, or null), `recorded_step_ms` (the host's step window, or the step as the
+  GPU ran it where that is longer), `slowdown_pct`, `gpu_busy_ms_per_step`,
+  `unprofiled_gpu_busy_pct`, `unprofiled_idle_ms_per_step` (the most GPU idle an un-profiled step
+  can hold), `slowed` (the verdict and the findings are judged on the
   un-profiled step: `profiler_slowdown_min_share`).
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
   blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
