@@ -1,9 +1,9 @@
 """The recorded steps weighed against the session's un-profiled steps (`analysis.profiler_cost`).
 
-On the two H200 runs whose sessions timed the 8 steps after their window (tests/fixtures/busy):
-GPT-2 with its vocabulary padded, GPU-bound un-profiled but launch-bound while recorded, and a small
-MLP that is launch-bound either way. Then the rule's edges on a planted trace, the loader, the
-session's timing and the report's lines.
+On the H200 runs whose sessions timed the 8 steps after their window (tests/fixtures/busy): GPT-2
+with its vocabulary padded, GPU-bound un-profiled but launch-bound while recorded; a small MLP that
+is launch-bound either way; two GPU-bound Llamas whose host ran ahead of the GPU. Then the rule's
+edges on a planted trace, the loader, the session's timing and the report's lines.
 """
 
 from __future__ import annotations
@@ -137,6 +137,22 @@ def test_a_launch_bound_loop_stays_launch_bound_with_its_gain_bounded(recorded):
     assert kept["launch_overhead"] == pytest.approx(kept["host_bound"], rel=1e-3)
     assert kept["host_bound"] < 1
     assert idle["launch_overhead"].severity == "high"
+
+
+@pytest.mark.parametrize("scenario", ["vocab_head", "llama_swap"])
+def test_a_host_that_ran_ahead_is_weighed_by_the_step_as_the_gpu_ran_it(recorded, scenario):
+    """GPU-bound loops whose host ran ahead of the GPU: its step windows (21.5 and 35.1 ms) are
+    shorter than the steps (49.7 and 41.7 ms as the GPU ran them; 49.5 and 41.6 un-profiled; 51.0
+    and 43.0 by the loop's own CUDA events). Weighed by the windows, the recorded steps read 57% and
+    16% shorter than the un-profiled ones, the GPU 41% and 82% busy."""
+    result = recorded(scenario, "bare")
+    summary, cost = result.summary, result.traces[0].profiler
+    assert summary.mean_step_ms < 0.9 * summary.gpu_step_ms  # the host ran ahead
+    assert cost.recorded_step_ms == pytest.approx(summary.gpu_step_ms, rel=1e-3)
+    assert abs(cost.slowdown_pct) < 5 and not cost.slowed
+    assert cost.unprofiled_gpu_busy_pct > 95
+    assert summary.verdict == "gpu-bound" and not _findings(result, "profiler_slowdown")
+    assert "shorter" not in dict(headline(result))["un-profiled step"]
 
 
 def test_a_step_the_profiler_did_not_slow_is_judged_as_recorded(fixtures_dir, tmp_path):
