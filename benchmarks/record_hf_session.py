@@ -44,7 +44,8 @@ def main() -> int:
     session = callback.session
     summary = session.summary
     print("un-profiled steps", session.unprofiled_timing, [round(ms, 2) for ms in session.unprofiled_step_ms])
-    print("verdict", summary.verdict, "recorded", summary.mean_step_ms, "un-profiled", summary.unprofiled_step_ms)
+    print("verdict", summary.verdict, "recorded", summary.mean_step_ms)
+    print("un-profiled", summary.unprofiled_step_ms)
     if session.analysis is not None:
         print("why", session.analysis.traces[0].verdict.why)
         for finding in session.analysis.findings[:6]:
