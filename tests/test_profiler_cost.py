@@ -257,6 +257,7 @@ def test_the_report_shows_the_unprofiled_step_beside_the_recorded_one(recorded):
         f"{judged.summary.profiler_slowdown_pct:.0f}% longer)"
     assert list(rows).index("un-profiled step") == list(rows).index("step time") + 1
     assert "the rest of the idle time is the profiler's" in step_split(judged)
+    assert f"GPU busy {cost.unprofiled_gpu_busy_pct:.0f}%:" in step_split(judged)  # as the finding says
     assert "un-profiled step" not in dict(headline(alone)) and "profiler's" not in step_split(alone)
     summary = judged.to_dict()["trace"]
     assert summary["traces"][0]["profiler"]["unprofiled_steps"] == 8

@@ -256,10 +256,19 @@ def step_split(analysis: Analysis) -> str | None:
     text += f"; GPU idle: {', '.join(idle)}" if idle else ""
     if profiler_slowed(analysis):
         unprofiled = summary.unprofiled_step_ms or summary.mean_step_ms
-        busy_pct = min(100.0, summary.gpu_busy_pct * summary.mean_step_ms / unprofiled)
-        text = (f"{text} (recorded); un-profiled ({unprofiled:,.1f} ms/step) GPU busy {busy_pct:.0f}%: "
-                "the rest of the idle time is the profiler's")
+        text = (f"{text} (recorded); un-profiled ({unprofiled:,.1f} ms/step) GPU busy "
+                f"{unprofiled_busy_pct(analysis):.0f}%: the rest of the idle time is the profiler's")
     return text
+
+
+def unprofiled_busy_pct(analysis: Analysis) -> float:
+    """The recorded GPU busy time per step over the un-profiled step, over the traces that know it
+    (weighted by their steps): `ProfilerCost.unprofiled_gpu_busy_pct` of one trace."""
+    known = [(t.profiler, len(t.step_numbers)) for t in analysis.traces if t.profiler is not None]
+    steps = sum(n for _, n in known) or 1
+    busy = sum(cost.gpu_busy_ms_per_step * n for cost, n in known) / steps
+    unprofiled = sum(cost.unprofiled_step_ms * n for cost, n in known) / steps
+    return min(100.0, 100.0 * busy / unprofiled) if unprofiled > 0 else 0.0
 
 
 def profiler_slowed(analysis: Analysis) -> bool:
