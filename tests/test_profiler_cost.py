@@ -155,6 +155,19 @@ def test_a_host_that_ran_ahead_is_weighed_by_the_step_as_the_gpu_ran_it(recorded
     assert "shorter" not in dict(headline(result))["un-profiled step"]
 
 
+def test_a_window_holding_kernels_queued_before_it_counts_its_own(fixtures_dir, tmp_path, busy_run):
+    """Eager GPT-2 on the H200 (tests/fixtures/busy/gpt2_attention/eager): its first recorded window
+    held 876 kernels that the warm-up step had queued, 137.0 ms of GPU work, where its own kernels
+    spanned 124.9 ms; the loop's steps took 123.7 ms without the profiler. Given those as the
+    un-profiled steps, the steps' busy time is no longer than they take (counting the window's work:
+    128.5 ms)."""
+    measured = busy_run("gpt2_attention", "eager")["step_ms_median"]
+    folder = _copy(fixtures_dir / "busy" / "gpt2_attention" / "eager", tmp_path / "eager", [measured] * 8)
+    cost = analyze(folder).traces[0].profiler
+    assert cost.gpu_busy_ms_per_step <= measured
+    assert cost.judged_step_ms == pytest.approx(measured)
+
+
 def test_a_step_the_profiler_did_not_slow_is_judged_as_recorded(fixtures_dir, tmp_path):
     """Un-profiled steps up to 15% (`profiler_slowdown_min_share`) shorter change nothing but the
     `profiler` record and the headline row; from there the verdict is judged again."""

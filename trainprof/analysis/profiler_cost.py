@@ -23,6 +23,7 @@ nothing changes.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -86,13 +87,19 @@ def profiler_cost(
     step's GPU work: the recorded step is then the step as the GPU ran it (`gpu.step_ms`, the span
     of its kernels or their summed time) and its busy time that of the kernels it launched
     (`gpu.kernel_ms_per_step`). H200, 2026-11-25: a 128,256-token head's windows took 21.5 ms and
-    held 20.2 ms of GPU work; its steps took 49.7 ms recorded and 49.5 un-profiled, 48.8 of it kernels."""
+    held 20.2 ms of GPU work; its steps took 49.7 ms recorded and 49.5 un-profiled, 48.8 of it kernels.
+    A step's busy time is at most the span of its own kernels: eager GPT-2's first recorded window
+    held 152.8 ms of GPU work, 27 ms of it queued by the step before (its own kernels spanned 125.5
+    ms; un-profiled steps took 123.5)."""
     unprofiled_step_ms = trace.unprofiled_step_ms
     if not unprofiled_step_ms or not steps or verdict.idle is None or verdict.step_ms <= 0:
         return None
     unprofiled = float(np.median(np.asarray(unprofiled_step_ms, dtype=np.float64)))
     recorded = verdict.step_ms
-    busy = sum(s.times.gpu_busy_ms for s in steps) / len(steps)
+    # A step's window can also hold kernels that earlier steps queued (the first recorded step, after
+    # a warm-up step whose host ran ahead): its busy time counts no more than its own kernels' span.
+    spans = {row.number: row.kernel_span_ms for row in gpu.steps} if gpu is not None else {}
+    busy = sum(min(s.times.gpu_busy_ms, spans.get(s.times.number, math.inf)) for s in steps) / len(steps)
     if gpu is not None and gpu.step_ms > recorded:
         recorded = gpu.step_ms
         busy = max(busy, gpu.kernel_ms_per_step)
