@@ -57,7 +57,8 @@ class ProfilerCost(Record, frozen=True):
     """How much longer the recorded step is, in % of the un-profiled one (negative: shorter)."""
     gpu_busy_ms_per_step: float
     """The recorded steps' GPU busy time per step (the kernels run as fast un-profiled): inside the
-    host's step windows, or of the kernels each step launched where the host ran ahead."""
+    host's step windows but no more than the span of each step's own kernels, or the time of the
+    kernels each step launched where the host ran ahead (`profiler_cost`)."""
     unprofiled_gpu_busy_pct: float
     """That busy time over the un-profiled step, at most 100."""
     unprofiled_idle_ms_per_step: float
