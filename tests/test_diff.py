@@ -163,3 +163,17 @@ def test_diff_of_two_files_of_one_name_falls_back_to_a_and_b(tmp_path):
     result = diff_traces(a, b)
     assert (result.a.name, result.b.name) == ("a", "b")
     assert diff_traces(a, b, names=("before", "after")).b.name == "after"
+
+
+def test_a_run_whose_host_ran_ahead_is_compared_by_its_gpu_step(fixtures_dir):
+    """Two H200 runs of a 128,256-token head (tests/fixtures/busy/vocab_head): the bare loop's host
+    ran ahead of the GPU (21.5 ms step windows, 49.7 ms steps; 51.0 ms timed without the profiler),
+    Liger's did not (48.3 and 48.8; 49.1). By the windows Liger's loss made the step 2.25x longer;
+    the GPU steps say 0.98x, as the loops' own timing does (0.96x)."""
+    result = diff_traces(fixtures_dir / "busy/vocab_head/bare", fixtures_dir / "busy/vocab_head/liger_flce")
+    head = {row.metric: row for row in result.headline}
+    assert list(head)[:2] == ["step ms (host window)", "GPU step ms"]
+    assert head["step ms (host window)"].ratio > 2
+    assert 0.9 < head["GPU step ms"].ratio < 1.0
+    plain = diff_traces(fixtures_dir / "traces/gpt2_pathologies", fixtures_dir / "traces/gpt2_clean")
+    assert "GPU step ms" not in {row.metric for row in plain.headline}

@@ -319,6 +319,10 @@ class Finding(msgspec.Struct):
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
+HOST_AHEAD = 1.05
+"""A GPU step this much longer than the host's step window: the host ran ahead of the GPU, and its
+window is not the step (H200, 2026-11-25: a 128,256-token head's 21.5 ms windows, 49.7 ms steps)."""
+
 
 def plain(value: Any) -> Any:
     """`value` with numpy scalars and arrays (in dicts, lists, tuples) as Python numbers and lists.
@@ -478,6 +482,13 @@ class Summary(Record, frozen=True):
     """How much longer the recorded steps are than that, in % of it."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
+
+    @property
+    def host_ran_ahead(self) -> bool:
+        """Whether the GPU step is over `HOST_AHEAD` times the host's step window: the host ran ahead
+        of the GPU, and its windows are not the steps."""
+        gpu, host = self.gpu_step_ms, self.mean_step_ms
+        return bool(gpu and host and gpu > HOST_AHEAD * host)
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.summary` object (module docstring); `reason` only when set."""

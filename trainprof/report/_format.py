@@ -142,10 +142,6 @@ def signed(value: float | None, decimals: int = 2) -> str:
     return "-" if value is None else f"{value:+,.{decimals}f}"
 
 
-HOST_AHEAD = 1.05
-"""A GPU step this much longer than the host's step window is said to be the real step."""
-
-
 def headline(analysis: Analysis) -> list[tuple[str, str]]:
     """(label, value) rows of the headline; rows whose value the analysis lacks are left out."""
     summary = analysis.summary
@@ -156,7 +152,7 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
     ]
     if summary.gpu_step_ms is not None:
         gpu_step = number(summary.gpu_step_ms, 1, " ms")
-        if summary.mean_step_ms and summary.gpu_step_ms > HOST_AHEAD * summary.mean_step_ms:
+        if summary.host_ran_ahead:
             gpu_step += " (the host runs ahead: its step windows are shorter)"
         rows.insert(2, ("GPU step time", gpu_step))
     if summary.unprofiled_step_ms is not None and summary.profiler_slowdown_pct is not None:
