@@ -164,6 +164,22 @@ def test_the_unprofiled_step_is_a_scalar_at_the_last_step(tmp_path, fixtures_dir
     assert event.value == pytest.approx(analysis.summary.unprofiled_step_ms, rel=1e-6)
 
 
+def test_a_host_that_ran_ahead_has_its_gpu_steps_charted(tmp_path, fixtures_dir):
+    """tests/fixtures/busy/vocab_head/bare: its host's step windows (21.5 ms) are under half the steps
+    the GPU ran (49.7 ms; 49.5 un-profiled): the GPU step scalar charts those."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    analysis = analyze(fixtures_dir / "busy" / "vocab_head" / "bare")
+    assert write_scalars(analysis, tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    window = [e.value for e in events.Scalars("trainprof/step_time_ms")]
+    gpu = events.Scalars("trainprof/gpu_step_ms")
+    assert [e.step for e in gpu] == [s.times.number for s in analysis.steps]
+    assert [e.value for e in gpu] == pytest.approx([row.step_ms for row in analysis.traces[0].busy.steps])
+    assert all(g > 2 * w for g, w in zip([e.value for e in gpu], window, strict=True))
+
+
 def test_reading_library_versions_raises_no_warning():
     """TensorBoard brings MarkupSafe, whose `__version__` warns: reading the run's library versions
     must not pass that on (under `python -W error` it raised inside the analysis)."""

@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # without GPU work); a None value is not written. Values are the analysis's, not recomputed.
 SCALARS: dict[str, Callable[[Step, StepBusy | None], float | None]] = {
     "trainprof/step_time_ms": lambda step, _: step.times.duration_ms,
+    # the step as the GPU ran it: longer than the host's window where the host ran ahead
+    "trainprof/gpu_step_ms": lambda _, busy: busy.step_ms if busy is not None else None,
     "trainprof/gpu_busy_pct": lambda step, _: step.times.gpu_busy_pct,
     "trainprof/syncs_per_step": lambda step, _: step.syncs.count,
     "trainprof/kernels_per_step": lambda step, _: step.times.kernel_count,
