@@ -258,13 +258,14 @@ def step_split(analysis: Analysis) -> str | None:
 
 
 def unprofiled_busy_pct(analysis: Analysis) -> float:
-    """The recorded GPU busy time per step over the un-profiled step, over the traces that know it
-    (weighted by their steps): `ProfilerCost.unprofiled_gpu_busy_pct` of one trace."""
+    """The recorded GPU busy time per step (weighted by steps over the traces that know it, as
+    `Summary.unprofiled_step_ms` is) over the un-profiled step: `ProfilerCost.unprofiled_gpu_busy_pct`
+    of one trace."""
     known = [(t.profiler, len(t.step_numbers)) for t in analysis.traces if t.profiler is not None]
     steps = sum(n for _, n in known) or 1
     busy = sum(cost.gpu_busy_ms_per_step * n for cost, n in known) / steps
-    unprofiled = sum(cost.unprofiled_step_ms * n for cost, n in known) / steps
-    return min(100.0, 100.0 * busy / unprofiled) if unprofiled > 0 else 0.0
+    unprofiled = analysis.summary.unprofiled_step_ms
+    return min(100.0, 100.0 * busy / unprofiled) if unprofiled else 0.0
 
 
 def profiler_slowed(analysis: Analysis) -> bool:
