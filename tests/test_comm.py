@@ -205,17 +205,17 @@ def test_mi300_communication_bound_names_the_exposed_all_reduce_and_ddp_knob(fix
     assert {"all_reduce", "broadcast"} <= set(ops)
 
 
-def test_mi300_slow_all_reduce_and_exposed_communication_share_its_time(fixture_results):
-    # The all-reduce is exposed 10.7 ms/step and 1% of its link: the time it would save at the
-    # link's speed is at stake in the slow-collective finding, the rest in the exposed one.
+def test_mi300_slow_all_reduce_on_one_rank_alone_is_said_not_judged(fixture_results):
+    # The all-reduce is exposed 10.7 ms/step and at best 1% of its link, on this one rank's trace:
+    # its times include any wait for later ranks, so a slow link and a late rank look the same.
+    # The finding says so (info, no gain claimed); the exposed-communication finding keeps the time.
     result = fixture_results["thirdparty/tl_mi300_resnet_act_ckpt"]
     (exposed,) = [f for f in result.findings if f.kind == "exposed_communication"]
     (slow,) = [f for f in result.findings if f.kind == "slow_collective"]
     total = result.summary.comm_exposed_ms_per_step
-    assert slow.gpu_ms_per_step <= total
-    assert slow.gpu_ms_per_step + exposed.gpu_ms_per_step == pytest.approx(total, abs=1e-3)
-    assert [(h.kind, h.op) for h in exposed.details.held_elsewhere] == [("slow_collective", "all_reduce")]
-    assert slow.severity == "high" and exposed.severity == "low"
+    assert slow.severity == "info" and slow.gpu_ms_per_step is None
+    assert "on this rank alone" in slow.title and not slow.details.across_ranks
+    assert exposed.details.held_elsewhere == [] and exposed.gpu_ms_per_step == pytest.approx(total, abs=1e-3)
     # an AMD trace: RCCL and ROCm's own tools, never NVIDIA's
     assert "RCCL" in slow.fix and "rocm-smi" in slow.fix and "amd-smi" in slow.fix
     assert "nvidia-smi" not in slow.fix and "NVLink" not in slow.fix
@@ -253,7 +253,7 @@ def test_ddp_bucket_sizes_and_bus_bandwidth_from_recorded_shapes(fixture_results
     assert rank1.comm.framework == "DDP" and rank1.comm.ops[0].link.gbps == 450.0
 
 
-def test_ddp_straggler_arrives_last_and_the_transfer_is_the_shortest_duration(fixture_results):
+def test_ddp_straggler_arrives_last_and_the_transfer_is_the_shortest_duration(fixture_results, fixtures_dir):
     result = fixture_results["traces/ddp_straggler"]
     cross = result.cross_rank
     rows = {row.rank: row for row in cross.ranks}
@@ -264,7 +264,14 @@ def test_ddp_straggler_arrives_last_and_the_transfer_is_the_shortest_duration(fi
         durations = [by_rank[r][(match.step, match.index)] for r in (0, 1)]
         assert match.transfer_us == min(durations) and match.last_rank == 1
     (straggler,) = [f for f in result.findings if f.kind == "straggler"]
-    assert straggler.rank == 1 and "host-bound" in straggler.details.doing
+    assert straggler.rank == 1 and "does not record" in straggler.details.doing
+    # named by its own cause, the planted sleep (no stacks: code the trace does not record), not by
+    # its GPU work, which is the same as rank 0's
+    truth = json.loads((fixtures_dir / "traces/ddp_straggler/truth.json").read_text())
+    late = straggler.details.lateness
+    assert late.own_cause == "unknown" and late.own_event is None
+    assert late.own_excess_ms_per_step == pytest.approx(truth["planted_sleep_ms"], rel=0.1)
+    assert abs(late.compute_excess_ms_per_step) < 1.0 and late.gflop_ratio == 1.0
     assert straggler.gpu_ms_per_step > 0 and straggler.severity == "high"
     # across ranks the all-reduces reach half of NVLink: not slow; rank 0's own waits would say 2%
     (stats,) = cross.collectives

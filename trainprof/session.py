@@ -68,6 +68,7 @@ from trainprof.gather import GroupHandle
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.distributed import CrossRank
     from trainprof.analysis.result import Analysis, Finding, Summary
+    from trainprof.capture.arrival import ForwardMarks
     from trainprof.capture.syncs import SyncCapture
 
 logger = logging.getLogger("trainprof")
@@ -202,6 +203,10 @@ class Session:
         """Set at exit: ms of the most recent steps the profiler did not touch (module docstring)."""
         self.unprofiled_timing: str | None = None
         """Set at exit with them: how they were timed, `cuda_events` or `host`."""
+        self.unprofiled_pre_forward_ms: list[float] = []
+        """Set at exit: per un-profiled step, ms from its start to its first module forward, timed as
+        `unprofiled_timing` says (`trainprof.capture.arrival`)."""
+        self._forward_marks: ForwardMarks | None = None
         self._host_step_ms: collections.deque[float] = collections.deque(maxlen=UNPROFILED_STEPS_KEPT)
         self._step_began: float | None = None  # perf_counter when trainprof's work at the last step end ended
         self._gpu_marks: collections.deque[tuple[int, Any]] | None = None
@@ -283,6 +288,9 @@ class Session:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
             self._gpu_marks = collections.deque(maxlen=UNPROFILED_STEPS_KEPT + 1)
+        from trainprof.capture.arrival import ForwardMarks
+
+        self._forward_marks = ForwardMarks(UNPROFILED_STEPS_KEPT)
         from trainprof.capture import torch_noise
 
         self._export = tensorboard_trace_handler(str(self.run_dir), worker_name=self.worker, use_gzip=True)
@@ -391,9 +399,18 @@ class Session:
         from trainprof.analysis.thresholds import Thresholds
         from trainprof.report.ranks import print_cross_rank, write_cross_rank
 
-        self.cross_rank, findings = cross_rank(summaries, Thresholds())
+        limits = Thresholds()
+        self.cross_rank, findings = cross_rank(summaries, limits)
         written = write_cross_rank(self.cross_rank, findings, self.run_dir, self._group.world_size, missing)
         self.written["ranks_summary"], self.written["ranks_report"] = written["summary"], written["report"]
+        if self.analysis is not None:  # its own report, now with what the other ranks say
+            from trainprof.analysis.core import with_cross_rank
+            from trainprof.report import write_reports
+
+            self.analysis = with_cross_rank(self.analysis, 0, self.cross_rank, findings, limits)
+            self.findings, self.summary = self.analysis.findings, self.analysis.summary
+            self.written.update(write_reports(self.analysis, self.run_dir, tensorboard_scalars=False,
+                                              console=False, rank=self.rank))
         if self.config.console:
             self._print(print_cross_rank, self.cross_rank, written["report"])
 
@@ -409,7 +426,7 @@ class Session:
                 _ACTIVE = None
         errors: list[BaseException] = []
         for undo in (self._stop_capture, self._stop_profiler, self._remove_cycle_filter,
-                     self._remove_watch, self._close_nvtx):
+                     self._remove_watch, self._close_nvtx, self._stop_forward_marks):
             try:
                 undo()
             except BaseException as exc:  # noqa: BLE001 - every part runs; the first error is raised
@@ -426,6 +443,10 @@ class Session:
         self._capture = None
         self.summary = _not_profiled("a process forked inside the session: only the parent is profiled")
         logger.debug("trainprof: %s", self.summary.reason)
+
+    def _stop_forward_marks(self) -> None:
+        if self._forward_marks is not None:
+            self._forward_marks.disarm()
 
     def _remove_cycle_filter(self) -> None:
         entry, self._cycle_filter = self._cycle_filter, None
@@ -526,6 +547,19 @@ class Session:
         finally:
             self._mark_gpu()
             self._step_began = time.perf_counter()
+            self._mark_forward()
+
+    def _mark_forward(self) -> None:
+        """Arm the first-forward mark of the step that begins, when it is un-profiled
+        (`trainprof.capture.arrival`); else make sure no mark is armed."""
+        marks = self._forward_marks
+        if marks is None:
+            return
+        step = self.steps_ended
+        if self._running and self._unprofiled(step):
+            marks.arm(step, self._step_began, cuda=self._gpu_marks is not None)
+        else:
+            marks.disarm()
 
     def _unprofiled(self, step: int) -> bool:
         """Whether step `step` counts as an un-profiled step: the profiler off, and after the first
@@ -562,6 +596,8 @@ class Session:
         """At exit: the un-profiled steps' times from the GPU marks (after the last one is reached),
         else from the host clock (`unprofiled_step_ms`, `unprofiled_timing`)."""
         marks = list(self._gpu_marks or ())
+        if self._forward_marks is not None:
+            self.unprofiled_pre_forward_ms, _ = self._forward_marks.pre_forward_ms(dict(marks))
         gpu_ms: list[float] = []
         try:
             if len(marks) > 1:
@@ -715,6 +751,8 @@ class Session:
         if self.unprofiled_step_ms:  # written at exit, once the steps after the last window ran
             payload["unprofiled_step_ms"] = [round(ms, 3) for ms in self.unprofiled_step_ms]
             payload["unprofiled_timing"] = self.unprofiled_timing
+        if self.unprofiled_pre_forward_ms:
+            payload["unprofiled_pre_forward_ms"] = [round(ms, 3) for ms in self.unprofiled_pre_forward_ms]
         tmp = path.with_name(path.name + ".tmp")
         try:
             tmp.write_text(json.dumps(payload, indent=1))

@@ -486,3 +486,53 @@ def comm_totals(
         ops=collective_stats(calls, len(comm_ms), lambda group: link_for(device, visible_gpus, group)),
         calls=calls,
     )
+
+
+class CommWait(Record, frozen=True):
+    """How much of one rank's collectives, by its own trace alone, is waiting for other ranks.
+
+    Per (op, library, group size) the call with the highest bus bandwidth is taken as all transfer
+    and every call of at least `slow_collective_min_bytes` as its bytes at that rate plus a wait
+    (smaller ones are latency, counted as transfer). That holds where the best call reaches
+    `slow_collective_link_share` of its link (or the link is unknown: gloo, a GPU missing from
+    `links.LINKS`): a rank that waits in every call (its peer is late by the same amount in each
+    step) never shows a best call that fast, and its ops are `undecided` (a slow link and a late
+    rank look the same from one rank; across ranks `distributed` tells them apart)."""
+
+    exposed_wait_ms_by_step: dict[int, float]
+    """Per step number, the waits' exposed part (what no compute ran beside)."""
+    undecided: list[str]
+    """Ops whose waits this rank's trace cannot tell from their transfers."""
+    best_link_pct: float | None
+    """Of the undecided ops, the best call's bus bandwidth in % of its link (the highest)."""
+
+
+def comm_wait(
+    calls: list[Collective], link_of: Callable[[int | None], Link | None], min_bytes: float, link_share: float
+) -> CommWait:
+    """The `CommWait` of one trace's collectives (class docstring); `link_of(group size)` their link."""
+    groups: dict[tuple, list[Collective]] = defaultdict(list)
+    for call in calls:
+        if call.bytes and call.bytes >= min_bytes and call.duration_us > 0:
+            groups[(call.op, call.library, call.group_size)].append(call)
+    waits: dict[int, float] = defaultdict(float)
+    undecided: list[str] = []
+    best_pct: float | None = None
+    for (op, _, group), members in groups.items():
+        best = max(members, key=lambda c: c.bytes / c.duration_us)
+        link = link_of(group)
+        busbw = bus_bandwidth_gbps(op, best.bytes, best.duration_us, group)
+        if link is not None and busbw is not None and busbw < link_share * link.gbps:
+            undecided.append(op)
+            pct = 100 * busbw / link.gbps
+            best_pct = pct if best_pct is None else max(best_pct, pct)
+            continue
+        rate = best.bytes / best.duration_us  # bytes per µs
+        for call in members:
+            wait = max(call.duration_us - call.bytes / rate, 0.0)
+            waits[call.step] += min(wait, call.exposed_us) / 1e3
+    return CommWait(
+        exposed_wait_ms_by_step={step: round(ms, 4) for step, ms in waits.items()},
+        undecided=sorted(set(undecided)),
+        best_link_pct=round(best_pct, 1) if best_pct is not None else None,
+    )

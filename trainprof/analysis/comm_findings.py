@@ -330,7 +330,8 @@ def slow_collective_findings(
     messages of at least `slow_collective_min_bytes` (smaller ones are latency-bound). What they
     could win back comes out of the rank's exposed communication (`exposed_ms_per_step`), which
     they share: an op's exposed time may count a collective that ran on past its step's end.
-    `rocm`: the fix names RCCL's and ROCm's tools."""
+    Judged only `across_ranks` (on the last arriver's transfer times); from one rank's own times
+    an `info` finding, with no gain claimed. `rocm`: the fix names RCCL's and ROCm's tools."""
     findings = []
     exposed_left = exposed_ms_per_step
     for row in stats:
@@ -340,12 +341,15 @@ def slow_collective_findings(
             continue
         if row.link_pct >= 100 * thresholds.slow_collective_link_share:
             continue
-        # Only exposed time costs the step; at the link's speed most of it would go.
+        # Only exposed time costs the step; at the link's speed most of it would go. On one rank
+        # alone a collective's time is its transfer plus its wait for later ranks, and a rank that
+        # waits in every call looks like a slow link: judged across ranks only, else said as a fact.
         won_ms = max(min(row.exposed_ms_per_step, exposed_left), 0.0) * (1 - row.link_pct / 100)
-        exposed_left -= won_ms
+        if across_ranks:
+            exposed_left -= won_ms
         measured = "across ranks (the last arriver's time)" if across_ranks else (
-            "on this rank alone (its times include any wait for later ranks: analyse every rank's trace "
-            "to tell a slow link from a late rank)"
+            "at best, on this rank alone: its times include any wait for later ranks, so a slow link "
+            "and a late rank look the same (analyse every rank's trace together to tell)"
         )
         findings.append(
             Finding(
@@ -356,7 +360,7 @@ def slow_collective_findings(
                     f"reaches {row.busbw_gbps:.1f} GB/s bus bandwidth, {row.link_pct:.0f}% of the "
                     f"{row.link.kind} link's {row.link.gbps:.0f} GB/s, measured {measured}"
                 ),
-                severity=severity_for(won_ms, step_ms, thresholds),
+                severity=severity_for(won_ms, step_ms, thresholds) if across_ranks else "info",
                 op=row.op,
                 where=Where(),
                 count=0,
@@ -365,7 +369,7 @@ def slow_collective_findings(
                 fix=SLOW_COLLECTIVE_FIXES["RCCL" if rocm else "NCCL"],
                 rank=rank,
                 cause="a collective far below its link's bandwidth",
-                gpu_ms_per_step=round(won_ms, 4),
+                gpu_ms_per_step=round(won_ms, 4) if across_ranks else None,
                 details=SlowCollectiveDetails(collective=row, across_ranks=across_ranks),
             )
         )

@@ -14,10 +14,13 @@ from trainprof.analysis.busy import BusyBreakdown, busy_breakdown, kernel_work
 from trainprof.analysis.busy_findings import busy_findings
 from trainprof.analysis.causes import INFERENCE_FIXES, Cause
 from trainprof.analysis.collectives import (
+    Collective,
     CommTotals,
+    CommWait,
     collective_stats,
     collectives,
     comm_totals,
+    comm_wait,
     compute_spans,
     is_rocm_device,
 )
@@ -29,11 +32,11 @@ from trainprof.analysis.comm_findings import (
     slow_collective_findings,
 )
 from trainprof.analysis.compile import compile_findings, compile_stats
-from trainprof.analysis.distributed import RankSummary, cross_rank, rank_summary
+from trainprof.analysis.distributed import CrossRank, RankSummary, cross_rank, rank_summary
 from trainprof.analysis.folder import analyze_files
 from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.host_ops import cpu_only_finding
-from trainprof.analysis.idle import idle_breakdown
+from trainprof.analysis.idle import host_labels, idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernels import top_kernels_finding
@@ -50,13 +53,15 @@ from trainprof.analysis.profiler_cost import (
     slowdown_finding,
     unprofiled_mfu,
 )
+from trainprof.analysis.rank_work import rank_work
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
+from trainprof.analysis.stragglers import named_straggler
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline, build_timeline
-from trainprof.analysis.verdict import Verdict, verdict
+from trainprof.analysis.verdict import WAIT_VERDICT, Verdict, verdict
 from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace
 from trainprof.trace.load import first_event_us, gc_paused, trace_paths
@@ -122,10 +127,14 @@ def compose(results: list[TraceResult], limits: Thresholds) -> Analysis:
     if len(summaries) > 1:
         cross, cross_findings = cross_rank(summaries, limits)
         findings.extend(cross_findings)
+        infos = [_with_waits(result, cross, limits) for result in results]
+        verdicts = {result.process: info.verdict.label for result, info in zip(results, infos, strict=True)}
+        cross.ranks = [msgspec.structs.replace(row, verdict=verdicts.get(row.rank, row.verdict))
+                       for row in cross.ranks]
     else:
         findings.extend(_slow_on_one_rank(summaries[0], limits))
     findings = hand_over_exposure(findings, limits)
-    straggler = next((f for f in findings if f.kind == "straggler"), None)
+    straggler = named_straggler(findings)
     findings.sort(key=finding_order)
     return Analysis(
         summary=_summary(all_steps, infos, straggler, limits),
@@ -135,6 +144,55 @@ def compose(results: list[TraceResult], limits: Thresholds) -> Analysis:
         traces=infos,
         ranks=cross.ranks if cross is not None else [],
         cross_rank=cross,
+    )
+
+
+def _with_waits(result: TraceResult, cross: CrossRank, limits: Thresholds) -> TraceInfo:
+    """A trace's `TraceInfo` with its verdict judged again on its rank's waits for later ranks as
+    measured across ranks (`CrossRank.exposed_wait_ms`), which its own trace could not tell from
+    transfers: that time is neither its GPU's work nor its communication's."""
+    info = result.info
+    waits = cross.exposed_wait_ms.get(result.process)
+    if not waits or not any(waits.get(n, 0.0) > 0 for n in info.step_numbers) or info.verdict.idle is None:
+        return info
+    measured = CommWait(exposed_wait_ms_by_step=waits, undecided=[], best_link_pct=None)
+    judged = verdict(result.steps, info.verdict.tiny_kernel_pct, limits, measured)
+    judged = rejudged(judged, info.profiler, limits)
+    if judged.label == info.verdict.label:
+        return info
+    return msgspec.structs.replace(info, verdict=judged)
+
+
+def with_cross_rank(
+    analysis: Analysis,
+    process: int | str,
+    cross: CrossRank,
+    cross_findings: list[Finding],
+    limits: Thresholds,
+) -> Analysis:
+    """One process's own analysis (a session's rank 0) with what the ranks' gathered summaries say
+    across ranks: the cross-rank findings beside its own (its exposed communication handing its wait
+    over to the straggler's finding), its verdict judged on its measured waits, the straggler as the
+    headline verdict, and the cross-rank report."""
+    infos = []
+    for info in analysis.traces:
+        numbers = set(info.step_numbers)
+        steps = [step for step in analysis.steps if step.times.number in numbers]
+        infos.append(_with_waits(TraceResult(process, steps, [], info), cross, limits))
+    findings = hand_over_exposure(analysis.findings + cross_findings, limits)
+    findings.sort(key=finding_order)
+    straggler = named_straggler(findings)
+    summary = analysis.summary
+    verdict_by_trace = {**summary.verdict_by_trace, **{
+        (f"rank {t.rank}" if t.rank is not None else t.worker): t.verdict.label for t in infos}}
+    if straggler is not None:
+        summary = msgspec.structs.replace(
+            summary, verdict=f"straggler: rank {straggler.rank}", straggler_rank=straggler.rank,
+            verdict_by_trace=verdict_by_trace)
+    else:
+        summary = msgspec.structs.replace(summary, verdict_by_trace=verdict_by_trace)
+    return msgspec.structs.replace(
+        analysis, summary=summary, findings=findings, traces=infos, ranks=cross.ranks, cross_rank=cross
     )
 
 
@@ -196,7 +254,8 @@ def _analyze_one(
     owners = attribute_kernels(timeline, sites)
     costs = owner_costs(timeline, owners, tiny_kernels(timeline))
     launch_per_step, launch_totals = launch_stats(timeline, costs)
-    idle = idle_breakdown(timeline, limits)
+    labels = host_labels(timeline, limits)
+    idle = idle_breakdown(timeline, limits, labels)
     peaks = peak_memory_per_step(timeline)
     memory = memory_profile(timeline, sites)
     device = trace.device_properties[0] if trace.device_properties else {}
@@ -213,7 +272,13 @@ def _analyze_one(
     ]
 
     tiny_pct = 100.0 * launch_totals.tiny_kernel_count / max(launch_totals.kernel_count, 1)
-    trace_verdict = verdict(steps, tiny_pct, limits)
+    calls = collectives(timeline, compute) if len(timeline.comm) else []
+    wait = (
+        comm_wait(calls, lambda group: link_for(device_name, len(trace.device_properties), group),
+                  limits.slow_collective_min_bytes, limits.slow_collective_link_share)
+        if calls else None
+    )
+    trace_verdict = verdict(steps, tiny_pct, limits, wait)
     inference = is_inference(trace)
     if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
@@ -250,7 +315,9 @@ def _analyze_one(
     ):
         if maybe is not None:
             findings.append(maybe)
-    comm = _communication(timeline, steps, compute, trace_verdict, findings, device_name, limits)
+    comm = _communication(timeline, steps, calls, trace_verdict, findings, device_name, limits)
+    # Ranks are compared on it (`distributed`): only a trace of a rank, or one that communicates.
+    compared = rank_work(timeline, compute, gpu_work, labels) if trace.rank is not None or comm else None
     bound_findings(findings, cost, limits)
     known_peaks = [p for p in peaks if p is not None]
     drawn = None
@@ -278,6 +345,7 @@ def _analyze_one(
         comm=comm,
         busy=busy,
         profiler=cost,
+        work=compared,
     )
     return steps, findings, info
 
@@ -285,7 +353,7 @@ def _analyze_one(
 def _communication(
     timeline: Timeline,
     steps: list[Step],
-    compute: Coverage,
+    calls: list[Collective],
     trace_verdict: Verdict,
     findings: list[Finding],
     device: str | None,
@@ -296,7 +364,6 @@ def _communication(
     if not len(timeline.comm):
         return None
     trace = timeline.trace
-    calls = collectives(timeline, compute)
     framework = framework_of(trace)
     comm = comm_totals(
         timeline.comm.on_host,
@@ -324,10 +391,12 @@ def _summary(
     n = max(len(steps), 1)
     total_ms = sum(s.times.duration_ms for s in steps)
     verdicts = [t.verdict.label for t in traces]
+    # A rank that waits for another is not what bounds the job: the rank it waits for is.
+    bounding = [label for label in verdicts if label != WAIT_VERDICT] or verdicts
     if straggler is not None:
         headline = f"straggler: rank {straggler.rank}"
     else:
-        headline = max(set(verdicts), key=verdicts.count) if verdicts else "unknown"
+        headline = max(sorted(set(bounding)), key=bounding.count) if bounding else "unknown"
     peaks = [t.peak_memory_bytes for t in traces if t.peak_memory_bytes is not None]
     comm_ms = sum(s.times.comm_ms for s in steps)
     exposed_ms = sum(s.comm.comm_exposed_ms for s in steps if s.comm is not None)

@@ -38,8 +38,9 @@ from trainprof.analysis.collectives import (
 )
 from trainprof.analysis.comm_findings import slow_collective_findings
 from trainprof.analysis.links import link_for
-from trainprof.analysis.result import Finding, Record, Where
-from trainprof.analysis.severity import severity_for
+from trainprof.analysis.rank_work import RankWork, merged_work
+from trainprof.analysis.result import Finding, Record
+from trainprof.analysis.stragglers import named_straggler, straggler_findings, unprofiled_late
 from trainprof.analysis.thresholds import CROSS_RANK_COLLECTIVES_KEPT, Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +64,8 @@ class RankSummary(msgspec.Struct, frozen=True):
     verdict: str
     doing: str
     collectives: list[Collective]
+    work: RankWork | None = None
+    """What its steps did on the measures ranks are compared on (`rank_work`); None: not known."""
 
     def to_bytes(self) -> bytes:
         """The summary as msgpack bytes."""
@@ -89,6 +92,7 @@ def rank_summary(process: int | str, steps: list[Step], infos: list[TraceInfo]) 
         verdict=infos[0].verdict.label if len(infos) == 1 else _most_common([i.verdict.label for i in infos]),
         doing=what_it_did(infos),
         collectives=calls,
+        work=merged_work([(info.work, len(info.step_numbers)) for info in infos if info.work is not None]),
     )
 
 
@@ -129,7 +133,8 @@ class RankRow(Record, frozen=True):
     in) and how long it waited inside collectives for later ranks (ms per step: the union over
     its collectives of the time from each one's start until the last rank joined), and the part of
     that wait no compute hid (`exposed_wait_ms_per_step`, at least: per collective, its exposed
-    time less the transfer's; per step, at most the step's exposed communication)."""
+    time less the transfer's; per step, at most the step's exposed communication); its compute per
+    step and how late it arrives un-profiled, where known."""
 
     rank: int | str
     step_ms: float
@@ -141,6 +146,11 @@ class RankRow(Record, frozen=True):
     last_arrival_pct: float | None
     waited_ms_per_step: float
     exposed_wait_ms_per_step: float
+    compute_ms: float | None = None
+    """Its compute per step (`rank_work.RankWork.compute_ms_per_step`); None: not known."""
+    unprofiled_late_ms: float | None = None
+    """How much later than the other ranks it reaches its first forward in un-profiled steps
+    (`stragglers.Lateness.unprofiled_late_ms_per_step`); None where a session did not time them."""
 
 
 class CollectiveMatch(Record, frozen=True):
@@ -172,6 +182,10 @@ class CrossRank(msgspec.Struct):
     straggler_doing: str | None
     collectives: list[CollectiveStats]
     matched: list[CollectiveMatch]
+    exposed_wait_ms: dict[int | str, dict[int, float]] = msgspec.field(default_factory=dict)
+    """Per rank and step number, its wait for later ranks that no compute hid (ms; each step at
+    most its exposed communication): what its own verdict leaves out of its GPU's work (`core`).
+    Not in the JSON form (the rows hold it per step)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.cross_rank` object (`trainprof.analysis.result`)."""
@@ -195,17 +209,21 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
     """Merge the ranks' summaries (module docstring) into the cross-rank report and its findings:
     the straggler, and collectives far below their link (from transfer times)."""
     summaries = _ordered(summaries)
+    works = {summary.rank: summary.work for summary in summaries}
     matched, waited_us, exposed_wait_us, last_count, present, transfer = _match(summaries)
     rows = []
+    exposed_wait_by_step: dict[int | str, dict[int, float]] = {}
     for summary in summaries:
         n = max(len(summary.step_ms_by_step), 1)
         step_ms = sum(summary.step_ms_by_step) / n
         comm_ms = sum(summary.comm_ms_by_step) / n
         waits = exposed_wait_us[summary.rank]
-        exposed_wait_ms = sum(
-            min(waits.get(number, 0.0) / 1e3, exposed)
+        by_step = {
+            number: round(min(waits.get(number, 0.0) / 1e3, exposed), 4)
             for number, exposed in zip(summary.step_numbers, summary.exposed_comm_ms_by_step, strict=True)
-        )
+        }
+        exposed_wait_by_step[summary.rank] = by_step
+        exposed_wait_ms = sum(by_step.values())
         rows.append(
             RankRow(
                 rank=summary.rank,
@@ -218,15 +236,15 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
                 last_arrival_pct=round(100 * last_count[summary.rank] / present[summary.rank], 1)
                 if present[summary.rank]
                 else None,
-                waited_ms_per_step=round(waited_us[summary.rank] / 1e3 / n, 4),
+                waited_ms_per_step=round(max(waited_us[summary.rank], 0.0) / 1e3 / n, 4),
                 exposed_wait_ms_per_step=round(exposed_wait_ms / n, 4),
+                compute_ms=summary.work.compute_ms_per_step if summary.work is not None else None,
+                unprofiled_late_ms=unprofiled_late(summary.rank, works),
             )
         )
     skew_ms, skew_pct = _skew(summaries)
-    findings: list[Finding] = []
-    straggler = straggler_finding(rows, summaries, thresholds)
-    if straggler is not None:
-        findings.append(straggler)
+    findings = straggler_findings(rows, summaries, thresholds)
+    straggler = named_straggler(findings)
     first = summaries[0]
     stats = collective_stats(
         transfer,
@@ -247,6 +265,7 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
         straggler_doing=straggler.details.doing if straggler is not None else None,
         collectives=stats,
         matched=sorted(matched, key=lambda m: -m.max_wait_us)[:CROSS_RANK_COLLECTIVES_KEPT],
+        exposed_wait_ms=exposed_wait_by_step,
     )
     return report, findings
 
@@ -328,77 +347,3 @@ def _skew(summaries: list[RankSummary]) -> tuple[float, float]:
         return 0.0, 0.0
     skew = sum(spans) / len(spans)
     return round(skew, 4), round(100 * skew / max(median(steps), 1e-9), 2)
-
-
-class StragglerDetails(Record, frozen=True):
-    """The straggler finding's evidence: the rank, its excess non-communication ms per step, the
-    others' median communication wait, how often it arrived last at a collective, what it was
-    doing, and the rank table."""
-
-    straggler_rank: int | str
-    excess_ms_per_step: float
-    others_comm_wait_ms_per_step: float
-    last_arrival_pct: float | None
-    doing: str
-    ranks: list[RankRow]
-
-
-def straggler_finding(
-    table: list[RankRow], summaries: list[RankSummary], thresholds: Thresholds
-) -> Finding | None:
-    """The rank whose non-communication time is much longer than the others' (they wait for it
-    inside collectives): by `straggler_min_excess_ms` and `straggler_min_excess_fraction` of the
-    median step. Its severity is the others' exposed wait for it against the median step."""
-    if len(table) < 2:
-        return None
-    slowest = max(table, key=lambda r: r.non_comm_ms)
-    others = [r for r in table if r is not slowest]
-    others_non_comm = median(r.non_comm_ms for r in others)
-    excess = slowest.non_comm_ms - others_non_comm
-    median_step = median(r.step_ms for r in table)
-    min_excess = max(
-        thresholds.straggler_min_excess_ms, thresholds.straggler_min_excess_fraction * median_step
-    )
-    if excess < min_excess:
-        return None
-    others_comm = median(r.comm_ms for r in others)
-    # What balancing it wins back: the GPU time the others wait for it with no compute to hide
-    # the wait (their exposed communication holds the rest), at most its excess; its excess
-    # where no collective shows the wait.
-    others_wait = median(r.exposed_wait_ms_per_step for r in others)
-    won_ms = min(excess, others_wait) if others_comm > 0 else excess
-    doing = next(s.doing for s in summaries if s.rank == slowest.rank)
-    arrived = (
-        f"; it arrived last at {slowest.last_arrival_pct:.0f}% of the collectives"
-        if slowest.last_arrival_pct is not None
-        else ""
-    )
-    return Finding(
-        kind="straggler",
-        title=(
-            f"Rank {slowest.rank} is the straggler: {excess:.1f} ms/step more non-communication work than "
-            f"the other ranks, which wait {others_comm:.1f} ms/step in collectives{arrived}; "
-            f"rank {slowest.rank} was {doing}"
-        ),
-        severity=severity_for(won_ms, median_step, thresholds),
-        op=None,
-        where=Where(),
-        count=1,
-        per_step=1.0,
-        cost_ms=numpy_round(excess, 4),
-        fix=(
-            f"Find what rank {slowest.rank} does that the others do not (its findings above: input "
-            "pipeline, logging, checkpointing or evaluation on one rank, uneven batches or sequence "
-            "lengths) and balance it, move it off the training loop, or overlap it."
-        ),
-        rank=slowest.rank,
-        gpu_ms_per_step=round(won_ms, 4),
-        details=StragglerDetails(
-            straggler_rank=slowest.rank,
-            excess_ms_per_step=numpy_round(excess, 4),
-            others_comm_wait_ms_per_step=numpy_round(others_comm, 4),
-            last_arrival_pct=slowest.last_arrival_pct,
-            doing=doing,
-            ranks=table,
-        ),
-    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -48,11 +48,15 @@ from trainprof.analysis.thresholds import (
     HOLDERS_SCANNED,
     HOST_FUNCTION_STACK_FRAMES,
     HOST_FUNCTIONS_KEPT,
+    LOOP_HOLDERS_KEPT,
     Thresholds,
 )
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace.model import FRAME_CATEGORIES, NESTING_SLACK_US, nearest_marked
 from trainprof.user_code import CodeLayout, current_layout, is_user_file, library_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.intervals import Coverage
 
 
 class StepIdle(msgspec.Struct, frozen=True):
@@ -174,14 +178,21 @@ class _ThreadLabels(msgspec.Struct):
     key: np.ndarray  # per segment: name id * 2 + (1 if a runtime call decided, 0 if a frame)
 
 
-def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
-    """Classify every GPU-idle piece of every step by cause (module docstring; rules: `causes`)."""
-    trace = timeline.trace
-    n_steps = len(timeline.steps)
-    gap_s, gap_e, gap_step = _gaps(timeline)
+class HostLabels(NamedTuple):
+    """Every thread's host activity as a step function of cause (`_ThreadLabels`), worked out once
+    for a trace: the GPU-idle split and the loop thread's time (`loop_thread_time`) both read it."""
+
+    threads: list[int]
+    """The loop's thread first, then those with runtime calls or ops (`_threads`)."""
+    labels: dict[int, _ThreadLabels]
+    facts: _NameFacts
+
+
+def host_labels(timeline: Timeline, thresholds: Thresholds) -> HostLabels:
+    """The trace's `HostLabels`."""
     threads = _threads(timeline)
     main = timeline.main_thread
-    facts = _NameFacts(trace)
+    facts = _NameFacts(timeline.trace)
     # Grouped and classified once for all threads: per thread, a mask over every call would cost
     # O(threads x calls) (150k threads: minutes).
     calls_of = _rows_by_thread(timeline.calls.thread)
@@ -191,6 +202,20 @@ def idle_breakdown(timeline: Timeline, thresholds: Thresholds) -> IdleBreakdown:
         t: _thread_labels(timeline, t, calls_of.get(t, no_calls), call_cause, thresholds, t != main, facts)
         for t in threads
     }
+    return HostLabels(threads, labels, facts)
+
+
+def idle_breakdown(
+    timeline: Timeline, thresholds: Thresholds, host: HostLabels | None = None
+) -> IdleBreakdown:
+    """Classify every GPU-idle piece of every step by cause (module docstring; rules: `causes`);
+    `host`: the trace's `host_labels`, when already worked out."""
+    trace = timeline.trace
+    n_steps = len(timeline.steps)
+    gap_s, gap_e, gap_step = _gaps(timeline)
+    host = host if host is not None else host_labels(timeline, thresholds)
+    threads, labels, facts = host.threads, host.labels, host.facts
+    main = timeline.main_thread
 
     # Cut the gaps at every boundary of every thread's step function.
     inside = _inside([lab.times for lab in labels.values()], gap_s, gap_e)
@@ -735,3 +760,117 @@ def _python_stack(trace, thread: int, t: float) -> list:
     chain = frames.chain(frames.innermost(t, t))
     parsed = [parse_py_frame(trace.names[int(frames.name_ids[i])]) for i in reversed(chain)]
     return [p for p in parsed if p is not None]
+
+
+class LoopHolder(msgspec.Struct, frozen=True):
+    """Host time on the loop's thread over whole steps (not only while the GPU idles), held by one
+    (cause, deciding event): the frame or runtime call that decided (`event`, None where nothing was
+    recorded), ms per step, the part of it in unbroken stretches of at least `LONG_STRETCH_MS`, and
+    its longest stretch in ms."""
+
+    cause: Cause
+    event: str | None
+    ms_per_step: float
+    long_ms_per_step: float
+    longest_ms: float
+
+
+LONG_STRETCH_MS = 1.0
+"""An unbroken stretch of host time in one holder this long is a stall of its own (a sleep, a batch
+being fetched, a blocking call): the profiler's cost per op and the Python between ops come as
+stretches of 10-500 µs (every fixture here, 2026-11-28)."""
+
+
+def loop_thread_time(
+    timeline: Timeline, host: HostLabels, outside: Coverage | None = None
+) -> list[LoopHolder]:
+    """What the loop's thread did over the steps, by (cause, deciding event), most time first: the
+    causes of `causes` over the whole step, not only while the GPU idles. Where the loop's thread
+    records nothing or only waits on other threads (`loss.backward()` while autograd's thread runs
+    the backward), what another thread does then decides, as in the GPU-idle split; its named code
+    stays its own. `outside`: time to leave out (a CPU-only trace's ops, which are its work).
+
+    The GPU-idle split (`idle_breakdown`) says what the host did while the GPU waited; this says
+    what it did at all, which is what ranks of one job can be compared on: a rank's GPU waits inside
+    a collective for a later rank, and its host's time then shows as no GPU-idle time at all."""
+    main = timeline.main_thread
+    if main is None or main not in host.labels or not timeline.steps:
+        return []
+    trace = timeline.trace
+    labels = host.labels[main]
+    a = np.array([w.start_us for w in timeline.steps], dtype=np.float64)
+    b = np.array([w.end_us for w in timeline.steps], dtype=np.float64)
+    # The step function's segments cut at the steps' edges, each clipped to its step.
+    edges = distinct(np.concatenate((labels.times, a, b)))
+    starts, ends = edges[:-1], edges[1:]
+    step = np.searchsorted(a, starts, side="right") - 1
+    inside = (step >= 0) & (starts < b[np.maximum(step, 0)])
+    starts, ends = starts[inside], ends[inside]
+    mids = (starts + ends) / 2
+    cause, key = _lookup(labels, mids)
+    cause = np.where(cause == _NONE, Cause.UNKNOWN, cause)
+    lendable = np.isin(cause, (Cause.UNKNOWN, _WAITING))
+    piece, lent_cause, lent_key, _ = _lent_by_other_threads(host.labels, host.threads, main, mids, lendable)
+    cause[piece], key[piece] = lent_cause, lent_key
+    # The loop's thread blocks in `loss.backward()` while autograd's thread runs the backward; without
+    # stacks nothing on it says so, and between the engine's ops no other thread lends a cause.
+    in_backward = (cause == Cause.UNKNOWN) & (_backward_spans(timeline).covered(starts, ends) > 0)
+    cause = np.where(in_backward | (cause == _WAITING), _WAITING_CAUSE, cause)
+    lengths = ends - starts
+    if outside is not None:
+        lengths = lengths - outside.covered(starts, ends)
+    keep = lengths > 0
+    if not keep.any():
+        return []
+    cause, key, starts, ends, lengths = cause[keep], key[keep], starts[keep], ends[keep], lengths[keep]
+    group = cause * (2 * len(trace.names) + 2) + key + 1
+    unique, inverse = unique_inverse(group)
+    totals = np.bincount(inverse, weights=lengths)
+    # Stretches: touching segments of one group run together (a 80 ms sleep is one stretch; the
+    # profiler's cost between ops is many short ones).
+    apart = (inverse[1:] != inverse[:-1]) | (starts[1:] > ends[:-1] + NESTING_SLACK_US)
+    run_start = np.concatenate(([True], apart))
+    run_id = np.cumsum(run_start) - 1
+    run_length = np.bincount(run_id, weights=lengths)
+    longest = np.zeros(len(unique))
+    np.maximum.at(longest, inverse[run_start], run_length)
+    long_runs = run_length >= LONG_STRETCH_MS * 1e3
+    in_long = np.bincount(inverse[run_start][long_runs], weights=run_length[long_runs], minlength=len(unique))
+    first_of = np.unique(inverse, return_index=True)[1]
+    n = len(timeline.steps)
+    out = []
+    for u in np.argsort(-totals)[:LOOP_HOLDERS_KEPT].tolist():
+        first = int(first_of[u])
+        k = int(key[first])
+        out.append(
+            LoopHolder(
+                cause=Cause(int(cause[first])),
+                event=trace.names[k // 2] if k >= 0 else None,
+                ms_per_step=round(float(totals[u]) / 1e3 / n, 4),
+                long_ms_per_step=round(float(in_long[u]) / 1e3 / n, 4),
+                longest_ms=round(float(longest[u]) / 1e3, 4),
+            )
+        )
+    return out
+
+
+def _backward_spans(timeline: Timeline) -> Coverage:
+    """Per step, from the first to the last op of each thread other than the loop's that runs
+    autograd's engine (`autograd::engine::evaluate_function: ...`) inside it: the backward pass."""
+    from trainprof.analysis.intervals import Coverage
+
+    trace = timeline.trace
+    ops = trace.events["cpu_op"]
+    engine = trace.names_matching(lambda name: name.startswith("autograd::engine::evaluate_function"))
+    rows = np.flatnonzero(engine[ops.name] & (ops.thread != (timeline.main_thread or -1)))
+    if not rows.size:
+        return Coverage(np.zeros(0), np.zeros(0))
+    step = timeline.step_of(ops.start_us[rows])
+    rows, step = rows[step >= 0], step[step >= 0]
+    group = step * (int(ops.thread.max()) + 1) + ops.thread[rows]
+    unique, inverse = unique_inverse(group)
+    first = np.full(len(unique), np.inf)
+    last = np.full(len(unique), -np.inf)
+    np.minimum.at(first, inverse, ops.start_us[rows])
+    np.maximum.at(last, inverse, ops.end_us[rows])
+    return Coverage(first, last)

@@ -38,8 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.busy import BusyBreakdown
     from trainprof.trace import Trace
 
-_KEPT_VERDICTS = frozenset({"gpu-bound", "communication-bound", "cpu-only"})
-"""Verdicts not judged again: the GPU was busy even while recorded, or there is no GPU."""
+_KEPT_VERDICTS = frozenset({"gpu-bound", "cpu-only"})
+"""Verdicts not judged again: the GPU was busy even while recorded, or there is no GPU. A
+`communication-bound` one is: a rank can be busy while recorded only in its wait for another rank
+whose host the profiler slowed."""
 
 
 class ProfilerCost(Record, frozen=True):
@@ -123,14 +125,20 @@ def rejudged(verdict: Verdict, cost: ProfilerCost | None, thresholds: Thresholds
     if cost is None or not cost.slowed or verdict.label in _KEPT_VERDICTS:
         return verdict
     measured = f"{cost.unprofiled_step_ms:.1f} ms, median of {cost.unprofiled_steps} un-profiled steps"
+    # Kernels run as fast un-profiled: GPU busy time past the un-profiled step was spent in
+    # collectives waiting for a rank the profiler slowed, which an un-profiled step does not pay.
+    waited = min(max(cost.gpu_busy_ms_per_step - cost.unprofiled_step_ms, 0.0), verdict.comm_ms_per_step)
+    comm_ms = verdict.comm_ms_per_step - waited
+    busy_ms = max(cost.gpu_busy_ms_per_step - waited, 1e-9)
     if cost.unprofiled_gpu_busy_pct >= thresholds.gpu_bound_busy_pct:
-        comm_bound = verdict.comm_ms_per_step >= thresholds.comm_bound_share * cost.gpu_busy_ms_per_step
+        comm_bound = comm_ms >= thresholds.comm_bound_share * busy_ms
         why = (
             f"the GPU is busy {cost.unprofiled_gpu_busy_pct:.0f}% of an un-profiled step ({measured})"
-            + (f", {100 * verdict.comm_ms_per_step / cost.gpu_busy_ms_per_step:.0f}% of it in collectives"
-               if comm_bound else "")
+            + (f", {100 * comm_ms / busy_ms:.0f}% of it in collectives" if comm_bound else "")
             + f"; recorded, the steps took {cost.slowdown_pct:.0f}% longer and the GPU waited on the "
-            f"profiler's host cost ({verdict.label} while recorded: {verdict.why})"
+            f"profiler's host cost"
+            + (f" (here, {waited:.1f} ms/step inside collectives, for another rank)" if waited > 0 else "")
+            + f" ({verdict.label} while recorded: {verdict.why})"
         )
         label = "communication-bound" if comm_bound else "gpu-bound"
         return msgspec.structs.replace(verdict, label=label, cause=None, fix=None, why=why)

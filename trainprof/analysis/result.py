@@ -16,17 +16,21 @@ removed or changes meaning; new fields may appear without it.
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
 `ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
-`step_ms_by_step`, `comm_exposed_ms`, `verdict`, `last_arrival_pct`, `waited_ms_per_step`,
-`exposed_wait_ms_per_step`; `distributed.RankRow`), `step_count` (distinct step numbers),
+`step_ms_by_step`, `comm_exposed_ms`, `verdict` (judged again on the rank's waits for later
+ranks measured across ranks: `rank-wait-bound` where they hold its step), `last_arrival_pct`,
+`waited_ms_per_step`, `exposed_wait_ms_per_step`, `compute_ms` (its compute per step, as
+traces[].work), `unprofiled_late_ms` (how much later than the other ranks it reaches its first
+forward in un-profiled steps; null without a session's timing); `distributed.RankRow`),
+`step_count` (distinct step numbers),
 `summary`, `cross_rank` (null with one rank).
 
 trace.cross_rank (`distributed.CrossRank`): `ranks` (as trace.ranks), `step_skew_ms`,
-`step_skew_pct`, `straggler_rank`, `straggler_doing` (its verdict and largest GPU-idle holder in
-words), `collectives` (by op across ranks, bus bandwidth from transfer times: as
-communication.ops), `matched` (`[{step, index, op, bytes, ranks, transfer_us, busbw_gbps,
-last_rank, max_wait_us}]`, the longest waits first). A session's rank 0 writes the same object from
-the ranks' gathered summaries into `summary.ranks.json`: `{schema_version, ranks_reported,
-world_size, missing_ranks, cross_rank, findings}`.
+`step_skew_pct`, `straggler_rank` (only for a straggler finding of `high` or `medium`),
+`straggler_doing` (what made it late, in words), `collectives` (by op across ranks, bus bandwidth
+from transfer times: as communication.ops), `matched` (`[{step, index, op, bytes, ranks,
+transfer_us, busbw_gbps, last_rank, max_wait_us}]`, the longest waits first). A session's rank 0
+writes the same object from the ranks' gathered summaries into `summary.ranks.json`:
+`{schema_version, ranks_reported, world_size, missing_ranks, cross_rank, findings}`.
 
 trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `straggler: rank R`),
 `verdict_by_trace` (`rank R`, else the worker -> its verdict), `mean_step_ms`, `gpu_busy_pct`
@@ -48,7 +52,14 @@ process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`.
+- work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
+  compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
+  trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
+  shapes; null without shapes), `ops` (`[{op, shapes, calls_per_step, gflop_per_step}]`), `host`
+  (the loop thread's time by one-rank cause: `[{cause, event, ms_per_step, long_ms_per_step,
+  longest_ms}]`), `on_gpu`, `unprofiled_pre_forward_ms` and `unprofiled_step_ms` (medians of a
+  session's un-profiled steps; null without them).
 - profiler (`profiler_cost.ProfilerCost`; null without the session's un-profiled steps):
   `unprofiled_step_ms` (their median), `unprofiled_steps`, `timing` (how the session timed them:
   `cuda_events`, `host`, or null), `recorded_step_ms` (the host's step window, or the step as the
@@ -57,7 +68,8 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   can hold), `slowed` (the verdict and the findings are judged on the
   un-profiled step: `profiler_slowdown_min_share`).
 - verdict (`verdict.Verdict`): `verdict` (gpu-bound, communication-bound, launch-bound, sync-bound,
-  blocking-call-bound, warm-up-bound, input-bound, host-bound, mixed, unknown or cpu-only),
+  blocking-call-bound, warm-up-bound, input-bound, host-bound, rank-wait-bound, mixed, unknown or
+  cpu-only),
   `cause` (the GPU-idle cause behind a cause verdict, else null), `why`, `fix`, `gpu_busy_pct`,
   `gpu_idle_ms_per_step`, `idle_ms_per_step` (cause -> steady-state ms), `idle_one_off_ms_per_step`,
   `idle_profiler_ms_per_step`, `idle_launch_ms_per_step`, `idle_sync_ms_per_step`,
@@ -165,8 +177,13 @@ in `traces[].verdict`):
   `unowned_kernels_per_step`.
 - cpu_only (`host_ops.CpuOnlyDetails`): `top_host_ops` (`[{op, count, total_ms, pct_of_step}]`),
   `step_ms`.
-- straggler (`distributed.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
-  `others_comm_wait_ms_per_step`, `last_arrival_pct`, `doing`, `ranks` (as trace.ranks).
+- straggler (`stragglers.StragglerDetails`): `straggler_rank`, `excess_ms_per_step`,
+  `others_comm_wait_ms_per_step`, `last_arrival_pct`, `doing` (what made it late, in words),
+  `lateness` (`{excess_ms_per_step, compute_excess_ms_per_step, gflop_ratio, kernel_delta_per_step,
+  uneven_ops, own_cause, own_event, own_excess_ms_per_step, unprofiled_late_ms_per_step}`), `ranks`
+  (as trace.ranks).
+- profiler_skew (`stragglers.ProfilerSkewDetails`): `late_rank`, `lateness` (as the straggler's),
+  `ranks`.
 - recompile, graph_breaks (`compile.CompileStats`): as `traces[].compile`.
 - memory_peak (`memory.MemoryFindingDetails`): `family` (a `by_family` key, or `activations`),
   `memory_saved_bytes` (what the fix would save: what the family holds at the peak), `peak_bytes`,
@@ -178,7 +195,7 @@ in `traces[].verdict`):
 - no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
   `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
 - slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
-  `across_ranks`.
+  `across_ranks` (false: from one rank's own times, which include its waits: `info`, no gain claimed).
 - The findings on GPU-busy waste (`busy_findings`) carry `gpu_ms_per_step` (the predicted saving),
   `cost_ms` (it over the profiled steps), and in `details` `step_ms` (the GPU step their shares are
   of) and `peaks` (the peaks' source):
@@ -213,6 +230,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.memory import MemoryProfile
     from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.profiler_cost import ProfilerCost
+    from trainprof.analysis.rank_work import RankWork
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -404,6 +422,9 @@ class TraceInfo(msgspec.Struct):
     profiler: ProfilerCost | None = None
     """The recorded steps against the session's un-profiled ones (`profiler_cost`); None when the
     trace has no un-profiled steps beside it."""
+    work: RankWork | None = None
+    """What its steps did on the measures ranks are compared on (`rank_work`); None for a trace of
+    no rank that does not communicate."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -428,6 +449,7 @@ class TraceInfo(msgspec.Struct):
             "communication": self.comm.to_dict() if self.comm is not None else None,
             "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
+            "work": self.work.to_dict() if self.work is not None else None,
         }
 
 

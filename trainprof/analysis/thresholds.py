@@ -203,6 +203,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         0.15,
         "...and by at least 15% of the median step: smaller differences are noise between ranks.",
     ),
+    Threshold(
+        "straggler_own_cause_ratio",
+        2.0,
+        "A late rank's host time in one (cause, frame) is a cause of its own when it is at least twice "
+        "the other ranks' median there: the profiler's cost per op makes the same frames 1.2-1.6x "
+        "longer on the rank it slows most (2 and 4 gloo ranks on the CPU, 2026-11-28), while a sleep "
+        "or a one-rank input or logging cost has no counterpart on the others.",
+    ),
+    Threshold(
+        "straggler_min_work_share",
+        0.05,
+        "On a CPU-only trace a late rank has more work only when its recorded FLOPs are at least 5% "
+        "more than the others': its ops' times also grow when ranks contend for the host's cores.",
+    ),
 )
 
 DEFAULTS: Mapping[str, float] = MappingProxyType({t.name: t.value for t in THRESHOLDS})
@@ -219,6 +233,12 @@ FINDING_HOLDERS = 6
 """Holders listed in an idle-cause finding's evidence."""
 HOST_FUNCTIONS_KEPT = 8
 """Python functions holding `host` idle time kept per trace (`gpu_idle_host_functions`)."""
+LOOP_HOLDERS_KEPT = 24
+"""Holders of the loop thread's time kept per trace for comparing ranks (`rank_work.RankWork.host`):
+a rank's one-rank cause is among its largest; the rest of a few kB summary goes to the ops."""
+RANK_OPS_KEPT = 12
+"""Matrix-product and attention op shapes kept per trace (`rank_work.RankWork.ops`): what names an
+uneven batch or sequence length across ranks."""
 HOST_FUNCTIONS_IN_TITLE = 3
 """Python functions a host-bound finding's title names (its evidence lists them all)."""
 HOST_FUNCTION_STACK_FRAMES = 6

@@ -29,6 +29,8 @@ RANK_COLUMNS = (
     Column("waited ms", numeric=True),
     Column("exposed wait ms", numeric=True, drop=5),
     Column("arrived last %", numeric=True, drop=4),
+    Column("compute ms", numeric=True, drop=7),
+    Column("un-profiled late ms", numeric=True, drop=8),
     Column("verdict"),
     Column("each step ms", drop=6),
 )
@@ -76,6 +78,8 @@ def rank_rows(cross: CrossRank) -> list[tuple[str, ...]]:
             _format.number(row.waited_ms_per_step, 1),
             _format.number(row.exposed_wait_ms_per_step, 1),
             _format.number(row.last_arrival_pct, 0),
+            _format.number(row.compute_ms, 1),
+            _format.number(row.unprofiled_late_ms, 1),
             _format.clean(row.verdict),
             " ".join(_format.number(ms, 1) for ms in row.step_ms_by_step),
         )

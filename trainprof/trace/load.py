@@ -338,6 +338,7 @@ def load_trace(path: str | Path) -> Trace:
         compile_counters=sidecar.compile_counters if sidecar is not None else None,
         unprofiled_step_ms=sidecar.unprofiled_step_ms if sidecar is not None else None,
         unprofiled_timing=sidecar.unprofiled_timing if sidecar is not None else None,
+        unprofiled_pre_forward_ms=sidecar.unprofiled_pre_forward_ms if sidecar is not None else None,
         op_inputs=op_inputs,
         device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
     )
@@ -654,6 +655,7 @@ class SyncSitesFile(NamedTuple):
     compile_counters: dict | None
     unprofiled_step_ms: list[float] | None
     unprofiled_timing: str | None
+    unprofiled_pre_forward_ms: list[float] | None = None
 
 
 def _read_sync_sites_file(path: Path) -> SyncSitesFile:
@@ -673,7 +675,11 @@ def _read_sync_sites_file(path: Path) -> SyncSitesFile:
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
     layout = CodeLayout.from_dict(document.get("code_layout"))
     return SyncSitesFile(
-        [_typed_site(site) for site in sites], layout, _compile_counters(document), *_step_times(document)
+        [_typed_site(site) for site in sites],
+        layout,
+        _compile_counters(document),
+        *_step_times(document),
+        _times(document.get("unprofiled_pre_forward_ms"), allow_zero=True),
     )
 
 
@@ -725,15 +731,22 @@ def read_compile_counters(path: Path) -> dict | None:
 def _step_times(document: dict) -> tuple[list[float] | None, str | None]:
     """The `unprofiled_step_ms` of a decoded sync sites file, its positive finite numbers (booleans,
     strings and the like dropped; None when absent or none is left), and `unprofiled_timing`."""
-    values = document.get("unprofiled_step_ms")
+    kept = _times(document.get("unprofiled_step_ms"))
+    timing = document.get("unprofiled_timing")
+    return kept, timing if timing in ("cuda_events", "host") and kept else None
+
+
+def _times(values: Any, allow_zero: bool = False) -> list[float] | None:
+    """A list's finite numbers above 0 (from 0 with `allow_zero`) as floats (booleans, strings and
+    the like dropped); None when it is not a list or none is left."""
     if not isinstance(values, list):
-        return None, None
+        return None
+    low = 0.0 if allow_zero else math.ulp(0.0)
     kept = [
         float(value) for value in values
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value < math.inf
     ]
-    timing = document.get("unprofiled_timing")
-    return kept or None, timing if timing in ("cuda_events", "host") and kept else None
+    return kept or None
 
 
 def _compile_counters(document: Any) -> dict | None:

@@ -526,6 +526,9 @@ class Trace:
     session's module docstring); None when not recorded."""
     unprofiled_timing: str | None = None
     """How they were timed: `cuda_events`, `host`, or None (not said)."""
+    unprofiled_pre_forward_ms: list[float] | None = None
+    """Per un-profiled step, the ms from its start to its first module forward (as the GPU ran
+    them, else on the host), from the sync sites file; None when not recorded."""
     window: int = 0
     """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
