@@ -5,7 +5,8 @@ HolisticTraceAnalysis loads every rank's trace into one process (its users repor
 traces needing 950 GB of memory, HTA#250). Here each worker loads, analyses and drops one trace,
 and sends back its `TraceResult` (steps, findings, a few-kB summary of its collectives), which
 `core.compose` merges: time grows with the number of ranks divided by the workers, memory with
-the largest trace times the workers.
+the largest trace times the workers. Under torchrun, `trainprof analyze` first splits the folder
+among the job's processes, each running `file_outcomes` over its share (`trainprof.job_analysis`).
 
 Workers are forked where that is safe: on Linux, from a process with one Python thread that has not
 imported torch (`trainprof analyze`); they start in milliseconds with the analysis already imported,
