@@ -34,7 +34,9 @@ from trainprof.job_analysis import (
     _own_share,
     _packed,
     _progress_key,
+    _put,
     _share_key,
+    _take,
     _unpacked,
     job_place,
 )
@@ -179,7 +181,7 @@ def test_rank_0_stops_waiting_for_a_rank_that_finishes_no_file():
     store = dist.HashStore()
     for rank in range(3):
         store.add(_progress_key(rank), 0)
-    store.set(_share_key(1), _packed(Share(0, "", [])))
+    _put(store, 1, _packed(Share(0, "", [])))
     start = time.monotonic()
     with pytest.raises(JobError, match=r"^rank 2 finished no trace in 0 s and sent no results"):
         _collect(store, 3, 0.3, lambda *_: None)
@@ -199,7 +201,7 @@ def test_rank_0_waits_as_long_as_a_rank_finishes_files():
         for _ in range(6):
             time.sleep(0.1)
             store.add(_progress_key(1), 1)
-        store.set(_share_key(1), _packed(Share(2, "d", [])))
+        _put(store, 1, _packed(Share(2, "d", [])))
 
     thread = threading.Thread(target=slow_rank)
     thread.start()
@@ -216,3 +218,17 @@ def test_rank_0_names_the_ranks_that_never_joined():
     store.add(_progress_key(2), 0)
     with pytest.raises(JobError, match=r"^ranks 1, 3 did not join within 0 s: .* WORLD_SIZE=1"):
         _await_ranks(store, 4, 0.2)
+
+
+def test_a_share_over_a_store_values_limit_travels_in_pieces():
+    """torch's TCPStore server refuses a value over 8 MiB; a share of thousands of traces is more."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    client = dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=timedelta(seconds=30))
+    data = os.urandom(20 * 2**20)
+    _put(client, 3, data)
+    assert _take(server, 3) == data
+    assert not server.check([_share_key(3)]) and not server.check([_share_key(3) + "/0"])

@@ -16,14 +16,15 @@ process would have printed.
   `LOCAL_WORLD_SIZE`).
 - **How results travel.** A share is a fingerprint of the folder's list and each file's outcome (its
   `TraceResult`, or the error reading it raised), pickled as `folder._forked`'s children send theirs
-  (40-100 kB a trace for the `ddp_straggler` fixture's), under one key of the job's TCPStore
-  (torchrun's agent hosts it; rank 0 does when the variables are set by hand). Rank 0 checks that
-  every rank listed the same files, raises the first error in the folder's order (the message one
-  process gives, whichever rank read the file), else sorts the results and numbers their windows
-  as one process does (`folder.folder_results`) and composes them (`core.compose`).
+  (40-100 kB a trace for the `ddp_straggler` fixture's), set under keys of the job's TCPStore in
+  pieces of `PIECE_BYTES` (torchrun's agent hosts the store; rank 0 does when the variables are set
+  by hand). Rank 0 checks that every rank listed the same files, raises the first error in the
+  folder's order (the message one process gives, whichever rank read the file), else sorts the
+  results and numbers their windows as one process does (`folder.folder_results`) and composes them
+  (`core.compose`).
 - **Why the store, not a collective.** `gather_object` over gloo waits for every rank up to the
   group's timeout, one figure for a whole share's analysis: too short for a large folder, too long
-  for a process that hung. Through the store a rank sets its key and exits; rank 0 waits for every
+  for a process that hung. Through the store a rank sets its keys and exits; rank 0 waits for every
   rank to join (`JOIN_TIMEOUT_S`), then for each share as long as its rank keeps finishing files (a
   counter each rank raises as it goes: `SILENCE_TIMEOUT_S`), and names the ranks it gave up on. A
   process that dies is ended by torchrun with the rest of the job. No process group is created: the
@@ -53,6 +54,10 @@ SILENCE_TIMEOUT_S = 600.0
 of JSON) takes minutes to analyse; a rank silent for longer has hung."""
 POLL_S = 0.05
 """How often rank 0 looks for the shares still missing."""
+PIECE_BYTES = 4 * 2**20
+"""The most bytes set under one key: the TCPStore's libuv server (torch's default) drops a client that
+sends a value over 8 MiB (torch 2.13), and a share is 40-100 kB a trace, so one of thousands of traces
+travels in pieces."""
 KEY_PREFIX = "trainprof/analyze"
 
 
@@ -151,7 +156,7 @@ def send_share(
 
     _, share = _own_share(job, path, limits, workers, heartbeat)
     try:
-        store.set(_share_key(job.rank), _packed(share))
+        _put(store, job.rank, _packed(share))
     except Exception as error:
         detail = _first_line(error)
         raise JobError(f"rank {job.rank}: could not hand its results to rank 0 ({detail})") from None
@@ -238,10 +243,8 @@ def _collect(
         report(f"waiting for {len(waiting)} of {others} ranks", others - len(waiting), others)
         now = time.monotonic()
         for rank in sorted(waiting):
-            key = _share_key(rank)
-            if store.check([key]):
-                shares[rank] = _unpacked(rank, store.get(key))
-                _forget(store, key)
+            if store.check([_share_key(rank)]):
+                shares[rank] = _unpacked(rank, _take(store, rank))
                 waiting.discard(rank)
                 continue
             count = store.add(_progress_key(rank), 0)
@@ -254,6 +257,29 @@ def _collect(
         if waiting:
             time.sleep(POLL_S)
     return shares
+
+
+def _put(store: Any, rank: int, data: bytes) -> None:
+    """Set `data` as `rank`'s share: its pieces first, then their count under the share's key, whose
+    presence says the share is whole."""
+    pieces = [data[start:start + PIECE_BYTES] for start in range(0, len(data), PIECE_BYTES)]
+    for index, piece in enumerate(pieces):
+        store.set(f"{_share_key(rank)}/{index}", piece)
+    store.set(_share_key(rank), str(len(pieces)))
+
+
+def _take(store: Any, rank: int) -> bytes:
+    """`rank`'s share as `_put` set it, its keys dropped once read (the store's host would hold them
+    until the job ends)."""
+    key = _share_key(rank)
+    count = int(store.get(key))
+    data = b"".join(store.get(f"{key}/{index}") for index in range(count))
+    for done in [*(f"{key}/{index}" for index in range(count)), key]:
+        try:
+            store.delete_key(done)
+        except Exception:  # a store without delete keeps it
+            pass
+    return data
 
 
 def _packed(share: Share) -> bytes:
@@ -282,14 +308,6 @@ def _unpacked(rank: int, data: bytes) -> Share:
     if not isinstance(share, Share):
         raise JobError(f"rank {rank}: its results could not be read (a {type(share).__name__})")
     return share
-
-
-def _forget(store: Any, key: str) -> None:
-    """Drop a share once read: the store's host holds it otherwise until the job ends."""
-    try:
-        store.delete_key(key)
-    except Exception:  # a store without delete keeps it
-        pass
 
 
 def _share_key(rank: int) -> str:
