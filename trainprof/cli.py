@@ -2,7 +2,8 @@
 --html OUT.html`, `trainprof demo`.
 
 `analyze` never imports torch (startup time is benchmarked): it loads traces with the pure-Python
-trace model.
+trace model. Under torchrun it splits a folder over the job's processes (`trainprof.job_analysis`),
+and only then imports torch.distributed.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                               "trainprof/analysis/thresholds.py")
     analyze.add_argument("--workers", type=int, default=None, metavar="N",
                          help="processes that analyse a folder's traces, one trace each at a time "
-                              "(default: one per core from 2 files on; from 4 off Linux)")
+                              "(default: one per core from 2 files on; from 4 off Linux; under "
+                              "torchrun, per process, each taking its share of the node's cores)")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
     analyze.add_argument("--quiet", action="store_true",
@@ -130,18 +132,27 @@ def note(message: str) -> None:
 
 def _load_and_analyze(
     path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False,
-    workers: int | None = None,
+    workers: int | None = None, job=None,
 ):  # -> Analysis
-    """`analyze(path)`, with a progress bar on `progress` when it is a terminal."""
-    from trainprof.analysis import analyze
+    """`analyze(path)` (on rank 0 of a torchrun job, `job`: `job_analysis.analyze_in_job`), with a
+    progress bar on `progress` when it is a terminal."""
+
+    def run(on_progress: Callable[[str, int, int], None] | None = None):  # -> Analysis
+        if job is not None:
+            from trainprof.job_analysis import analyze_in_job
+
+            return analyze_in_job(job, path, thresholds, workers, on_progress)
+        from trainprof.analysis import analyze
+
+        return analyze(path, on_progress=on_progress, thresholds=thresholds, views=views, workers=workers)
 
     if progress is None or not progress.isatty():
-        return analyze(path, thresholds=thresholds, views=views, workers=workers)
+        return run()
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return analyze(path, thresholds=thresholds, views=views, workers=workers)
+        return run()
     # File names are the trace's: never markup, never raw (an escape sequence in a name would reach
     # the terminal), never longer than a line.
     columns = (TextColumn("{task.description}", markup=False), BarColumn(),
@@ -156,7 +167,7 @@ def _load_and_analyze(
             bar.update(task, description=safe_text(what, PROGRESS_CHARS), completed=done, total=total)
             bar.refresh()
 
-        return analyze(path, on_progress=advance, thresholds=thresholds, views=views, workers=workers)
+        return run(advance)
 
 
 def guarded(path: str, debug: bool, action: Callable[[], int]) -> int:
@@ -202,6 +213,10 @@ def run_analyze(
     `quiet`: nothing on stderr but errors.
     `workers`: processes for a folder's traces (`trainprof.analysis.folder`; below 1: exit 2).
 
+    Under torchrun (`job_analysis.job_place`) every process analyses its share of the folder and rank 0
+    prints the report one process would print; the other ranks print nothing and exit 0 once their
+    share is handed over (`trainprof.job_analysis`).
+
     Every failure is one line on stderr and exit 2 (the error boundary, `guarded`); with `debug`, an
     internal error (not bad input) raises with its traceback instead.
     """
@@ -220,13 +235,23 @@ def run_analyze(
 
 def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict,
                        quiet: bool, workers: int | None = None) -> int:
+    from trainprof.job_analysis import JobError, job_place, send_share
     from trainprof.trace import trace_size_limit
 
-    if not Path(path).exists():
-        return error(f"{path}: no such file or directory")
-    _which_run(path, quiet)
-    with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, workers=workers)
+    job = job_place()
+    try:
+        if job is not None and job.rank != 0:  # its share to rank 0, which reports for every rank
+            with trace_size_limit(max_trace_bytes):
+                send_share(job, path, thresholds, workers)
+            return 0
+        if not Path(path).exists():
+            return error(f"{path}: no such file or directory")
+        _which_run(path, quiet)
+        with trace_size_limit(max_trace_bytes):
+            progress = None if quiet else sys.stderr
+            analysis = _load_and_analyze(path, progress, thresholds, workers=workers, job=job)
+    except JobError as exc:
+        return error(str(exc))
     if as_json:
         from trainprof.report.json import write_json_to
 

@@ -5,7 +5,8 @@ HolisticTraceAnalysis loads every rank's trace into one process (its users repor
 traces needing 950 GB of memory, HTA#250). Here each worker loads, analyses and drops one trace,
 and sends back its `TraceResult` (steps, findings, a few-kB summary of its collectives), which
 `core.compose` merges: time grows with the number of ranks divided by the workers, memory with
-the largest trace times the workers.
+the largest trace times the workers. Under torchrun, `trainprof analyze` first splits the folder
+among the job's processes, each running `file_outcomes` over its share (`trainprof.job_analysis`).
 
 Workers are forked where that is safe: on Linux, from a process with one Python thread that has not
 imported torch (`trainprof analyze`); they start in milliseconds with the analysis already imported,
@@ -60,32 +61,68 @@ def analyze_files(
     it numbers them. `workers` None: one per core from `FORKED_MIN_FILES` files on where workers
     can be forked (`_can_fork`), else from `PARALLEL_MIN_FILES`; 1: this process. `views`: as
     `analyze`'s."""
+    alone = len(files) == 1 or not in_folder
+    outcomes = file_outcomes(files, alone, sync_sites, limits, workers, report, views)
+    return folder_results(outcomes, files[0].parent)
+
+
+Outcome = tuple[int, "TraceResult | NoFinishedStep | None", "Exception | None"]
+"""What became of one file: its index in the folder's list, its result (a `NoFinishedStep` for a window
+with no finished step, None for a file that is not a trace) and the error reading it raised (None if
+none; then the result is None)."""
+
+
+def file_outcomes(
+    files: list[Path],
+    alone: bool,
+    sync_sites: list[dict] | None,
+    limits: Thresholds,
+    workers: int | None,
+    report: Callable[[str, int, int], None],
+    views: bool = False,
+    cores: int | None = None,
+) -> list[Outcome]:
+    """The outcome of each of `files` (indexes into `files`), analysed in this process or in `workers`
+    (as `analyze_files`'). A process that reads files in turn stops at its first error: the folder
+    fails on the first in its order (`folder_results`), which no later file changes. `alone`: every
+    file must be a trace (`load_candidate`). `cores`: what this process's default workers may use
+    (None: every core; `trainprof analyze` under torchrun shares a node's cores among its processes)."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    alone = len(files) == 1 or not in_folder
+    if not files:
+        return []
     fork = _can_fork()
-    workers = min(_default_workers(len(files), fork) if workers is None else workers, len(files))
+    workers = min(_default_workers(len(files), fork, cores) if workers is None else workers, len(files))
     if workers == 1:
-        results = [_serial(file, index, len(files), alone, sync_sites, limits, report, views)
-                   for index, file in enumerate(files)]
-    elif fork:
-        results = _forked(files, alone, sync_sites, limits, workers, report, views)
-    else:
-        results = _parallel(files, alone, sync_sites, limits, workers, report, views)
+        return _share(files, 0, 1, alone, sync_sites, limits, views, report)
+    if fork:
+        return _forked(files, alone, sync_sites, limits, workers, report, views)
+    return _parallel(files, alone, sync_sites, limits, workers, report, views)
+
+
+def folder_results(outcomes: list[Outcome], folder: Path) -> list[TraceResult]:
+    """The folder's `TraceResult`s from its files' outcomes, in any order: the first error in the
+    folder's order raised; else the traces sorted as `load_traces` sorts them and their windows
+    numbered as it numbers them (`no_trace_in` raised when none has a finished step)."""
+    ordered = sorted(outcomes, key=lambda outcome: outcome[0])
+    for _, _, error in ordered:
+        if error is not None:
+            raise error
+    results = [result for _, result, _ in ordered if result is not None]
     unfinished = [result for result in results if isinstance(result, NoFinishedStep)]
-    kept = [result for result in results if result is not None and not isinstance(result, NoFinishedStep)]
+    kept = [result for result in results if not isinstance(result, NoFinishedStep)]
     if not kept:
-        raise no_trace_in(files[0].parent, unfinished)
+        raise no_trace_in(folder, unfinished)
     kept.sort(key=_order)
     _number_windows(kept)
     return kept
 
 
-def _default_workers(count: int, fork: bool) -> int:
-    """Workers for `count` files when none are asked for: one per core from `FORKED_MIN_FILES` files on
-    where they can be forked (`fork`), else from `PARALLEL_MIN_FILES`."""
+def _default_workers(count: int, fork: bool, cores: int | None = None) -> int:
+    """Workers for `count` files when none are asked for: one per core (of `cores`, None: every core)
+    from `FORKED_MIN_FILES` files on where they can be forked (`fork`), else from `PARALLEL_MIN_FILES`."""
     least = FORKED_MIN_FILES if fork else PARALLEL_MIN_FILES
-    return min(os.cpu_count() or 1, count) if count >= least else 1
+    return min(cores or os.cpu_count() or 1, count) if count >= least else 1
 
 
 def _can_fork() -> bool:
@@ -129,7 +166,9 @@ def _serial(
 def _parallel(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
-) -> list[TraceResult | NoFinishedStep | None]:
+) -> list[Outcome]:
+    """`file_outcomes` in `workers` processes started by forkserver (or spawn), one file each at a
+    time; every file is analysed (a worker's error comes back with its file's future)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -138,7 +177,7 @@ def _parallel(
     context = multiprocessing.get_context(safe_start)
     overrides = limits.overridden()
     limit = max_trace_bytes()  # the caller's limit holds in the workers too
-    results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
+    outcomes: list[Outcome] = []
     report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         pending = {
@@ -147,20 +186,23 @@ def _parallel(
         }
         for done, future in enumerate(as_completed(pending), 1):
             index = pending[future]
-            results[index] = future.result()  # a worker's TraceLoadError is raised here, as in this process
+            try:
+                outcomes.append((index, future.result(), None))
+            except Exception as error:  # a worker's TraceLoadError: raised in the folder's order
+                outcomes.append((index, None, error))
             report(f"analysed {files[index].name}", 2 * done, 2 * len(files))
-    return results
+    return outcomes
 
 
 def _forked(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
-) -> list[TraceResult | NoFinishedStep | None]:
-    """`_parallel`'s results where forking is safe: this process analyses every `workers`-th file from
-    the first, `workers - 1` forked children the others, each child's results pickled back through a
+) -> list[Outcome]:
+    """`_parallel`'s outcomes where forking is safe: this process analyses every `workers`-th file from
+    the first, `workers - 1` forked children the others, each child's outcomes pickled back through a
     pipe. Not ProcessPoolExecutor: importing and starting it took ~8 ms on the 2-core development
-    machine (2026-11-25), a sixth of a fixture trace's analysis. A file's error is raised here as in
-    this process (the first file's, in the folder's order)."""
+    machine (2026-11-25), a sixth of a fixture trace's analysis. A child that exits without its
+    outcomes raises RuntimeError naming its files."""
     import pickle
 
     report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
@@ -195,28 +237,25 @@ def _forked(
         for pid, (read_end, _) in children.items():  # interrupted: the children's writes fail, they exit
             os.close(read_end)
             os.waitpid(pid, 0)
-    results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
-    for index, result, error in sorted(outcomes, key=lambda outcome: outcome[0]):
-        if error is not None:
-            raise error
-        results[index] = result
     report(f"analysed {len(files)} traces", 2 * len(files), 2 * len(files))
-    return results
+    return outcomes
 
 
 def _share(
     files: list[Path], first: int, step: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     views: bool, report: Callable[[str, int, int], None] | None = None,
-) -> list[tuple[int, TraceResult | NoFinishedStep | None, Exception | None]]:
-    """(index, result, error) of every `step`-th file from `first`; `report` as `_serial`'s (None: none)."""
-    outcomes = []
+) -> list[Outcome]:
+    """The outcome of every `step`-th file from `first`, up to the first that raises; `report` as
+    `_serial`'s (None: none)."""
+    outcomes: list[Outcome] = []
     for index in range(first, len(files), step):
         try:
             result = _serial(files[index], index, len(files), alone, sync_sites, limits,
                              report or _quiet, views)
-            outcomes.append((index, result, None))
-        except Exception as error:  # a TraceLoadError, raised in the parent in the folder's order
+        except Exception as error:  # a TraceLoadError, raised by `folder_results` in the folder's order
             outcomes.append((index, None, error))
+            break
+        outcomes.append((index, result, None))
     return outcomes
 
 
