@@ -4,7 +4,7 @@ no-overlap setting, under trainprof: the multi-GPU check of trainprof's distribu
     torchrun --nproc_per_node=2 examples/multi_gpu_llama.py --out results/multi_gpu   # two GPUs
     torchrun --nproc_per_node=2 examples/multi_gpu_llama.py --out /tmp/mg --tiny      # CPU, gloo
 
-Six cases run one after the other in one process group, each in its own session and run folder
+Eight cases run one after the other in one process group, each in its own session and run folder
 (`OUT/<mode>-<case>/`: every rank's trace and report, and rank 0's cross-rank report):
 
     ddp-plain          DistributedDataParallel, 25 MB buckets, gradient_as_bucket_view
@@ -13,6 +13,9 @@ Six cases run one after the other in one process group, each in its own session 
     fsdp2-plain        fully_shard per decoder layer and at the root, bf16 parameters, fp32 reduce
     fsdp2-straggler    the same; the last rank sleeps --straggler-ms before each step
     fsdp2-no-overlap   fully_shard at the root only: all parameters gathered before the first layer
+    fsdp2-coarse       fully_shard per 4 decoder layers (fewer, larger units: less hook and DTensor host
+                       time per step, larger all-gathers)
+    fsdp2-keep-gathered  per layer, reshard_after_forward=False: no all-gather in backward, more memory
 
 What trainprof should say: no straggler and mostly hidden communication in the plain cases; the
 last rank named the straggler (host-bound, in `time.sleep`) with the others waiting in collectives;
@@ -37,7 +40,10 @@ import torch.distributed as dist
 
 import trainprof
 
-CASES = ("ddp-plain", "ddp-straggler", "ddp-no-overlap", "fsdp2-plain", "fsdp2-straggler", "fsdp2-no-overlap")
+CASES = ("ddp-plain", "ddp-straggler", "ddp-no-overlap", "fsdp2-plain", "fsdp2-straggler", "fsdp2-no-overlap",
+         "fsdp2-coarse", "fsdp2-keep-gathered")
+COARSE_LAYERS = 4
+"""Decoder layers per FSDP2 unit in `fsdp2-coarse`."""
 SCHEDULE = {"wait": 2, "warmup": 2, "active": 3}
 # TinyLlama-1.1B's shape (hidden 2048, 22 layers, grouped-query attention with 4 KV heads): 1.1B params.
 LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
@@ -79,10 +85,16 @@ def _wrap(case: str, model: torch.nn.Module, device: torch.device) -> torch.nn.M
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if device.type == "cuda" else MixedPrecisionPolicy()
-    if not case.endswith("no-overlap"):
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+    reshard = not case.endswith("keep-gathered")
+    layers = list(model.model.layers)
+    if case.endswith("coarse"):  # one unit per COARSE_LAYERS layers: fewer, larger units
+        for first in range(0, len(layers), COARSE_LAYERS):
+            unit = layers[first : first + COARSE_LAYERS]
+            fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+    elif not case.endswith("no-overlap"):
+        for layer in layers:
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
     return model
 
 
