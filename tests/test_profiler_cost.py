@@ -309,3 +309,28 @@ def test_a_trainer_run_the_profiler_made_mixed_is_judged_gpu_bound(fixtures_dir,
     assert {f.via.library for f in syncs if f.via is not None} >= {"transformers", "accelerate"}
     assert judged.findings[0].kind == "fusible_layers"
 
+
+
+@pytest.mark.parametrize("folder, caveat", [
+    # un-profiled, the GPU was busy 97% and 83% of these steps: their traces alone read launch-bound
+    # and mixed (BENCHMARKS section 22)
+    ("busy/gpt2_attention/sdpa_vocab64", True),
+    ("stacks/hf_trainer_session", True),
+    # launch-bound un-profiled too (the GPU busy under 10% of its steps)
+    ("busy/small_mlp/eager", False),
+])
+def test_a_trace_alone_says_when_the_profiler_could_have_made_its_verdict(fixtures_dir, tmp_path, folder,
+                                                                          caveat):
+    for trace in (fixtures_dir / folder).glob("*.pt.trace.json*"):
+        shutil.copy(trace, tmp_path)  # the trace alone: no un-profiled steps beside it
+    alone = analyze(tmp_path)
+    (estimate,) = [t.profiler_estimate for t in alone.traces]
+    assert estimate.options == "stack" and estimate.ops_per_step > 1000
+    assert (alone.summary.verdict_caveat is not None) is caveat
+    assert estimate.could_be_gpu_bound is caveat
+    if caveat:
+        assert alone.summary.verdict in ("launch-bound", "mixed")
+        assert "trainprof.session" in alone.summary.verdict_caveat
+    # with the session's un-profiled steps the verdict is judged on them: no estimate, no caveat
+    judged = analyze(fixtures_dir / folder)
+    assert judged.summary.verdict_caveat is None and judged.traces[0].profiler_estimate is None

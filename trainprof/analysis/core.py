@@ -34,6 +34,7 @@ from trainprof.analysis.comm_findings import (
 from trainprof.analysis.compile import compile_findings, compile_stats
 from trainprof.analysis.distributed import CrossRank, RankSummary, cross_rank, rank_summary
 from trainprof.analysis.folder import analyze_files
+from trainprof.analysis.fsdp_host import fsdp_host_finding
 from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import host_labels, idle_breakdown
@@ -53,6 +54,7 @@ from trainprof.analysis.profiler_cost import (
     slowdown_finding,
     unprofiled_mfu,
 )
+from trainprof.analysis.profiler_overhead import profiler_host_estimate, verdict_caveat
 from trainprof.analysis.rank_work import rank_work
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
@@ -289,6 +291,8 @@ def _analyze_one(
     # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
     cost = profiler_cost(trace, trace_verdict, steps, limits, busy)
     trace_verdict = rejudged(trace_verdict, cost, limits)
+    # Without un-profiled steps to judge on, what the profiler's own host cost could have made.
+    estimate = profiler_host_estimate(timeline, trace_verdict, limits) if cost is None and gpu_work else None
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
     if gpu_work:
         busy = unprofiled_mfu(busy, cost)
@@ -316,6 +320,10 @@ def _analyze_one(
         if maybe is not None:
             findings.append(maybe)
     comm = _communication(timeline, steps, calls, trace_verdict, findings, device_name, limits)
+    if gpu_work and (comm is not None and comm.framework == "FSDP2" or comm is None and _is_fsdp2(trace)):
+        fsdp = fsdp_host_finding(timeline, calls, trace_verdict.step_ms, trace.rank, limits)
+        if fsdp is not None:
+            findings.append(fsdp)
     # Ranks are compared on it (`distributed`): only a trace of a rank, or one that communicates.
     compared = rank_work(timeline, compute, gpu_work, labels) if trace.rank is not None or comm else None
     bound_findings(findings, cost, limits)
@@ -346,6 +354,7 @@ def _analyze_one(
         busy=busy,
         profiler=cost,
         work=compared,
+        profiler_estimate=estimate,
     )
     return steps, findings, info
 
@@ -383,6 +392,12 @@ def _communication(
         if maybe is not None:
             findings.append(maybe)
     return comm
+
+
+def _is_fsdp2(trace: Trace) -> bool:
+    """Whether FSDP2 ran in the trace (its ranges), with or without communication (one rank)."""
+    framework = framework_of(trace)
+    return framework is not None and framework.name == "FSDP2"
 
 
 def _summary(
@@ -424,6 +439,8 @@ def _summary(
         idle_ms_per_step=_idle_ms_per_step(steps),
         **_busy_summary(busy),
         **_unprofiled_summary(traces),
+        verdict_caveat=None if straggler is not None else verdict_caveat(
+            [t.profiler_estimate for t in traces if t.profiler_estimate is not None]),
     )
 
 

@@ -45,14 +45,18 @@ work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weig
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
 `mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`), `unprofiled_step_ms`
 and `profiler_slowdown_pct` (the session's un-profiled step and how much longer the recorded ones
-are, in % of it; null when no trace has un-profiled steps beside it).
+are, in % of it; null when no trace has un-profiled steps beside it), `verdict_caveat` (null, or in
+words: the profiler's estimated host cost could have made the verdict, and how to confirm).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `profiler_estimate`.
+- profiler_estimate (`profiler_overhead.ProfilerHostEstimate`; null with un-profiled steps or no GPU
+  work): `ops_per_step`, `python_calls_per_step`, `options` (`stack`, `shapes`, `none`),
+  `added_ms_per_step`, `gpu_busy_pct_without`, `could_be_gpu_bound`.
 - work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
   compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
   trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
@@ -230,6 +234,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.memory import MemoryProfile
     from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.profiler_cost import ProfilerCost
+    from trainprof.analysis.profiler_overhead import ProfilerHostEstimate
     from trainprof.analysis.rank_work import RankWork
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
@@ -425,6 +430,9 @@ class TraceInfo(msgspec.Struct):
     work: RankWork | None = None
     """What its steps did on the measures ranks are compared on (`rank_work`); None for a trace of
     no rank that does not communicate."""
+    profiler_estimate: ProfilerHostEstimate | None = None
+    """The profiler's estimated host cost per step (`profiler_overhead`); None where the trace has
+    un-profiled steps beside it (`profiler` measures instead) or no GPU work."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -450,6 +458,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
             "work": self.work.to_dict() if self.work is not None else None,
+            "profiler_estimate": None if self.profiler_estimate is None else self.profiler_estimate.to_dict(),
         }
 
 
@@ -502,6 +511,9 @@ class Summary(Record, frozen=True):
     have one; None when none has."""
     profiler_slowdown_pct: float | None = None
     """How much longer the recorded steps are than that, in % of it."""
+    verdict_caveat: str | None = None
+    """Where no trace has un-profiled steps and the profiler's estimated host cost could have made the
+    verdict (`profiler_overhead`): that, in words, and how to confirm; else None."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 

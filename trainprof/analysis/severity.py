@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 IDLE_KINDS = frozenset({
     "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",
-    "communication_wait", "sync_point", "recompile", "graph_breaks",
+    "communication_wait", "sync_point", "recompile", "graph_breaks", "fsdp_host",
 })
 """Kinds whose `gpu_ms_per_step` is GPU-idle time (a GPU-idle cause, a sync point, a recompile, graph
 breaks' eager gaps): what the profiler's host cost can inflate (`profiler_cost.bound_findings`)."""

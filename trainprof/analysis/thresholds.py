@@ -204,6 +204,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "...and by at least 15% of the median step: smaller differences are noise between ranks.",
     ),
     Threshold(
+        "fsdp_host_min_share",
+        0.05,
+        "FSDP2's hooks get a finding when the GPU idles inside them 5% of the step or more: from there "
+        "removing part of them is a gain a benchmark can tell from noise (the GPU idled 22-50 ms "
+        "inside them in 219-262 ms steps of a Llama 1.1B on one H200, 2026-11-28).",
+    ),
+    Threshold(
+        "fsdp_reshard_min_share",
+        0.01,
+        "`reshard_after_forward=False` is named as the FSDP2 fix when the backward's all-gathers (their "
+        "hook's GPU-idle time and copy kernels) are 1% of the step or more; below, the backward gathers "
+        "next to nothing (1.2 ms of a 244 ms step with it set, one H200, 2026-11-28).",
+    ),
+    Threshold(
         "straggler_own_cause_ratio",
         2.0,
         "A late rank's host time in one (cause, frame) is a cause of its own when it is at least twice "

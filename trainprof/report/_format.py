@@ -150,6 +150,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         for label, name, unit, decimals in HEADLINE_ROWS
         if getattr(summary, name) is not None
     ]
+    if summary.verdict_caveat is not None:
+        rows.insert(1, ("caveat", clean(summary.verdict_caveat)))
     if summary.gpu_step_ms is not None:
         gpu_step = number(summary.gpu_step_ms, 1, " ms")
         if summary.host_ran_ahead:
