@@ -237,6 +237,8 @@ def test_ddp_straggler_wait_is_the_straggler_findings_not_bucket_tuning(fixture_
     assert "straggler" in exposed.title and exposed.severity == "low"
     left = exposed.details.exposed_ms_per_step - held.ms_per_step
     assert exposed.gpu_ms_per_step == pytest.approx(left, abs=1e-3)
+    # what the knobs could win at most: the step with the rest hidden
+    assert exposed.details.predicted_step_ms == pytest.approx(exposed.details.step_ms - left, abs=1e-3)
     # the wait is at stake once: in the straggler's finding, at most rank 0's exposed wait
     assert straggler.gpu_ms_per_step <= rows[0].exposed_wait_ms_per_step + 1e-3
 

@@ -150,6 +150,9 @@ class ExposedCommDetails(Record, frozen=True):
     by_op: list[OpExposure]
     framework: str | None
     held_elsewhere: list[ExposureHeld] = msgspec.field(default_factory=list)
+    predicted_step_ms: float | None = None
+    """The step with all the exposed communication this finding holds hidden: the most its knobs can
+    win (a step's last collective has no compute left to hide under)."""
 
 
 def exposed_comm_finding(
@@ -200,6 +203,7 @@ def exposed_comm_finding(
             step_ms=round(step_ms, 4),
             by_op=ranked,
             framework=framework,
+            predicted_step_ms=round(step_ms - exposed_ms_per_step, 4),
         ),
     )
 
@@ -439,6 +443,8 @@ def _net_of_held(
         title=f"{finding.title} ({'; '.join(words)}: see {see})",
         severity=severity_for(left, details.step_ms, thresholds),
         gpu_ms_per_step=round(left, 4),
-        details=msgspec.structs.replace(details, held_elsewhere=held),
+        details=msgspec.structs.replace(
+            details, held_elsewhere=held, predicted_step_ms=round(details.step_ms - left, 4)
+        ),
         **changes,
     )

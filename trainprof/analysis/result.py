@@ -195,7 +195,8 @@ in `traces[].verdict`):
 - exposed_communication (`comm_findings.ExposedCommDetails`): `comm_ms_per_step`,
   `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`,
   `held_elsewhere` (`[{kind, op, ms_per_step}]`: the exposed time at stake in the straggler or a
-  slow-collective finding instead; the finding's `gpu_ms_per_step` is the rest).
+  slow-collective finding instead; the finding's `gpu_ms_per_step` is the rest), `predicted_step_ms`
+  (the step with that rest hidden: the most the knobs can win).
 - no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
   `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
 - slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
