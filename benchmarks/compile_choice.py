@@ -8,8 +8,9 @@ asks for on the models of ``benchmarks.ab_models`` (their parameters' dtype and,
 parameters, bf16 too), ``fused_layers.compile_probe.measure`` times the op's probe compiled both
 ways and records the choice in the cache that swap reads (``FUSED_LAYERS_CACHE_DIR``). Before
 that, the Inductor version is compiled once with its generated code captured
-(``torch._inductor.utils.run_and_get_code``) and saved as ``DIR/inductor/<op>_<dtype>_<class>.py``,
-beside our kernels' sources, for a kernel writer to start from. Writes ``DIR/compile_choice.json``
+(``torch._inductor.utils.run_and_get_code``) and saved as ``DIR/inductor/<op>_<dtype>_<class>.txt``
+(generated code kept as data, not as source), beside our kernels' sources, for a kernel writer to
+start from. Writes ``DIR/compile_choice.json``
 and ``DIR/compile_choice.md``; prints the table.
 """
 
@@ -79,7 +80,7 @@ def main() -> None:
             name = f"{op}_{str(dtype).removeprefix('torch.')}_{shape_class}"
             try:
                 code = inductor_code(op, dtype, dims, device)
-                (args.out / "inductor" / f"{name}.py").write_text(code, encoding="utf-8")
+                (args.out / "inductor" / f"{name}.txt").write_text(code, encoding="utf-8")
                 choice = compile_probe.measure(op, dtype, dims, device)
             except Exception as error:  # one op's failure must not lose the others' numbers
                 print(f"{case} {name}: FAILED {type(error).__name__}: {error}"[:400], flush=True)
