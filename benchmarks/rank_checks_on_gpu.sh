@@ -18,15 +18,18 @@ fi
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 echo "gpus $gpus; $(date -u)" | tee -a "$out/device.txt"
-timeout 120 python3 -m benchmarks.profiler_event_cost --out "$out/profiler_event_cost.h200.json" > /dev/null \
-  || echo "profiler_event_cost failed" | tee -a "$out/device.txt"
-timeout 420 torchrun --nproc_per_node="$gpus" examples/multi_gpu_llama.py --out /tmp/mg \
+[ -n "${SKIP_EVENT_COST:-}" ] || timeout 120 python3 -m benchmarks.profiler_event_cost \
+  --out "$out/profiler_event_cost.h200.json" > /dev/null || echo "profiler_event_cost failed" | tee -a "$out/device.txt"
+timeout "${EXAMPLE_S:-420}" torchrun --nproc_per_node="$gpus" examples/multi_gpu_llama.py --out /tmp/mg \
   --cases "${CASES:-ddp-plain,fsdp2-plain,fsdp2-coarse,fsdp2-keep-gathered,fsdp2-no-overlap}" \
   > "$out/multi_gpu_llama.log" 2>&1 || echo "multi_gpu_llama exit $?" | tee -a "$out/device.txt"
 cp /tmp/mg/results.json "$out/multi_gpu_llama.$gpus-gpu.json" 2>/dev/null
-# each case's traces and sidecars (no reports), one tar a case, kept only under 15 MiB
+[ -z "${RESHARD:-}" ] || timeout 150 torchrun --nproc_per_node="$gpus" -m benchmarks.fsdp2_reshard \
+  --out "$out/fsdp2_reshard.$gpus-gpu.json" > /dev/null 2>&1 || echo "fsdp2_reshard failed" | tee -a "$out/device.txt"
+# each kept case's traces and sidecars (no reports; KEEP: all by default), one tar a case, under 15 MiB
 for case in /tmp/mg/*/; do
   name=$(basename "$case")
+  [ -z "${KEEP:-}" ] || [[ " $KEEP " == *" $name "* ]] || continue
   tar cf "$out/$name.tar" -C /tmp/mg --exclude='*.html' --exclude='*.md' --exclude='*.json.gz.tmp' "$name"
   [ "$(stat -c %s "$out/$name.tar")" -lt 15728640 ] || { echo "$name.tar too large, dropped" >> "$out/device.txt"; rm "$out/$name.tar"; }
 done

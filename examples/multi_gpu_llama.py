@@ -4,7 +4,7 @@ no-overlap setting, under trainprof: the multi-GPU check of trainprof's distribu
     torchrun --nproc_per_node=2 examples/multi_gpu_llama.py --out results/multi_gpu   # two GPUs
     torchrun --nproc_per_node=2 examples/multi_gpu_llama.py --out /tmp/mg --tiny      # CPU, gloo
 
-Eight cases run one after the other in one process group, each in its own session and run folder
+Twelve cases run one after the other in one process group, each in its own session and run folder
 (`OUT/<mode>-<case>/`: every rank's trace and report, and rank 0's cross-rank report):
 
     ddp-plain          DistributedDataParallel, 25 MB buckets, gradient_as_bucket_view
@@ -16,6 +16,10 @@ Eight cases run one after the other in one process group, each in its own sessio
     fsdp2-coarse       fully_shard per 4 decoder layers (fewer, larger units: less hook and DTensor host
                        time per step, larger all-gathers)
     fsdp2-keep-gathered  per layer, reshard_after_forward=False: no all-gather in backward, more memory
+    ddp-accumulate     two micro-batches of half the batch per step, gradients all-reduced after each
+    ddp-accumulate-nosync  the same, the first micro-batch inside `model.no_sync()` (the fix)
+    ddp-uneven         the last rank's sequences 1.5x as long: more work on one rank (a real straggler)
+    ddp-comm           one sequence of 256 tokens per rank: little compute for 1.1B parameters' gradients
 
 What trainprof should say: no straggler and mostly hidden communication in the plain cases; the
 last rank named the straggler (host-bound, in `time.sleep`) with the others waiting in collectives;
@@ -28,6 +32,7 @@ straggler, the findings and the cross-rank report's path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -41,10 +46,15 @@ import torch.distributed as dist
 import trainprof
 
 CASES = ("ddp-plain", "ddp-straggler", "ddp-no-overlap", "fsdp2-plain", "fsdp2-straggler", "fsdp2-no-overlap",
-         "fsdp2-coarse", "fsdp2-keep-gathered")
+         "fsdp2-coarse", "fsdp2-keep-gathered", "ddp-accumulate", "ddp-accumulate-nosync", "ddp-uneven",
+         "ddp-comm")
+UNEVEN = 1.5
+"""`ddp-uneven`: the last rank's sequences are this many times the others' (more work per step)."""
 COARSE_LAYERS = 4
 """Decoder layers per FSDP2 unit in `fsdp2-coarse`."""
 SCHEDULE = {"wait": 2, "warmup": 2, "active": 3}
+UNPROFILED = 6
+"""Steps after the window, which the session times un-profiled (with the first forward of each)."""
 # TinyLlama-1.1B's shape (hidden 2048, 22 layers, grouped-query attention with 4 KV heads): 1.1B params.
 LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
             "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
@@ -106,6 +116,11 @@ def _run_case(case: str, args: argparse.Namespace, device: torch.device, out: Pa
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda and case.startswith("ddp"))
     batch = args.batch or (2 if args.tiny else 4)
     seq_len = args.seq_len or (64 if args.tiny else 2048)
+    if case == "ddp-comm":
+        batch, seq_len = 1, min(seq_len, 256)
+    if case == "ddp-uneven" and rank == world - 1:
+        seq_len = int(seq_len * UNEVEN)  # PLANT: more tokens on one rank
+    micro_batches = 2 if case.startswith("ddp-accumulate") else 1
     vocab = (LLAMA_TINY if args.tiny else LLAMA_1B)["vocab_size"]
     generator = torch.Generator().manual_seed(rank)
     tokens = [torch.randint(0, vocab, (batch, seq_len), generator=generator).to(device) for _ in range(4)]
@@ -115,9 +130,13 @@ def _run_case(case: str, args: argparse.Namespace, device: torch.device, out: Pa
         if straggler:
             time.sleep(args.straggler_ms / 1e3)  # PLANT: a slow input pipeline on one rank
         ids = tokens[i % len(tokens)]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda and case.startswith("ddp")):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        for micro, part in enumerate(ids.chunk(micro_batches)):
+            # PLANT (ddp-accumulate): every micro-batch all-reduces; the fix skips all but the last
+            skip = case.endswith("nosync") and micro < micro_batches - 1
+            with model.no_sync() if skip else contextlib.nullcontext(), torch.autocast(
+                    device.type, dtype=torch.bfloat16, enabled=cuda and case.startswith("ddp")):
+                loss = model(input_ids=part, labels=part).loss / micro_batches
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -129,9 +148,10 @@ def _run_case(case: str, args: argparse.Namespace, device: torch.device, out: Pa
         _sync(device)
         if i:
             times.append(1e3 * (time.perf_counter() - start))
-    recorded = sum(SCHEDULE.values()) + 1
-    with trainprof.session(log_dir=out, run_name=case, with_stack=False, profile_memory=False,
-                           console=rank == 0, gather_timeout_s=300, **SCHEDULE) as session:
+    # the window, then UNPROFILED steps the session times without the profiler
+    recorded = sum(SCHEDULE.values()) + UNPROFILED
+    with trainprof.session(log_dir=out, run_name=case, profile_memory=False, console=rank == 0,
+                           gather_timeout_s=300, **SCHEDULE) as session:
         for i in range(recorded):
             step(i)
     return _result(case, session, statistics.median(times))
@@ -149,13 +169,19 @@ def _result(case: str, session: trainprof.Session, unprofiled_ms: float) -> dict
         "case": case,
         "unprofiled_step_ms": round(unprofiled_ms, 2),
         "verdict": summary.verdict,
+        "verdict_caveat": summary.verdict_caveat,
+        "verdict_by_trace": summary.verdict_by_trace,
+        "session_unprofiled_step_ms": summary.unprofiled_step_ms,
         "profiled_step_ms": summary.mean_step_ms,
         "comm_ms_per_step": summary.comm_ms_per_step,
         "comm_exposed_ms_per_step": summary.comm_exposed_ms_per_step,
         "comm_hidden_pct": summary.comm_hidden_pct,
         "straggler_rank": cross.straggler_rank if cross is not None else None,
         "step_skew_ms": cross.step_skew_ms if cross is not None else None,
-        "findings": [{"kind": f.kind, "severity": f.severity, "title": f.title, "fix": f.fix}
+        "ranks": [row.to_dict() for row in cross.ranks] if cross is not None else [],
+        "findings": [{"kind": f.kind, "severity": f.severity, "rank": f.rank, "title": f.title, "fix": f.fix,
+                      "gpu_ms_per_step": f.gpu_ms_per_step,
+                      "predicted_step_ms": getattr(f.details, "predicted_step_ms", None)}
                      for f in session.findings if f.kind not in ("top_kernels", "module_costs")],
         "cross_rank_report": str(session.written.get("ranks_report", "")),
     }
