@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -239,3 +240,43 @@ def test_a_rank_that_waits_in_every_call_cannot_tell_its_wait_alone():
     wait = comm_wait(calls, lambda group: NVLINK, 1 << 20, 0.25)
     assert wait.undecided == ["all_reduce"] and wait.exposed_wait_ms_by_step == {}
     assert wait.best_link_pct == pytest.approx(100 * nbytes / 8000.0 / 1e3 / 450.0, abs=0.1)
+
+
+# ---- two H200s (examples/multi_gpu_llama.py, 2026-11-29; tests/fixtures/README.md) -----------------
+
+
+def _plain(folder: Path, tmp_path: Path) -> Path:
+    """The folder's traces alone, as a user's plain torch.profiler traces: no session sidecars."""
+    for trace in folder.glob("*.pt.trace.json.gz"):
+        shutil.copy(trace, tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("sidecars", [True, False], ids=["session", "plain"])
+def test_two_h200_ranks_with_the_same_work_have_no_straggler(fixtures_dir, tmp_path, sidecars):
+    # DDP, the same work on both ranks; recorded with stacks, the ranks' steps were 1.6x and 1.8x
+    # their un-profiled 191 ms, and one rank's host fell behind the other's
+    folder = fixtures_dir / "traces" / "h200x2_ddp_plain"
+    analysis = analyze(folder if sidecars else _plain(folder, tmp_path))
+    assert len(analysis.ranks) == 2
+    assert analysis.summary.straggler_rank is None and not analysis.summary.verdict.startswith("straggler")
+    assert not [f for f in analysis.findings if f.kind == "straggler" and f.severity in SERIOUS]
+    if sidecars:  # judged on the un-profiled steps, where the GPU is busy throughout
+        assert analysis.summary.verdict == "gpu-bound" and analysis.summary.verdict_caveat is None
+    else:  # the traces alone say the profiler may have made their verdict
+        assert "profiler may have made this verdict" in analysis.summary.verdict_caveat
+
+
+@pytest.mark.parametrize("sidecars", [True, False], ids=["session", "plain"])
+def test_two_h200_ranks_one_with_longer_sequences_names_it_by_its_work(fixtures_dir, tmp_path, sidecars):
+    # rank 1's sequences are 1.5x as long (3,072 tokens against 2,048): its matrix products do 1.5x
+    # the FLOPs, its attention 2.25x; the step's ratio lies between
+    folder = fixtures_dir / "traces" / "h200x2_ddp_uneven"
+    analysis = analyze(folder if sidecars else _plain(folder, tmp_path))
+    assert analysis.summary.verdict == "straggler: rank 1"
+    (straggler,) = [f for f in analysis.findings if f.kind == "straggler"]
+    late = straggler.details.lateness
+    assert straggler.rank == 1 and "more GPU compute" in straggler.title
+    assert 1.5 < late.gflop_ratio < 2.25
+    assert any("3072" in op or "12288" in op for op in late.uneven_ops)  # 4 x 3,072 tokens
+    assert late.compute_excess_ms_per_step > 0.2 * analysis.ranks[0].compute_ms

@@ -155,8 +155,8 @@ def fsdp_host_finding(
         cost_ms=round(idle_ms * n, 4),
         fix=(
             (f"`reshard_after_forward=False` on the units whose parameters fit removes the backward's "
-             f"all-gathers and their hook work (`pre_backward`: {won_ms:.1f} ms/step of GPU idle and copy "
-             f"kernels), at the cost of memory{held}. " if gathers_in_backward
+             f"all-gathers and their hook work (`pre_backward`), at the cost of memory{held}. "
+             if gathers_in_backward
              else "The backward gathers next to nothing already (`reshard_after_forward=False`). ")
             + "The hooks' cost follows the parameters, not the unit count (one H200: 22, 6 and 1 units "
             "alike), so larger units do not cut it; torch.compile (compiled autograd with FSDP2) and "
