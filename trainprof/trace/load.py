@@ -398,6 +398,7 @@ class _InstantArgs(msgspec.Struct, gc=False):
     """The `args` of a `[memory]` instant that the analyses read."""
 
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: float | None = msgspec.field(default=None, name="Total Reserved")
     device_type: int = msgspec.field(default=1, name="Device Type")
     # One allocation (> 0) or free (< 0) and the block's address: floats, since an x86-64 or ARM
     # user address stays below 2**48, exact in a float64, and a float field takes ints and floats alike.
@@ -893,7 +894,7 @@ def _scanned(path: Path, text: bytes | bytearray):
         return None  # every event timed beyond MAX_TIME_US: msgspec's path says so
     kept = m[memory_rows]
     memory = _memory_events(kept["ts"], thread_ids[len(x) :][memory_rows], kept["total_allocated"],
-                            kept["alloc_bytes"], kept["addr"])
+                            kept["alloc_bytes"], kept["addr"], kept["total_reserved"])
     ops = rows_of["cpu_op"]
     calls = ops[x["collective"][ops] >= 0] if "record_param_comms" in names else ops[:0]
     collectives = CollectiveCalls.from_columns(
@@ -1085,8 +1086,8 @@ def _has_inputs(name: str) -> bool:
 
 
 def _memory_table(events: list, ids: _Ids) -> EventTable:
-    """CUDA `[memory]` instants: time, `Total Allocated`, and the block's `Bytes` and `Addr` (NaN
-    when absent, and `Bytes` beyond `MAX_MEMORY_BYTES`). Host memory (`Device Type` 0) and totals
+    """CUDA `[memory]` instants: time, `Total Allocated`, `Total Reserved`, and the block's `Bytes`
+    and `Addr` (NaN when absent, and `Bytes` or `Total Reserved` beyond `MAX_MEMORY_BYTES`). Host memory (`Device Type` 0) and totals
     that are absent or not numbers within `MAX_MEMORY_BYTES` (`"Total Allocated": "inf"`) are left out."""
     count = len(events)
     args = [event.args or _NO_INSTANT_ARGS for event in events]
@@ -1101,6 +1102,7 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
         allocated[keep],
         np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)[keep],
         np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)[keep],
+        np.fromiter([arg.total_reserved for arg in args], dtype=np.float64, count=count)[keep],
     )
 
 
@@ -1111,10 +1113,11 @@ def _kept_memory(on_cuda: np.ndarray, allocated: np.ndarray) -> np.ndarray:
 
 
 def _memory_events(
-    starts, thread: np.ndarray, allocated: np.ndarray, block_bytes: np.ndarray, addr: np.ndarray
+    starts, thread: np.ndarray, allocated: np.ndarray, block_bytes: np.ndarray, addr: np.ndarray,
+    reserved: np.ndarray,
 ) -> EventTable:
-    """The kept `[memory]` instants' table; a block size beyond `MAX_MEMORY_BYTES` is NaN (sums of
-    such would overflow)."""
+    """The kept `[memory]` instants' table; a block size or reserved total beyond `MAX_MEMORY_BYTES`
+    is NaN (sums of such would overflow)."""
     count = len(starts)
     return EventTable.from_columns(
         starts,
@@ -1125,6 +1128,7 @@ def _memory_events(
         allocated,
         block_bytes=np.where(np.abs(block_bytes) <= MAX_MEMORY_BYTES, block_bytes, _NAN),
         addr=addr,
+        reserved=np.where(np.abs(reserved) <= MAX_MEMORY_BYTES, reserved, _NAN),
     )
 
 
