@@ -11,12 +11,15 @@ import itertools
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
 from trainprof.user_code import CodeLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.trace.memory_file import MemoryFile
 
 try:
     from trainprof.trace import _forest
@@ -533,6 +536,9 @@ class Trace:
     unprofiled_pre_forward_ms: list[float] | None = None
     """Per un-profiled step, the ms from its start to its first module forward (as the GPU ran
     them, else on the host), from the sync sites file; None when not recorded."""
+    memory_file: MemoryFile | None = None
+    """The allocator's state the session captured (`<worker>.memory.json` beside the file,
+    `trainprof.trace.memory_file`), or None."""
     window: int = 0
     """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
