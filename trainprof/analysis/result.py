@@ -225,9 +225,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
     from trainprof.analysis.distributed import CrossRank, RankRow
+    from trainprof.analysis.fragmentation import Fragmentation
+    from trainprof.analysis.headroom import Headroom
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
-    from trainprof.analysis.memory import MemoryProfile
+    from trainprof.analysis.memory import HistoryView, MemoryProfile
     from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.profiler_cost import ProfilerCost
     from trainprof.analysis.rank_work import RankWork
@@ -425,6 +427,14 @@ class TraceInfo(msgspec.Struct):
     work: RankWork | None = None
     """What its steps did on the measures ranks are compared on (`rank_work`); None for a trace of
     no rank that does not communicate."""
+    headroom: Headroom | None = None
+    """How far the step can grow before it no longer fits (`headroom`); None without the memory
+    peak's breakdown or the device's memory."""
+    fragmentation: Fragmentation | None = None
+    """The allocator's reserve against the tensors (`fragmentation`); None without a reserved total."""
+    memory_history: HistoryView | None = None
+    """The allocator's recorded history over the window (`memory.history_view`); None unless the
+    session recorded it (`memory_history=True`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -450,6 +460,9 @@ class TraceInfo(msgspec.Struct):
             "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
             "work": self.work.to_dict() if self.work is not None else None,
+            "headroom": self.headroom.to_dict() if self.headroom is not None else None,
+            "fragmentation": self.fragmentation.to_dict() if self.fragmentation is not None else None,
+            "memory_history": self.memory_history.to_dict() if self.memory_history is not None else None,
         }
 
 
