@@ -285,12 +285,15 @@ def failing_call(traceback: TracebackType | None, is_user_file: Any = None) -> F
     where = call = None
     modules: list[str] = []
     inputs: list[TensorInput] | None = None
+    outermost = None
     module_type = _module_type()
     for frame, line in frames:
         owner = frame.f_locals.get("self") if module_type is not None else None
         if owner is not None and isinstance(owner, module_type):
             # The outermost module's `forward`: its parameters name the batch (`input_ids`, `labels`),
-            # where torch's own `_call_impl` frames around it hold them as `*args`, `**kwargs`.
+            # where torch's own `_call_impl` frames around it hold them as `*args`, `**kwargs` (read
+            # those when the error came before any `forward`: in a forward pre-hook).
+            outermost = outermost or frame
             if inputs is None and frame.f_code.co_name == "forward":
                 inputs = _tensor_arguments(frame)
             name = type(owner).__name__
@@ -300,6 +303,8 @@ def failing_call(traceback: TracebackType | None, is_user_file: Any = None) -> F
             where = _code_line(frame, line)
     if frames:
         call = _code_line(*frames[-1])
+    if inputs is None and outermost is not None:
+        inputs = _tensor_arguments(outermost)
     return FailingCall(where, call, "/".join(modules) or None, inputs or [])
 
 
@@ -422,8 +427,8 @@ def _segments(torch: Any) -> list:
 
 
 class _Observed(NamedTuple):
-    """What the out-of-memory callback saw: the failing allocation's size, the device's reserved
-    (or allowed) and free bytes as the allocator passes them, and the state it read (or None)."""
+    """What the out-of-memory callback saw: the device, the failing allocation's size, the device's
+    free bytes as the allocator passes them, and the state it read (or None)."""
 
     device: int
     requested_bytes: int
@@ -476,8 +481,10 @@ class MemoryCapture:
             self._dump_history(run_dir, worker, trace)
             self._stop_history()
 
-    def observe(self, device: int, requested_bytes: int, device_reserved: int, device_free: int) -> None:
-        """The allocator's out-of-memory callback (module docstring)."""
+    def observe(self, device: int, requested_bytes: int, device_limit: int, device_free: int) -> None:
+        """The allocator's out-of-memory callback (module docstring): `device_limit` is the device's
+        total memory, or the process's allowed share under `set_per_process_memory_fraction`. The
+        allocator calls it after releasing its lock, so reading its state here cannot deadlock."""
         if self._observing or self.out_of_memory is not None:
             return
         self._observing = True
@@ -712,14 +719,14 @@ def watch(capture: MemoryCapture | None) -> None:
             logger.debug("trainprof: the out-of-memory callback is off", exc_info=True)
 
 
-def _on_out_of_memory(device: int, requested: int, device_reserved: int, device_free: int) -> None:
+def _on_out_of_memory(device: int, requested: int, device_limit: int, device_free: int) -> None:
     """The process's one out-of-memory callback: hands the failure to the watching session's capture.
     Never raises into the allocator."""
     capture = _WATCHED
     if capture is None:
         return
     try:
-        capture.observe(device, requested, device_reserved, device_free)
+        capture.observe(device, requested, device_limit, device_free)
     except Exception:
         logger.debug("trainprof: reading the allocator at an out-of-memory error failed", exc_info=True)
 
