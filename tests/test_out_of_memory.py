@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import sys
 import traceback
 from pathlib import Path
@@ -483,6 +484,65 @@ def test_other_errors_still_end_the_session_unreported(tmp_path):
             raise Boom("not memory")
     assert sess.summary.verdict == "not-profiled" and sess.summary.reason == "the training loop raised"
     assert not (sess.run_dir / "summary.json").exists()
+
+
+class _FakeDevice:
+    """`torch.cuda`'s history and statistics calls on a CPU: a device whose history is a list of
+    entries (`history`) and whose recording is switched by `_record_memory_history`."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.recording: list = []
+        self.history = [{"action": "segment_alloc", "size": 64, "time_us": 5_000_000},
+                        {"action": "alloc", "size": 48, "time_us": 5_000_100},
+                        {"action": "free_completed", "size": 48, "time_us": 5_000_200}]
+        memory = torch.cuda.memory
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        totals = {"allocated_bytes.all.current": 16, "reserved_bytes.all.current": 64}
+        monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: totals)
+        monkeypatch.setattr(memory, "_record_memory_history", lambda enabled="all", **options:
+                            self.recording.append((enabled, options)))
+        monkeypatch.setattr(memory, "_snapshot", lambda device=None: {"segments": [],
+                                                                       "device_traces": [self.history]})
+
+
+def test_the_history_records_the_first_window_and_is_written_for_the_viewer(tmp_path, monkeypatch):
+    device = _FakeDevice(monkeypatch)
+    memory = capture.MemoryCapture(history=True, history_entries=1_000)
+    # The session's calls around a window of steps 2-3 (wait 1, warm-up 1, active 2).
+    for steps_ended, action in enumerate(["none", "warmup", "record", "save"]):
+        memory.follow(action, steps_ended)
+    assert device.recording == [("all", {"context": "all", "stacks": "python", "max_entries": 1_000})]
+    memory.window_ended(tmp_path, "w", "w.1.pt.trace.json.gz", 4)
+    memory.follow("none", 4)
+    memory.follow("record", 8)  # a second window: one window's history only
+    assert device.recording[1:] == [(None, {})]
+    history = memory.history
+    assert history.trace == "w.1.pt.trace.json.gz" and [m.step for m in history.step_marks] == [2, 3]
+    with open(tmp_path / "w.memory_history.pickle", "rb") as file:
+        assert pickle.load(file)["device_traces"] == [device.history]  # our own file, just written
+    assert history.series.allocated_bytes == [16, 64, 16]  # anchored on the 16 allocated now
+    assert history.series.reserved_bytes == [64, 64, 64]
+
+
+def test_the_session_follows_its_schedule_with_the_history(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(capture.MemoryCapture, "follow",
+                        lambda self, action, steps: calls.append((steps, action)))
+    with trainprof.session(tmp_path, "run", wait=1, warmup=1, active=2, console=False,
+                           tensorboard_scalars=False, memory_history=True):
+        _steps(5)
+    assert calls == [(0, "none"), (1, "warmup"), (2, "record"), (3, "save"), (4, "none"), (5, "none")]
+
+
+def _steps(count: int):
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(count):
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
 
 
 def test_memory_history_entries_are_checked_once():

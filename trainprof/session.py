@@ -684,9 +684,12 @@ class Session:
         return before == "save" or before != self.config.action_at(step)
 
     def _follow_schedule(self) -> None:
-        """Capture sync sites exactly during the recorded steps; NVTX ranges per phase and step."""
+        """Capture sync sites exactly during the recorded steps; NVTX ranges per phase and step; the
+        allocator's history from the first recorded step (`memory_history=True`)."""
         if self._nvtx is not None:
             self._mark_nvtx()
+        if self._memory is not None:
+            self._memory.follow(self.config.action_at(self.steps_ended), self.steps_ended)
         if self._capture is None:
             return
         from torch.profiler import ProfilerAction
