@@ -154,6 +154,17 @@ def test_the_traceback_names_the_users_line_the_call_the_module_and_the_batch():
         ("input_ids", [16, 2048], "int64"), ("labels", [16, 2048], "int64"), ("mask", [16, 2048], "bool")]
 
 
+def test_an_error_outside_any_module_reads_the_batch_from_the_users_frame():
+    """An error in the backward pass or the optimizer has no module frame: the user's frame has the batch."""
+    input_ids = torch.zeros(8, 512, dtype=torch.long)  # noqa: F841 - read from this frame
+    try:
+        torch.empty(2**62, dtype=torch.uint8)  # the host's allocator refuses it at once
+    except RuntimeError as error:
+        call = capture.failing_call(error.__traceback__, lambda path: path == __file__)
+    assert call.module is None and call.where.function == call.call.function
+    assert [(i.name, i.shape, i.dtype) for i in call.inputs] == [("input_ids", [8, 512], "int64")]
+
+
 def test_the_optimizers_memory_counts_each_storage_once():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 32, bias=False))

@@ -268,7 +268,9 @@ def failing_call(traceback: TracebackType | None, is_user_file: Any = None) -> F
     (`is_user_file(path) -> bool`; default `trainprof.user_code.is_user_file`), the innermost frame
     (the call that allocated), the `nn.Module` class path of the frames whose `self` is a module
     (outermost first), and the tensor arguments of the outermost such call (its `forward`'s
-    parameters, and the tensors of a `**kwargs`). Reads the frames' locals; keeps no reference."""
+    parameters, and the tensors of a `**kwargs`), else (an error in the backward pass or the
+    optimizer: no module frame) the tensors the user's innermost frame holds. Reads the frames'
+    locals; keeps no reference."""
     if is_user_file is None:
         from trainprof.user_code import current_layout
         from trainprof.user_code import is_user_file as is_user
@@ -282,7 +284,7 @@ def failing_call(traceback: TracebackType | None, is_user_file: Any = None) -> F
     while traceback is not None:
         frames.append((traceback.tb_frame, traceback.tb_lineno))
         traceback = traceback.tb_next
-    where = call = None
+    where = call = user_frame = None
     modules: list[str] = []
     inputs: list[TensorInput] | None = None
     outermost = None
@@ -300,11 +302,13 @@ def failing_call(traceback: TracebackType | None, is_user_file: Any = None) -> F
             if not modules or modules[-1] != name:  # a module calling its own helper methods counts once
                 modules.append(name)
         if is_user_file(frame.f_code.co_filename):
-            where = _code_line(frame, line)
+            where, user_frame = _code_line(frame, line), frame
     if frames:
         call = _code_line(*frames[-1])
     if inputs is None and outermost is not None:
         inputs = _tensor_arguments(outermost)
+    if inputs is None and user_frame is not None:
+        inputs = _tensors_in(list(user_frame.f_locals.items()))
     return FailingCall(where, call, "/".join(modules) or None, inputs or [])
 
 
@@ -332,8 +336,6 @@ def source_of(line: CodeLine | None) -> str | None:
 
 def _tensor_arguments(frame: Any) -> list[TensorInput]:
     """The tensors among a call's parameters (and inside its `*args` and `**kwargs`), by name."""
-    import torch
-
     code = frame.f_code
     count = code.co_argcount + code.co_kwonlyargcount
     names = list(code.co_varnames[:count])
@@ -342,10 +344,17 @@ def _tensor_arguments(frame: Any) -> list[TensorInput]:
         names.append(code.co_varnames[count])
     if code.co_flags & 0x08:  # CO_VARKEYWORDS: **kwargs after *args
         names.append(code.co_varnames[count + varargs])
-    found: list[TensorInput] = []
     scope = frame.f_locals
-    for name in names:
-        value = scope.get(name)
+    return _tensors_in([(name, scope.get(name)) for name in names])
+
+
+def _tensors_in(named: list[tuple[str, Any]]) -> list[TensorInput]:
+    """The tensors among (name, value) pairs, and inside those values that are dicts or tuples
+    (`**kwargs`, `*args`, a batch dict), at most `INPUTS_KEPT`."""
+    import torch
+
+    found: list[TensorInput] = []
+    for name, value in named:
         if isinstance(value, dict):
             values = list(value.items())
         elif isinstance(value, tuple):
