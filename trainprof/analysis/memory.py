@@ -167,7 +167,7 @@ class MemoryProfile(Record, frozen=True):
 class HistoryView(Record, frozen=True):
     """The allocator's recorded history over a window (`session(memory_history=True)`), as report.html
     draws it: `t_ms` from the first step mark (the host's clock, on which the history is timed), the
-    allocated and reserved totals there, the step ends (`step_marks`: step -> ms), when an allocation
+    allocated and reserved totals there, where each step began (`step_marks`: step -> ms), when an allocation
     failed (`oom_at_ms`, None if none did), and the pickle PyTorch's memory viewer opens (`file`)."""
 
     file: str

@@ -457,7 +457,6 @@ class MemoryCapture:
         self._history_entries = history_entries
         self._history_on = False
         self._history_marks: list[StepMark] = []
-        self._history_file: Path | None = None
         self._observed: _Observed | None = None
         self._observed_reads = 0
         self._observing = False  # inside the callback: an error raised by its own reads is not another
@@ -471,7 +470,7 @@ class MemoryCapture:
 
     def follow(self, action: str, steps_ended: int) -> None:
         """At each step's start (`action`: the schedule's for it, `SessionConfig.action_at`): start
-        the history with the first recorded step; mark each step end while it records."""
+        the history with the first recorded step; mark each step's start while it records."""
         if not self._history_wanted:
             return
         if self._history_on:
@@ -531,7 +530,11 @@ class MemoryCapture:
             state = read_state(steps_ended, None, device_index)
         else:
             state = AllocatorState(steps_ended=steps_ended, stats=state.stats, segments=state.segments)
-        call = failing_call(error.__traceback__)
+        try:
+            call = failing_call(error.__traceback__)
+        except Exception:  # an odd frame (a proxy `self`, a failing f_locals): the rest still stands
+            logger.debug("trainprof: reading the out-of-memory traceback failed", exc_info=True)
+            call = FailingCall(None, None, None, [])
         held = held_by_optimizer(optimizer, _torch_device(device_index)) if optimizer is not None else None
         if self._history_on:  # the history up to the error: the most telling record of all
             self._dump_history(run_dir, worker, None)

@@ -17,7 +17,7 @@ sees what the session saw. The contract (DEVELOPING.md):
   it with), null when none was recorded.
 - `history` (`MemoryHistory`): with `session(memory_history=True)`, the allocator's recorded history
   as PyTorch's memory viewer opens it (`<worker>.memory_history.pickle`), and the host time of
-  each step end while it was recorded, to join it to steps.
+  each step's start while it was recorded, to join it to steps.
 
 The folder is input from anywhere: every number is bounded, every list bounded in length, and
 decoding is msgspec's typed decoding, so what the loader returns holds these types or is refused.
@@ -156,8 +156,8 @@ class OutOfMemory(msgspec.Struct, frozen=True):
 
 
 class StepMark(msgspec.Struct, frozen=True):
-    """A step end while the history was recorded: the step that ended and when (µs on the host's
-    clock, `time.time_ns() // 1000`, the clock of the history's `time_us`)."""
+    """A step's start while the history was recorded (the previous step's end): the step and when
+    (µs on the host's clock, `time.time_ns() // 1000`, the clock of the history's `time_us`)."""
 
     step: Step
     time_us: Time
@@ -184,8 +184,8 @@ class HistorySeries(msgspec.Struct, frozen=True):
 class MemoryHistory(msgspec.Struct, frozen=True):
     """The allocator's recorded history (`torch.cuda.memory._record_memory_history`): the pickle's
     file name beside the traces (PyTorch's memory viewer opens it; trainprof never unpickles a run
-    folder's file), the most entries it kept, the trace file of the window it recorded, the step
-    ends meanwhile, and its totals over time (`series`)."""
+    folder's file), the most entries it kept, the trace file of the window it recorded, the steps'
+    starts meanwhile, and its totals over time (`series`)."""
 
     file: Text
     max_entries: Count
