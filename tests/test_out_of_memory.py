@@ -327,6 +327,17 @@ def test_out_of_memory_comes_first_and_names_expandable_segments_when_the_cache_
     assert saves["fused_linear_cross_entropy"] == pytest.approx(1_200 * MB * 7_000 / 1_800, abs=2)
 
 
+def test_a_failing_step_as_large_as_the_profiled_one_points_away_from_the_batch(tmp_path):
+    step = _lm_step(400 * MB, logits=600 * MB, activation=200 * MB, device_memory=10_000 * MB,
+                    ids_shape=[4, 512])
+    step.write(tmp_path)
+    same = [mf.TensorInput(name="input_ids", shape=[4, 512], dtype="int64")]
+    _write_memory_file(tmp_path, out_of_memory=_error(inputs=same))
+    finding = analyze(tmp_path).findings[0]
+    assert finding.details.tokens_ratio == 1 and finding.details.predicted_peak_bytes == 2_800 * MB
+    assert "that fits: what grew is not the batch" in finding.title
+
+
 def test_an_error_no_window_explains_is_reported_alone(tmp_path):
     _write_memory_file(tmp_path, out_of_memory=_error(trace=None, steps_ended=1))
     result = analyze(tmp_path)

@@ -320,6 +320,8 @@ def _title(details: OutOfMemoryDetails, tokens: StepTokens | None, room: Headroo
         if details.predicted_peak_bytes is not None and details.usable_bytes:
             parts.append(f", for a predicted peak of {details.predicted_peak_bytes / GIB:.1f} GiB against "
                          f"{details.usable_bytes / GIB:.1f} GiB usable")
+            if details.predicted_peak_bytes <= details.usable_bytes:
+                parts.append(" (that fits: what grew is not the batch; see what held the memory)")
     if details.largest_batch is not None:
         parts.append(f"; a batch of {details.largest_batch} fits at its sequence length")
     elif room is not None and details.tokens_ratio is None:
