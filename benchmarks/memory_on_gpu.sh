@@ -45,8 +45,8 @@ run() {
     echo "$name: exit $status" | tee -a "$OUT/memory_checks.log"
 }
 
-run oom_issue 60 - oom_issue
-run oom_long_sequence 45 - oom_long_sequence
+run oom_issue 55 - oom_issue
+run oom_long_sequence 40 - oom_long_sequence
 run fragmentation_default 30 - fragmentation
 run fragmentation_expandable 30 expandable_segments:True fragmentation
 run headroom 70 - headroom
