@@ -27,10 +27,14 @@ class MemoryTrace(TraceBuilder):
         super().__init__()
         self.total = before_window
         self.device_memory: int | None = None
+        self.reserved: int | None = None
+        """When set, each event's `Total Reserved`: this, or the allocated total where that is more."""
 
     def block(self, ts: float, size: int, addr: int, tid: int = MAIN) -> None:
         self.total += size
         args = {"Total Allocated": self.total, "Bytes": size, "Addr": addr, "Device Type": 1, "Device Id": 0}
+        if self.reserved is not None:
+            args["Total Reserved"] = max(self.reserved, self.total)
         self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
                             "tid": tid, "ts": ts, "args": args})
 
@@ -41,6 +45,12 @@ class MemoryTrace(TraceBuilder):
         self.cpu("cpu_op", f"autograd::engine::evaluate_function: {node}", ts, 200, SIDE)
         self.cpu("cpu_op", name, ts + 10, 100, SIDE, **{"Sequence number": sequence, "Fwd thread id": 1})
 
+    def embedding(self, ts: float, ids_shape: list[int]) -> None:
+        """An embedding lookup reading token ids of `ids_shape` (what `tokens.step_tokens` reads)."""
+        self.cpu("cpu_op", "aten::embedding", ts, 50, MAIN,
+                 **{"Input Dims": [[1000, 64], ids_shape, [], [], []],
+                    "Input type": ["float", "long int", "Scalar", "Scalar", "Scalar"]})
+
     def write(self, folder: Path) -> Path:
         path = super().write(folder)
         if self.device_memory is not None:
@@ -50,7 +60,10 @@ class MemoryTrace(TraceBuilder):
         return path
 
 
-def _lm_step(attention_scores: int, logits: int, activation: int, device_memory: int | None = None):
+def _lm_step(
+    attention_scores: int, logits: int, activation: int, device_memory: int | None = None,
+    ids_shape: list[int] | None = None, reserved: int | None = None,
+):
     """One training step of a small language model, its allocations in MB:
 
         before the window  1,000 (parameters and optimizer state)
@@ -60,10 +73,15 @@ def _lm_step(attention_scores: int, logits: int, activation: int, device_memory:
                            the loss' log-softmax (MyForCausalLM, aten::_log_softmax), freed in backward
         backward           its gradient (LogSoftmaxBackward0, linked to the forward op): the peak,
                            freed in backward; a parameter's gradient, never freed in the window
+
+    `ids_shape`: the token ids an embedding lookup reads first; `reserved`: the allocator's reserve.
     """
     t = MemoryTrace(before_window=1_000 * MB)
     t.device_memory = device_memory
+    t.reserved = reserved
     t.step(1, 0.0)
+    if ids_shape is not None:
+        t.embedding(11_000, ids_shape)
     t.py("nn.Module: MyForCausalLM_0", 12_000, 20_000)
     t.py("nn.Module: MyAttention_0", 12_100, 2_000)
     t.forward_op("aten::_softmax", 12_200, sequence=1)
@@ -217,3 +235,72 @@ def test_series_keeps_the_peak_and_the_valleys_and_the_largest_are_those_alive_a
     expected = sorted(live.values(), reverse=True)[: len(memory.largest)]
     assert [allocation.bytes for allocation in memory.largest] == expected
     assert all(allocation.op for allocation in memory.largest)
+
+
+@pytest.mark.parametrize(("reserved", "expected"), [(3_500 * MB, 3_500 * MB), (None, None)])
+def test_the_reserved_total_is_read_and_drawn_beside_the_allocated_one(tmp_path, reserved, expected):
+    step = _lm_step(400 * MB, 600 * MB, 200 * MB, reserved=reserved)
+    memory = analyze(step.write(tmp_path)).traces[0].memory
+    assert memory.reserved_peak_bytes == expected  # 3.5 GB: above the 2.8 GB allocated peak throughout
+    drawn = memory.series.reserved_bytes
+    assert drawn == ([expected] * len(memory.series.t_ms) if expected else None)
+
+
+def test_activations_alive_at_the_peak_by_module():
+    memory = analyze(FIXTURES / "busy/vocab_head/bare").traces[0].memory
+    rows = memory.activations_by_module
+    assert rows == sorted(rows, key=lambda row: -row.bytes)
+    assert sum(row.bytes for row in rows) <= memory.by_category["activations"]
+    # A 2-layer Llama: its MLPs and attention hold activations for the backward pass.
+    assert any(row.module and "LlamaMLP" in row.module for row in rows)
+
+
+def test_headroom_splits_the_peak_into_fixed_and_scaling_bytes_and_solves_for_the_batch_and_length(tmp_path):
+    step = _lm_step(400 * MB, logits=600 * MB, activation=200 * MB, device_memory=10_000 * MB,
+                    ids_shape=[4, 512])
+    room = analyze(step.write(tmp_path)).traces[0].headroom
+    # At the peak: persistent 1,000 MB; activations 400 + 200 + 600; temporaries 600 (the logits'
+    # gradient); the attention scores (400) grow with T^2.
+    fixed, scaling, scores = 1_000 * MB, 1_800 * MB, 400 * MB
+    usable = 0.95 * 10_000 * MB
+    assert (room.fixed_bytes, room.scaling_bytes, room.attention_bytes) == (fixed, scaling, scores)
+    assert room.usable_bytes == pytest.approx(usable)
+    assert room.tokens.shape == [4, 512] and room.tokens.tokens == 2_048
+    assert room.bytes_per_token == pytest.approx(scaling / 2_048, abs=0.1)
+    fits = (usable - fixed) / scaling  # 4.72x
+    assert room.fits_times == pytest.approx(fits, abs=1e-3)
+    assert room.largest_batch == int(4 * fits) == 18
+    # k x 1,400 MB + k^2 x 400 MB = 8,500 MB: the positive root of 400 k^2 + 1,400 k - 8,500.
+    k = max(np.roots([scores, scaling - scores, -(usable - fixed)]).real)
+    assert room.longest_seq_len == int(512 * k)
+    # The peak a batch of 18 would reach fits; 19 would not.
+    assert room.peak_at(18 / 4) <= usable < room.peak_at(19 / 4)
+
+
+def test_headroom_needs_the_devices_memory_and_names_no_batch_without_token_ids(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert analyze(_lm_step(400 * MB, 600 * MB, 200 * MB).write(tmp_path / "a")).traces[0].headroom is None
+    room = analyze(_lm_step(400 * MB, 600 * MB, 200 * MB, device_memory=10_000 * MB).write(tmp_path / "b")
+                   ).traces[0].headroom
+    assert room.tokens is None and room.largest_batch is None and room.longest_seq_len is None
+    assert room.fits_times == pytest.approx((9_500 - 1_000) / 1_800, abs=1e-3)
+
+
+def test_headroom_on_a_real_h200_trace():
+    """vocab_head/bare (2-layer Llama, 128,256-token vocabulary, B4 x T2048, H200): the batch the
+    memory allows follows from the peak's own categories."""
+    result = analyze(FIXTURES / "busy/vocab_head/bare")
+    memory, room = result.traces[0].memory, result.traces[0].headroom
+    assert room.tokens.shape == [4, 2048] and room.device_bytes == 150_109_880_320
+    scaling = memory.by_category["activations"] + memory.by_category["temporaries"]
+    fixed = memory.peak_bytes - scaling
+    assert room.fixed_bytes + room.scaling_bytes == memory.peak_bytes
+    assert room.largest_batch == int(4 * (0.95 * 150_109_880_320 - fixed) / scaling)
+    assert "memory headroom" in dict(_headline(result))
+
+
+def _headline(result):
+    from trainprof.report import _format
+
+    return _format.headline(result)

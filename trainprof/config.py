@@ -71,13 +71,23 @@ class SessionConfig:
     """Write per-step scalars (step time, GPU busy, syncs, kernels, MFU, GPU idle by cause) and the findings
     and report as text for TensorBoard, if installed."""
 
+    memory_history: bool = False
+    """Record the caching allocator's history (every allocation and free, with its Python stack)
+    during the first recorded window, and write it beside the traces as
+    `<worker>.memory_history.pickle`, which PyTorch's memory viewer (https://pytorch.org/memory_viz)
+    opens; report.html draws it over the window's steps. CUDA only; costs a few µs per allocation
+    while it records."""
+
+    memory_history_entries: int = 100_000
+    """The most allocator history entries kept (the latest): a Llama-8B step makes ~20,000."""
+
     gather_timeout_s: float = 120.0
     """Under a process group of several ranks: how long rank 0 waits at exit for the other ranks'
     summaries to write the cross-rank report (`trainprof.gather`; the other ranks never wait); 0
     turns the cross-rank report off."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "warmup", "active", "repeat", "skip_first"):
+        for name in ("wait", "warmup", "active", "repeat", "skip_first", "memory_history_entries"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"SessionConfig.{name} must be an int, got {value!r}")
@@ -89,6 +99,9 @@ class SessionConfig:
             raise ValueError(f"SessionConfig.gather_timeout_s must be a number >= 0, got {timeout!r}")
         if self.active < 1:
             raise ValueError(f"SessionConfig.active must be >= 1, got {self.active}")
+        if self.memory_history_entries < 1:
+            entries = self.memory_history_entries
+            raise ValueError(f"SessionConfig.memory_history_entries must be >= 1, got {entries}")
         if self.run_name is not None and not _is_plain_name(self.run_name):
             raise ValueError(f"SessionConfig.run_name must be a plain folder name, got {self.run_name!r}")
 

@@ -18,11 +18,19 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
   the host from one step's end to the next;
 - `W.peaks.json`: the GPU's matmul and copy rates, measured once per device and torch version
   (`trainprof.capture.peaks`), read by the analysis for achieved TFLOP/s, TB/s and MFU;
+- `W.memory.json`: the caching allocator's state as each window ended and at an out-of-memory error
+  (`trainprof.capture.memory`); `W.memory_history.pickle`: its history over the first window with
+  `memory_history=True`;
 - at exit: `summary.json` (the analysis), `report.md` (`summary.rankR.json`, `report.rankR.md` when the
   process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars;
   with a process group of several ranks, rank 0 also writes the cross-rank report from every rank's
   gathered summary (`summary.ranks.json`, `report.ranks.md`; `trainprof.gather`).
   Every file is written to a temporary name and renamed: a full disk leaves no half-written file.
+
+A loop that raises ends the session unreported, except on an out-of-memory error: the session then
+records what the allocator held and where the error was raised (`trainprof.capture.memory`), writes
+its report with the `out_of_memory` finding first, and the error leaves `with` unchanged (the same
+object and traceback).
 
 The step path stays cheap: at a window's end only torch's export runs (inside the step that ends
 it); the analysis runs once, at exit, over the last `MAX_WINDOWS` windows (memory stays bounded with
@@ -69,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.distributed import CrossRank
     from trainprof.analysis.result import Analysis, Finding, Summary
     from trainprof.capture.arrival import ForwardMarks
+    from trainprof.capture.memory import MemoryCapture
     from trainprof.capture.syncs import SyncCapture
 
 logger = logging.getLogger("trainprof")
@@ -216,6 +225,7 @@ class Session:
         )
         self._profiler: Any = None
         self._capture: SyncCapture | None = None
+        self._memory: MemoryCapture | None = None  # the allocator's state (trainprof.capture.memory)
         self._compile_counters: dict[str, Any] | None = None  # Dynamo's, read as each window ends
         self._thread: int | None = None
         """The thread that started the session: only its optimizer steps end steps."""
@@ -252,7 +262,7 @@ class Session:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self.stop(user_error=exc_type is not None)
+        self.stop(user_error=exc_type is not None, error=exc)
         return False  # the user's exception, if any, propagates unchanged
 
     def start(self) -> Session:
@@ -311,6 +321,10 @@ class Session:
             from trainprof.capture.syncs import SyncCapture
 
             self._capture = SyncCapture()
+        from trainprof.capture import memory
+
+        self._memory = memory.MemoryCapture(config.memory_history, config.memory_history_entries)
+        memory.watch(self._memory)
         self._nvtx = _nvtx_module()
         self._unwatch = _watch_other_profilers(self)
         with torch_noise.quiet_torch_stderr():
@@ -333,8 +347,10 @@ class Session:
             self.run_dir = candidate
             return
 
-    def stop(self, user_error: bool = False) -> None:
-        """Stop profiling, undo every hook, and (unless the loop raised) analyse and report.
+    def stop(self, user_error: bool = False, error: BaseException | None = None) -> None:
+        """Stop profiling, undo every hook, and (unless the loop raised) analyse and report; `error`,
+        the loop's exception if it raised one: an out-of-memory error is explained in the report (it
+        is only read, never changed).
 
         Nothing of trainprof's own making leaves it (rich's `SystemExit` on a closed stdout
         included); a KeyboardInterrupt does, once the profiler is stopped.
@@ -345,12 +361,14 @@ class Session:
             self._leave_forked_child()
             return
         try:
-            self._stop_and_report(user_error)
+            self._stop_and_report(user_error, error)
         finally:
             self._across_ranks()
 
-    def _stop_and_report(self, user_error: bool) -> None:
+    def _stop_and_report(self, user_error: bool, error: BaseException | None = None) -> None:
         self._user_error = user_error
+        # Read before the profiler's stop: the allocator's state is then still the error's.
+        out_of_memory = user_error and self._record_out_of_memory(error)
         try:
             self._shutdown()  # flushes a partly recorded window through _on_trace_ready
         except _OURS as exc:
@@ -359,13 +377,26 @@ class Session:
         if self._failure is not None:
             self._step_aside(*self._failure)
             return
-        if user_error:
+        if user_error and not out_of_memory:
             self.summary = _not_profiled("the training loop raised")
             return
         try:
             self._finish()
         except _OURS as exc:
             self._step_aside("writing the report", exc)
+
+    def _record_out_of_memory(self, error: BaseException | None) -> bool:
+        """Whether the loop's `error` is an out-of-memory error, recorded (`capture.memory`)."""
+        if self._memory is None or error is None:
+            return False
+        try:
+            optimizer = self._primary_optimizer() if self._primary_optimizer is not None else None
+            recording = self.config.action_at(self.steps_ended) in ("record", "save")
+            return self._memory.on_error(error, self.steps_ended, recording, optimizer, self.run_dir,
+                                         self.worker)
+        except _OURS:
+            logger.debug("trainprof: recording the out-of-memory error failed", exc_info=True)
+            return False
 
     def _across_ranks(self) -> None:
         """Hand this rank's summary to rank 0 (none when it has no analysis, so that rank 0 need not
@@ -426,7 +457,7 @@ class Session:
                 _ACTIVE = None
         errors: list[BaseException] = []
         for undo in (self._stop_capture, self._stop_profiler, self._remove_cycle_filter,
-                     self._remove_watch, self._close_nvtx, self._stop_forward_marks):
+                     self._remove_watch, self._close_nvtx, self._stop_forward_marks, self._stop_memory):
             try:
                 undo()
             except BaseException as exc:  # noqa: BLE001 - every part runs; the first error is raised
@@ -443,6 +474,13 @@ class Session:
         self._capture = None
         self.summary = _not_profiled("a process forked inside the session: only the parent is profiled")
         logger.debug("trainprof: %s", self.summary.reason)
+
+    def _stop_memory(self) -> None:
+        if self._memory is not None:
+            from trainprof.capture import memory
+
+            memory.watch(None)
+            self._memory.stop(self.run_dir, self.worker)
 
     def _stop_forward_marks(self) -> None:
         if self._forward_marks is not None:
@@ -646,9 +684,12 @@ class Session:
         return before == "save" or before != self.config.action_at(step)
 
     def _follow_schedule(self) -> None:
-        """Capture sync sites exactly during the recorded steps; NVTX ranges per phase and step."""
+        """Capture sync sites exactly during the recorded steps; NVTX ranges per phase and step; the
+        allocator's history from the first recorded step (`memory_history=True`)."""
         if self._nvtx is not None:
             self._mark_nvtx()
+        if self._memory is not None:
+            self._memory.follow(self.config.action_at(self.steps_ended), self.steps_ended)
         if self._capture is None:
             return
         from torch.profiler import ProfilerAction
@@ -720,6 +761,8 @@ class Session:
                 sites = [site.to_dict() for site in self._capture.take_sites()]
             self._windows.append((trace_path, sites))
             self.windows_written += 1
+            if self._memory is not None:  # the allocator's state as the window ended (never raises)
+                self._memory.window_ended(self.run_dir, self.worker, trace_path.name, self.steps_ended)
             from trainprof.capture.compile import dynamo_counters  # its package imports the sync capture
 
             self._compile_counters = dynamo_counters() or self._compile_counters
@@ -787,11 +830,13 @@ class Session:
 
     def _finish(self) -> None:
         """At exit: one analysis of the kept windows, then the reports, then say where files went."""
+        out_of_memory = self._memory is not None and self._memory.out_of_memory is not None
         if not self._windows:
-            self._say_nothing_recorded()
+            if not (out_of_memory and self._report_out_of_memory_alone()):
+                self._say_nothing_recorded()
             return
-        if self.config.measure_peaks:  # for an offline analysis too
-            self._write_peaks()
+        if self.config.measure_peaks and not out_of_memory:  # for an offline analysis too; not on a
+            self._write_peaks()  # full device: measuring allocates
         self._time_unprofiled_steps()
         if self.unprofiled_step_ms:  # beside the traces, for this analysis and an offline one
             try:
@@ -799,13 +844,16 @@ class Session:
             except OSError as exc:  # the analysis goes on without them
                 warn(f"trainprof: could not write the un-profiled step times beside the traces ({exc})")
         if not self.config.analyze:
+            self._write_memory(self._windows[-1][0].name, [])
             reason = "analyze=False: traces written, not analysed"
             self.summary = _not_profiled(reason)
             self._say_where(analysed=False)
             return
         traces = self._load_finished_steps()
+        self._write_memory(traces[-1].path.name if traces else None, traces)
         if not traces:
-            self._say_nothing_recorded()
+            if not (out_of_memory and self._report_out_of_memory_alone()):
+                self._say_nothing_recorded()
             return
         from trainprof.analysis import analyze
 
@@ -815,6 +863,10 @@ class Session:
             logger.warning("trainprof: report.html's drawings failed; the report goes without them",
                            exc_info=True)
             self.analysis = analyze(traces)
+        self._report(self.config.tensorboard_scalars)
+
+    def _report(self, tensorboard_scalars: bool) -> None:
+        """Write and print the reports of `self.analysis`, then say where files went."""
         self.findings = self.analysis.findings
         self.summary = self.analysis.summary
         from trainprof.report import write_reports
@@ -822,7 +874,7 @@ class Session:
         self.written = write_reports(
             self.analysis,
             self.run_dir,
-            tensorboard_scalars=self.config.tensorboard_scalars,
+            tensorboard_scalars=tensorboard_scalars,
             console=False,
             rank=self.rank,
         )
@@ -831,6 +883,32 @@ class Session:
 
             self._print(print_report, self.analysis)
         self._say_where(analysed=True)
+
+    def _write_memory(self, last_trace: str | None, traces: list[Any]) -> None:
+        """`<worker>.memory.json` beside the traces (`capture.memory`), its out-of-memory error named
+        after `last_trace`, the last window with a finished step; `traces` get what it holds."""
+        if self._memory is None:
+            return
+        try:
+            document = self._memory.write(self.run_dir, self.worker, last_trace)
+        except OSError as exc:  # the analysis goes on with the capture in memory
+            warn(f"trainprof: could not write the allocator's state beside the traces ({exc})")
+            document = self._memory.document(self.worker, last_trace)
+        for trace in traces:
+            trace.memory_file = document
+
+    def _report_out_of_memory_alone(self) -> bool:
+        """The loop ran out of memory before a recorded step ended: report the error alone; whether
+        there was an error to report (written with `config.analyze`)."""
+        self._write_memory(None, [])
+        if not self.config.analyze:
+            return False
+        from trainprof.analysis.core import without_window
+        from trainprof.analysis.thresholds import Thresholds
+
+        self.analysis = without_window([self._memory.document(self.worker, None)], Thresholds())
+        self._report(tensorboard_scalars=False)
+        return True
 
     def _say_nothing_recorded(self) -> None:
         """The loop ended before a recorded step ended: say so, and how to fix it."""

@@ -34,8 +34,10 @@ from trainprof.analysis.comm_findings import (
 from trainprof.analysis.compile import compile_findings, compile_stats
 from trainprof.analysis.distributed import CrossRank, RankSummary, cross_rank, rank_summary
 from trainprof.analysis.folder import analyze_files
+from trainprof.analysis.fragmentation import fragmentation, fragmentation_finding
 from trainprof.analysis.fsdp_host import fsdp_host_finding
 from trainprof.analysis.fusion import swap_prediction
+from trainprof.analysis.headroom import headroom
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.idle import host_labels, idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
@@ -43,8 +45,9 @@ from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernels import top_kernels_finding
 from trainprof.analysis.launch import launch_finding, launch_stats, tiny_kernels
 from trainprof.analysis.links import link_for
-from trainprof.analysis.memory import memory_finding, memory_profile, peak_memory_per_step
+from trainprof.analysis.memory import history_view, memory_finding, memory_profile, peak_memory_per_step
 from trainprof.analysis.modules import module_costs_finding, owner_costs
+from trainprof.analysis.oom import out_of_memory_finding
 from trainprof.analysis.overlap import step_exposure
 from trainprof.analysis.peaks import device_peaks
 from trainprof.analysis.profiler_cost import (
@@ -63,10 +66,12 @@ from trainprof.analysis.stragglers import named_straggler
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline, build_timeline
+from trainprof.analysis.tokens import step_tokens
 from trainprof.analysis.verdict import WAIT_VERDICT, Verdict, verdict
 from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace
-from trainprof.trace.load import first_event_us, gc_paused, trace_paths
+from trainprof.trace.load import first_event_us, gc_paused, memory_files_without_trace, trace_paths
+from trainprof.trace.memory_file import MemoryFile
 
 
 def analyze(
@@ -90,11 +95,16 @@ def analyze(
     (default: one per core from `folder.PARALLEL_MIN_FILES` files on, else this process alone).
     `views`: also build what report.html draws of each trace (`TraceInfo.views`: timeline, op and
     kernel tables, flame graph; the memory chart is `TraceInfo.memory`).
+    A folder whose session ran out of GPU memory before it recorded a window (only its
+    `<worker>.memory.json`) gives the `out_of_memory` findings alone (`without_window`).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
     limits = Thresholds(thresholds)
     report = on_progress or (lambda what, done, total: None)
     if isinstance(path_or_traces, (str, Path)):
+        errors = memory_files_without_trace(Path(path_or_traces))
+        if errors:
+            return without_window(errors, limits)
         files = trace_paths(path_or_traces)
         in_folder = Path(path_or_traces).is_dir()
         results = analyze_files(files, in_folder, sync_sites, limits, workers, report, views)
@@ -108,6 +118,26 @@ def analyze(
             results.append(analyze_trace(trace, sync_sites, limits, views))
     report("done", 2 * len(results), 2 * len(results))
     return compose(results, limits)
+
+
+def without_window(documents: list[MemoryFile], limits: Thresholds, reason: str | None = None) -> Analysis:
+    """The analysis of runs that ran out of GPU memory before a recorded window ended: the
+    `out_of_memory` finding of each, explained by the error alone; verdict `not-profiled`."""
+    findings = [
+        out_of_memory_finding(document.out_of_memory, None, None, None, None, _rank_of(document.worker))
+        for document in documents if document.out_of_memory is not None
+    ]
+    findings.sort(key=finding_order)
+    steps = sorted({document.out_of_memory.steps_ended for document in documents if document.out_of_memory})
+    reason = reason or (f"the loop ran out of GPU memory in step {', '.join(map(str, steps))}, before a "
+                        "recorded step ended: the error is explained without a profile")
+    return Analysis(summary=Summary(verdict="not-profiled", reason=reason), findings=findings)
+
+
+def _rank_of(worker: str) -> int | None:
+    from trainprof.trace.load import rank_in_name
+
+    return rank_in_name(worker)
 
 
 def compose(results: list[TraceResult], limits: Thresholds) -> Analysis:
@@ -262,6 +292,13 @@ def _analyze_one(
     memory = memory_profile(timeline, sites)
     device = trace.device_properties[0] if trace.device_properties else {}
     device_memory = device.get("totalGlobalMem") if isinstance(device.get("totalGlobalMem"), int) else None
+    saved = trace.memory_file  # the allocator's state the session captured (trace.memory_file)
+    if device_memory is None and saved is not None and saved.device is not None:
+        device_memory = saved.device.total_bytes
+    tokens = step_tokens(timeline, memory.peak_step if memory is not None else None)
+    room = headroom(memory, device_memory, tokens, limits)
+    reserve = fragmentation(memory, device_memory, saved.window_state(trace.path.name) if saved else None,
+                            saved.alloc_conf if saved else None)
     device_name = device.get("name") if isinstance(device.get("name"), str) else None
     gpu_work = has_gpu_work(times)  # else no GPU-idle time to split by cause
     compute = Coverage(*compute_spans(timeline))
@@ -314,11 +351,17 @@ def _analyze_one(
         top_kernels_finding(timeline, trace.rank, owners.launch_op),
         module_costs_finding(costs, trace.rank),
         memory_finding(memory, trace_verdict.step_ms, trace.rank, limits, device_memory, inference),
+        fragmentation_finding(reserve, trace_verdict.step_ms, trace.rank, limits),
         cpu_only_finding(timeline, times, trace.rank),
         slowdown_finding(cost, n, trace.rank),
     ):
         if maybe is not None:
             findings.append(maybe)
+    error = saved.out_of_memory_after(trace.path.name) if saved is not None else None
+    if error is not None:  # the loop ran out of memory after this window: it explains the error
+        world = (trace.distributed_info or {}).get("world_size")
+        findings.append(out_of_memory_finding(error, memory, room, tokens, reserve, trace.rank,
+                                              world if type(world) is int else None))
     comm = _communication(timeline, steps, calls, trace_verdict, findings, device_name, limits)
     if gpu_work and (comm is not None and comm.framework == "FSDP2" or comm is None and _is_fsdp2(trace)):
         fsdp = fsdp_host_finding(timeline, calls, trace_verdict.step_ms, trace.rank, limits)
@@ -355,6 +398,9 @@ def _analyze_one(
         profiler=cost,
         work=compared,
         profiler_estimate=estimate,
+        headroom=room,
+        fragmentation=reserve,
+        memory_history=history_view(saved.history_of(trace.path.name)) if saved is not None else None,
     )
     return steps, findings, info
 

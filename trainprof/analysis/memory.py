@@ -22,7 +22,11 @@ its fix and the memory it would save: what that family holds at the peak. Activa
 only under memory pressure (the peak at least `memory_pressure_share` of the device's memory): their
 fix, recomputing them, costs compute, where the families' fixes cost none. Everything is vectorised
 over the events; `MemoryProfile.series` is the allocated total over time by category, decimated to
-`MEMORY_SERIES_POINTS` (each slice's lowest and highest point), which report.html draws.
+`MEMORY_SERIES_POINTS` (each slice's lowest and highest point), which report.html draws, with the
+allocator's reserved total (`Total Reserved`) beside it: what the device gives the process, the
+allocated tensors plus what the allocator caches (`analysis.fragmentation` judges the difference).
+The activations alive at the peak are also summed by the `nn.Module` that made them
+(`activations_by_module`): what checkpointing a module would give back.
 """
 
 from __future__ import annotations
@@ -37,8 +41,14 @@ from trainprof.analysis.attribution import BACKWARD, OPTIMIZER, AttributionIndex
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
-from trainprof.analysis.thresholds import LARGEST_ALLOCATIONS_KEPT, MEMORY_SERIES_POINTS, Thresholds
+from trainprof.analysis.thresholds import (
+    ACTIVATION_MODULES_KEPT,
+    LARGEST_ALLOCATIONS_KEPT,
+    MEMORY_SERIES_POINTS,
+    Thresholds,
+)
 from trainprof.analysis.timeline import Timeline
+from trainprof.trace.memory_file import MemoryHistory
 from trainprof.trace.model import FRAME_CATEGORIES
 from trainprof.user_code import is_user_file
 
@@ -116,11 +126,21 @@ class MemorySeries(Record, frozen=True):
     """The allocated total over time (ms from the trace's first step), and by category: persistent is
     what allocations from before the window hold; the points are every event's, or past
     `MEMORY_SERIES_POINTS` events the lowest and highest total of each of half as many equal slices
-    of the events, so the peak and the valleys are among them (`_series_points`)."""
+    of the events, so the peak and the valleys are among them (`_series_points`). `reserved_bytes`:
+    the allocator's reserved total at the same points (None when the trace does not record it; a
+    point without it repeats the last known)."""
 
     t_ms: list[float]
     allocated_bytes: list[int]
     by_category: dict[str, list[int]]
+    reserved_bytes: list[int] | None = None
+
+
+class ModuleBytes(Record, frozen=True):
+    """Bytes alive at the peak that one `nn.Module` class path made (None: outside any module)."""
+
+    module: str | None
+    bytes: int
 
 
 class MemoryProfile(Record, frozen=True):
@@ -128,7 +148,9 @@ class MemoryProfile(Record, frozen=True):
 
     `peak_bytes` at `peak_at_ms` (ms from the trace's first step) in step `peak_step`;
     `by_category` and `by_family`: bytes at the peak; `largest`: the largest allocations alive then;
-    `series`: the allocated total over time.
+    `series`: the allocated total over time; `reserved_peak_bytes`: the largest reserved total inside
+    the steps (None when the trace does not record it); `activations_by_module`: the activations
+    alive at the peak by the module class path that made them, largest first.
     """
 
     peak_bytes: int
@@ -138,6 +160,41 @@ class MemoryProfile(Record, frozen=True):
     by_family: dict[str, int]
     largest: list[LiveAllocation]
     series: MemorySeries
+    reserved_peak_bytes: int | None = None
+    activations_by_module: list[ModuleBytes] = []
+
+
+class HistoryView(Record, frozen=True):
+    """The allocator's recorded history over a window (`session(memory_history=True)`), as report.html
+    draws it: `t_ms` from the first step mark (the host's clock, on which the history is timed), the
+    allocated and reserved totals there, where each step began (`step_marks`: step -> ms), when an allocation
+    failed (`oom_at_ms`, None if none did), and the pickle PyTorch's memory viewer opens (`file`)."""
+
+    file: str
+    t_ms: list[float]
+    allocated_bytes: list[int]
+    reserved_bytes: list[int]
+    step_marks: dict[int, float]
+    oom_at_ms: float | None
+    entries: int
+
+
+def history_view(history: MemoryHistory | None) -> HistoryView | None:
+    """The history's totals over time from the first step mark (`HistoryView`); None without them."""
+    series = history.series if history is not None else None
+    if series is None or not series.time_us:
+        return None
+    origin = history.step_marks[0].time_us if history.step_marks else series.time_us[0]
+    n = min(len(series.time_us), len(series.allocated_bytes), len(series.reserved_bytes))
+    return HistoryView(
+        file=history.file,
+        t_ms=[round((t - origin) / 1e3, 3) for t in series.time_us[:n]],
+        allocated_bytes=series.allocated_bytes[:n],
+        reserved_bytes=series.reserved_bytes[:n],
+        step_marks={mark.step: round((mark.time_us - origin) / 1e3, 3) for mark in history.step_marks},
+        oom_at_ms=round((series.oom_time_us - origin) / 1e3, 3) if series.oom_time_us is not None else None,
+        entries=series.entries,
+    )
 
 
 def peak_memory_per_step(timeline: Timeline) -> list[int | None]:
@@ -204,6 +261,9 @@ def memory_profile(timeline: Timeline, index: AttributionIndex | None = None) ->
         )
         for row, (frame, user) in zip(largest_rows.tolist(), sites, strict=True)
     ]
+    reserved = events.reserved
+    known_reserved = reserved[in_step >= 0] if reserved is not None else np.empty(0)
+    known_reserved = known_reserved[np.isfinite(known_reserved)]
     return MemoryProfile(
         peak_bytes=int(total[peak]),
         peak_step=timeline.steps[int(in_step[peak])].number,
@@ -212,7 +272,24 @@ def memory_profile(timeline: Timeline, index: AttributionIndex | None = None) ->
         by_family=by_family,
         largest=largest,
         series=_series(events, category, alloc_of, origin),
+        reserved_peak_bytes=int(known_reserved.max()) if len(known_reserved) else None,
+        activations_by_module=_by_module(owners, live & (category == ACTIVATIONS), size),
     )
+
+
+def _by_module(owners, alive: np.ndarray, size: np.ndarray) -> list[ModuleBytes]:
+    """The bytes of the `alive` allocations per module class path, largest first
+    (`ACTIVATION_MODULES_KEPT` of them)."""
+    rows = np.flatnonzero(alive)
+    if not len(rows):
+        return []
+    held: dict[str | None, float] = {}
+    for row, block in zip(rows.tolist(), size[rows].tolist(), strict=True):
+        ref = owners.module_of(row)
+        key = ref.class_path if ref is not None else None
+        held[key] = held.get(key, 0.0) + block
+    ranked = sorted(held.items(), key=lambda kv: (-kv[1], kv[0] or ""))[:ACTIVATION_MODULES_KEPT]
+    return [ModuleBytes(module=module, bytes=int(round(held_bytes))) for module, held_bytes in ranked]
 
 
 def _pair_by_address(addr: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -299,7 +376,17 @@ def _series(events, category: np.ndarray, alloc_of: np.ndarray, origin_us: float
             name: np.maximum(running[picks, k], 0).round().astype(np.int64).tolist()
             for k, name in enumerate(CATEGORIES)
         },
+        reserved_bytes=_carried(events.reserved)[picks].astype(np.int64).tolist()
+        if events.reserved is not None and np.isfinite(events.reserved).any() else None,
     )
+
+
+def _carried(values: np.ndarray) -> np.ndarray:
+    """`values` with each NaN replaced by the last number before it (the first number before any)."""
+    known = np.isfinite(values)
+    last = np.maximum.accumulate(np.where(known, np.arange(len(values)), -1))
+    first = int(np.argmax(known))
+    return values[np.where(last >= 0, last, first)]
 
 
 def _series_points(total: np.ndarray) -> np.ndarray:

@@ -53,10 +53,26 @@ process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `profiler_estimate`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `profiler_estimate`, `headroom`,
+`fragmentation`, `memory_history`.
 - profiler_estimate (`profiler_overhead.ProfilerHostEstimate`; null with un-profiled steps or no GPU
   work): `ops_per_step`, `python_calls_per_step`, `options` (`stack`, `shapes`, `none`),
   `added_ms_per_step`, `gpu_busy_pct_without`, `could_be_gpu_bound`.
+- headroom (`headroom.Headroom`; null without the memory peak's breakdown or the device's memory):
+  `device_bytes`, `usable_bytes` (less `headroom_reserve_share`), `fixed_bytes` (persistent,
+  gradients, optimizer state at the peak), `scaling_bytes` (activations and temporaries),
+  `attention_bytes` (of those, unfused attention's scores: they grow with the square of the
+  length), `tokens` (`{step, shape, tokens, batch, seq_len, op}`: the ids the step's embedding lookup
+  read; null without one), `bytes_per_token`, `fits_times` (how many times the step's tokens fit),
+  `largest_batch` (at the same length), `longest_seq_len` (at the same batch).
+- fragmentation (`fragmentation.Fragmentation`; null without `Total Reserved` in the trace):
+  `allocated_peak_bytes`, `reserved_peak_bytes`, `cached_bytes` (the difference), `cached_pct` (of
+  the reserve), `device_bytes`, `reserved_device_pct`, and from the session's memory file (else null)
+  `num_alloc_retries`, `num_ooms`, `segments`, `inactive_split_bytes`, `largest_free_block_bytes`,
+  `expandable_segments`, `alloc_conf`.
+- memory_history (`memory.HistoryView`; null unless the session recorded it): `file` (the pickle for
+  PyTorch's memory viewer), `t_ms` (from the first step mark), `allocated_bytes`, `reserved_bytes`,
+  `step_marks` (step -> ms where it began), `oom_at_ms`, `entries`.
 - work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
   compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
   trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
@@ -101,9 +117,12 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   `persistent`, `activations`, `gradients`, `optimizer_state`, `temporaries`), `by_family` (bytes at
   the peak: `logits_loss`, `attention_scores`), `largest` (`[{bytes, category, family, op, module,
   phase, allocated_at_ms, python, user}]`, `user` a `where` or null), `series` (`{t_ms,
-  allocated_bytes, by_category: {category: [bytes]}}`, at most 400 points: every event's, or the
-  lowest and highest total of each of 200 equal slices of the events, so the peak and the valleys
-  are drawn; report.html plots it).
+  allocated_bytes, by_category: {category: [bytes]}, reserved_bytes}`, at most 400 points: every
+  event's, or the lowest and highest total of each of 200 equal slices of the events, so the peak
+  and the valleys are drawn; report.html plots it; `reserved_bytes` null when the trace has no
+  `Total Reserved`), `reserved_peak_bytes` (the largest reserved total inside the steps, or null),
+  `activations_by_module` (`[{module, bytes}]`: the activations alive at the peak by the module
+  class path that made them, largest first).
 - communication (`collectives.CommTotals`, null without any): `on_host` (gloo on a trace with no
   GPU work), `comm_ms_per_step`, `exposed_ms_per_step`, `hidden_pct`, `collectives_per_step`,
   `visible_gpus`, `framework` (DDP, FSDP2, FSDP, DeepSpeed, Megatron, DeepEP or null), `ops`
@@ -192,6 +211,22 @@ in `traces[].verdict`):
 - memory_peak (`memory.MemoryFindingDetails`): `family` (a `by_family` key, or `activations`),
   `memory_saved_bytes` (what the fix would save: what the family holds at the peak), `peak_bytes`,
   `by_category`, `largest` (the family's, as in `traces[].memory`).
+- memory_fragmentation (`fragmentation.FragmentationDetails`): `facts` (as `traces[].fragmentation`),
+  `memory_saved_bytes` (the most expandable segments would give back: the cached bytes).
+- out_of_memory (`oom.OutOfMemoryDetails`; always first, `high`, `gpu_ms_per_step` null):
+  `failing_step`, `recording` (the profiler was recording it), `exception`, `message`,
+  `requested_bytes` (the failing allocation), `device_total_bytes`, `device_free_bytes`, `call`
+  (`{file, line, function}` of the innermost frame), `module` (the `nn.Module` class path), `held`
+  (`[{category, bytes, how}]`, largest first: `parameters`, `gradients`, `optimizer_state`,
+  `activations_and_temporaries` (else `allocated_by_pytorch` without the optimizer's figures), a
+  family's key (`how`: `estimated`, its share at the profiled peak), `reserved_unallocated`,
+  `outside_pytorch`, `other_processes`), `failing_inputs` (`[{name, shape, dtype}]`),
+  `failing_tokens`, `profiled_tokens` (as `headroom.tokens`), `tokens_ratio`, `predicted_peak_bytes`,
+  `usable_bytes`, `largest_batch` (at the failing length), `activations_by_module`, `fixes`
+  (`[{fix, words, saves_bytes, basis}]`, largest saving first; `fix` one of
+  `oom.FIXES`: smaller_micro_batch, fused_linear_cross_entropy, fused_attention,
+  activation_checkpointing, shard_optimizer_state, expandable_segments), `allocator` and
+  `segments` (the allocator's state at the error, as the memory file's), `observed`.
 - exposed_communication (`comm_findings.ExposedCommDetails`): `comm_ms_per_step`,
   `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`,
   `held_elsewhere` (`[{kind, op, ms_per_step}]`: the exposed time at stake in the straggler or a
@@ -230,9 +265,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
     from trainprof.analysis.distributed import CrossRank, RankRow
+    from trainprof.analysis.fragmentation import Fragmentation
+    from trainprof.analysis.headroom import Headroom
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
-    from trainprof.analysis.memory import MemoryProfile
+    from trainprof.analysis.memory import HistoryView, MemoryProfile
     from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.profiler_cost import ProfilerCost
     from trainprof.analysis.profiler_overhead import ProfilerHostEstimate
@@ -434,6 +471,14 @@ class TraceInfo(msgspec.Struct):
     profiler_estimate: ProfilerHostEstimate | None = None
     """The profiler's estimated host cost per step (`profiler_overhead`); None where the trace has
     un-profiled steps beside it (`profiler` measures instead) or no GPU work."""
+    headroom: Headroom | None = None
+    """How far the step can grow before it no longer fits (`headroom`); None without the memory
+    peak's breakdown or the device's memory."""
+    fragmentation: Fragmentation | None = None
+    """The allocator's reserve against the tensors (`fragmentation`); None without a reserved total."""
+    memory_history: HistoryView | None = None
+    """The allocator's recorded history over the window (`memory.history_view`); None unless the
+    session recorded it (`memory_history=True`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -460,6 +505,9 @@ class TraceInfo(msgspec.Struct):
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
             "work": self.work.to_dict() if self.work is not None else None,
             "profiler_estimate": None if self.profiler_estimate is None else self.profiler_estimate.to_dict(),
+            "headroom": self.headroom.to_dict() if self.headroom is not None else None,
+            "fragmentation": self.fragmentation.to_dict() if self.fragmentation is not None else None,
+            "memory_history": self.memory_history.to_dict() if self.memory_history is not None else None,
         }
 
 

@@ -21,7 +21,10 @@ What each kind counts as `Finding.gpu_ms_per_step`:
   memory_bound_kernels, gemm_shape): the predicted saving of GPU time per step (`busy_findings`);
 - profiler overhead and one-off costs: 0, since an un-profiled run in its steady state does not
   pay them (the finding still says how much the profiled steps lost);
-- memory: 0 (it buys a larger batch or model, not GPU time in this step: the finding gives bytes).
+- memory (memory_peak, memory_fragmentation): 0 (it buys a larger batch or model, not GPU time in
+  this step: the finding gives bytes);
+- out_of_memory: none (None): the run ended. It is `high` and ranked before every other finding
+  (`FIRST_KINDS`), whatever GPU time the others could win back.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ IDLE_KINDS = frozenset({
 """Kinds whose `gpu_ms_per_step` is GPU-idle time (a GPU-idle cause, a sync point, a recompile, graph
 breaks' eager gaps): what the profiler's host cost can inflate (`profiler_cost.bound_findings`)."""
 
+FIRST_KINDS = frozenset({"out_of_memory"})
+"""Kinds ranked before every other finding: the loop did not survive them."""
+
 ONE_OFF_KINDS = frozenset({"one_off"})
 """Kinds whose cost is paid once: ranked after every steady-state finding of the same severity."""
 
@@ -56,9 +62,11 @@ def severity_for(gpu_ms_per_step: float, step_ms: float, thresholds: Thresholds)
 
 
 def finding_order(finding: Finding) -> tuple:
-    """The findings' sort key: most severe first; within a severity, steady-state findings before
-    one-off ones, then the most GPU time per step at stake, then the most cost."""
+    """The findings' sort key: `FIRST_KINDS` first; then the most severe; within a severity,
+    steady-state findings before one-off ones, then the most GPU time per step at stake, then the
+    most cost."""
     return (
+        finding.kind not in FIRST_KINDS,
         SEVERITY_ORDER.get(finding.severity, len(SEVERITY_ORDER)),
         finding.kind in ONE_OFF_KINDS,
         -(finding.gpu_ms_per_step or 0.0),

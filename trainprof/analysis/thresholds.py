@@ -140,6 +140,24 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "less buys no noticeably larger batch.",
     ),
     Threshold(
+        "headroom_reserve_share",
+        0.05,
+        "The memory headroom counts on 95% of the device's memory: the rest goes to the CUDA context "
+        "(0.5-1 GiB), cuBLAS and NCCL workspaces, and the caching allocator's rounding and "
+        "fragmentation at the limit (it frees its cache and retries before it fails, so little is "
+        "lost there). benchmarks/memory_checks.py runs the largest batch it predicts.",
+    ),
+    Threshold(
+        "fragmentation_min_share",
+        0.15,
+        "Fragmentation sets the memory peak when at least 15% of the allocator's largest reserved "
+        "total held no tensor at the largest allocated one (cached blocks too small or split for the "
+        "requests): below, the cache is the usual rounding and reuse; with expandable segments the "
+        "reserve stays within a few percent of the tensors. It needs the reserve at "
+        "`memory_pressure_share` of the device, or the allocator retrying its cudaMalloc calls: a "
+        "cache on a device with room to spare limits nothing.",
+    ),
+    Threshold(
         "exposed_comm_min_share",
         0.05,
         "Communication that no compute hides gets a finding from 5% of the step time (or whenever the "
@@ -269,6 +287,12 @@ GRAPH_BREAK_SITES_KEPT = 8
 """Graph-break sites (Dynamo's resume functions) kept in the compile figures."""
 LARGEST_ALLOCATIONS_KEPT = 8
 """Allocations alive at the memory peak kept, largest first (report.html lists them)."""
+OPTIMIZER_SHARDS_QUOTED = 8
+"""Ranks the out-of-memory finding quotes sharding the optimizer state over (ZeRO-1, FSDP) when the trace
+does not say how many there are: a node of 8 GPUs; sharded over N ranks, (N - 1) / N of it is freed."""
+ACTIVATION_MODULES_KEPT = 8
+"""Module class paths kept in the activations-by-module breakdown of the memory peak, largest first (a
+Llama has ~6 module classes holding activations: its attention, MLP, norms, the head)."""
 MEMORY_SERIES_POINTS = 400
 """Points of the memory-over-time series, which report.html draws ~1,000 pixels wide: of each of 200
 slices of the events its lowest and highest total, so the peak and the valleys survive."""

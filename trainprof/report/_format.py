@@ -22,11 +22,14 @@ import msgspec
 
 from trainprof.analysis.kernels import TopKernelsDetails
 from trainprof.analysis.modules import ModuleCostsDetails
+from trainprof.analysis.oom import OutOfMemoryDetails
 from trainprof.report.names import short_kernel_names, short_names
 from trainprof.report.text import safe_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.compile import CompileStats
+    from trainprof.analysis.fragmentation import Fragmentation
+    from trainprof.analysis.headroom import Headroom
     from trainprof.analysis.memory import MemoryProfile
     from trainprof.analysis.result import Analysis, Finding, Summary, TraceInfo
 
@@ -152,6 +155,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
     ]
     if summary.verdict_caveat is not None:
         rows.insert(1, ("caveat", clean(summary.verdict_caveat)))
+    if summary.reason is not None:
+        rows.insert(1, ("why", clean(summary.reason)))
     if summary.gpu_step_ms is not None:
         gpu_step = number(summary.gpu_step_ms, 1, " ms")
         if summary.host_ran_ahead:
@@ -174,6 +179,12 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
                  default=None)
     if memory is not None:
         rows.append(("memory at peak", memory_breakdown(memory)))
+    at_peak = max((t for t in analysis.traces if t.memory is not None), key=lambda t: t.memory.peak_bytes,
+                  default=None)
+    if at_peak is not None and at_peak.fragmentation is not None:
+        rows.append(("memory reserved", reserve_line(at_peak.fragmentation)))
+    if at_peak is not None and at_peak.headroom is not None:
+        rows.append(("memory headroom", headroom_line(at_peak.headroom)))
     compiled = next((t.compile for t in analysis.traces if t.compile is not None), None)
     if compiled is not None:
         rows.append(("torch.compile", compile_line(compiled)))
@@ -216,6 +227,37 @@ def memory_breakdown(memory: MemoryProfile) -> str:
     families = [f"{FAMILY_WORDS.get(name, name)} {size(held)}" for name, held in
                 sorted(memory.by_family.items(), key=lambda kv: -kv[1]) if held > 0]
     return ", ".join(parts) + (f"; of which {', '.join(families)}" if families else "")
+
+
+def headroom_line(room: Headroom) -> str:
+    """`activations and temporaries 13.53 GiB at 8,192 tokens (1.69 MiB per token): about 9.7x as
+    many tokens per step fit in 132.81 GiB usable (batch up to 38 at 2,048 tokens; or sequences up to
+    18,112 at batch 4)`."""
+    text = f"activations and temporaries {size(room.scaling_bytes)}"
+    tokens = room.tokens
+    if tokens is not None and room.bytes_per_token is not None:
+        text += f" at {tokens.tokens:,} tokens ({size(room.bytes_per_token)} per token)"
+    text += f": about {room.fits_times:,.1f}x as many tokens per step fit in {size(room.usable_bytes)} usable"
+    limits = []
+    if room.largest_batch is not None and tokens is not None and tokens.seq_len is not None:
+        limits.append(f"batch up to {room.largest_batch:,} at {tokens.seq_len:,} tokens")
+    if room.longest_seq_len is not None and tokens is not None and tokens.batch is not None:
+        limits.append(f"sequences up to {room.longest_seq_len:,} tokens at batch {tokens.batch:,}")
+    return text + (f" ({'; or '.join(limits)})" if limits else "")
+
+
+def reserve_line(facts: Fragmentation) -> str:
+    """`17.61 GiB at most (11.7% of the device); 0.72 GiB (4.1%) of it held no tensor at the peak;
+    2 cudaMalloc retries`."""
+    text = f"{size(facts.reserved_peak_bytes)} at most"
+    if facts.reserved_device_pct is not None:
+        text += f" ({facts.reserved_device_pct:.1f}% of the device)"
+    text += f"; {size(facts.cached_bytes)} ({facts.cached_pct:.1f}%) of it held no tensor at the peak"
+    if facts.num_alloc_retries:
+        text += f"; {facts.num_alloc_retries:,} cudaMalloc retries"
+    if facts.expandable_segments:
+        text += "; expandable segments"
+    return text
 
 
 FAMILY_WORDS = {"logits_loss": "logits and loss", "attention_scores": "attention scores"}
@@ -483,6 +525,27 @@ def module_costs_tables(analysis: Analysis) -> list[Table]:
     return tables
 
 
+HELD_COLUMNS = (Column("held by"), Column("GiB", numeric=True), Column("how known", drop=1))
+FIX_COLUMNS = (Column("fix"), Column("saves GiB", numeric=True), Column("rests on", drop=1))
+
+
+def out_of_memory_tables(analysis: Analysis) -> list[Table]:
+    """Per out-of-memory finding: what held the device's memory at the error, and its fixes with the
+    memory each would save (`oom.OutOfMemoryDetails`)."""
+    found = _details_of(analysis, OutOfMemoryDetails)
+    tables = []
+    for finding, details in found:
+        head = _titled(f"Out of memory in step {details.failing_step}", finding, [f for f, _ in found])
+        held = [(clean(h.category.replace("_", " "), NAME_CHARS), number(h.bytes / 2**30, 2),
+                 clean(h.how, NAME_CHARS)) for h in details.held]
+        tables.append(Table(f"{head}: what held the memory", HELD_COLUMNS, held))
+        if details.fixes:
+            fixes = [(clean(f.fix.replace("_", " "), NAME_CHARS), number(f.saves_bytes / 2**30, 2),
+                      clean(f.basis)) for f in details.fixes]
+            tables.append(Table(f"{head}: fixes", FIX_COLUMNS, fixes))
+    return tables
+
+
 def cross_rank_tables(analysis: Analysis) -> list[Table]:
     """With several ranks: the ranks' table, then the collectives across ranks and the longest waits
     (`report.ranks.tables`); the console shows the first, the ranks'."""
@@ -494,6 +557,7 @@ def cross_rank_tables(analysis: Analysis) -> list[Table]:
 
 
 TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
+    (None, out_of_memory_tables),
     (TOP_KERNELS_KIND, top_kernels_tables),
     (None, kernel_class_tables),
     (MODULE_COSTS_KIND, module_costs_tables),

@@ -35,6 +35,7 @@ from trainprof.report.json import _ENCODER
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.distributed import CrossRank
+    from trainprof.analysis.memory import HistoryView
     from trainprof.analysis.result import Analysis, Finding, Step, TraceInfo
     from trainprof.analysis.stacks import FlameGraph
     from trainprof.analysis.timeline_view import TimelineView
@@ -70,6 +71,10 @@ def render_html(analysis: Analysis) -> str:
         ("steps", "Where each step went", _step_bars(analysis)),
         ("findings", "Findings", _findings(analysis)),
     ]
+    out_of_memory = _format.out_of_memory_tables(analysis)
+    if out_of_memory:
+        sections.append(("oom", "Out of memory", "".join(
+            f"<h3>{esc(table.title)}</h3>{_shared_table(table)}" for table in out_of_memory)))
     if drawn:
         has_gpu = any(trace.views.timeline.lanes for trace in drawn)
         timeline = _timeline_section(drawn) if has_gpu else '<p class="empty">No GPU work recorded.</p>'
@@ -322,15 +327,21 @@ def _module_table(analysis: Analysis) -> str:
 
 def _memory(trace: TraceInfo) -> str:
     """The memory analysis' series (`MemoryProfile.series`) as stacked areas by category under the
-    allocated total, the peak marked, then its largest allocations alive at the peak."""
+    allocated total, the reserved total dashed above it, the peak marked, then its largest
+    allocations alive at the peak; then the allocator's recorded history (`HistoryView`), if any."""
+    history = _history(trace.memory_history) if trace.memory_history is not None else ""
     memory = trace.memory
     if memory is None or not memory.series.t_ms:
-        return '<p class="empty">No GPU memory recorded (run with <code>profile_memory=True</code>).</p>'
+        return ('<p class="empty">No GPU memory recorded (run with <code>profile_memory=True</code>).</p>'
+                + history)
     series = memory.series
     t_ms = np.asarray(series.t_ms, dtype=np.float64)
     total = np.asarray(series.allocated_bytes, dtype=np.float64)
+    reserved = np.asarray(series.reserved_bytes or [], dtype=np.float64)
+    if len(reserved) != len(t_ms):
+        reserved = np.empty(0)
     start, span = float(t_ms[0]), max(float(t_ms[-1] - t_ms[0]), 1e-9)
-    top = max(float(total.max()), 1.0)
+    top = max(float(total.max()), float(reserved.max()) if len(reserved) else 0.0, 1.0)
     width, height = 1000.0, 200.0
     x_text = [f"{x:.1f}" for x in ((t_ms - start) / span * width).tolist()]
 
@@ -363,7 +374,8 @@ def _memory(trace: TraceInfo) -> str:
         f"<title>allocated GPU memory; peak {peak}</title>"
         + "".join(layers)
         + f'<polyline class="curve" points="{" ".join(points(total))}"/>'
-        f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
+        + (f'<polyline class="reserved" points="{" ".join(points(reserved))}"/>' if len(reserved) else "")
+        + f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
         f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated, peak {peak} at '
         f"{memory.peak_at_ms:,.1f} ms (step {esc(memory.peak_step)})</span>"
         f"<span>{start + span:,.1f} ms</span></div>"
@@ -371,9 +383,11 @@ def _memory(trace: TraceInfo) -> str:
     legend = "".join(
         f'<span><i class="mem-{name}"></i>{esc(name.replace("_", " "))}</span>' for name in shown
     )
+    if len(reserved):
+        legend += '<span><i class="mem-reserved"></i>reserved by the allocator (dashed)</span>'
     chart += f'<div class="legend">{legend}</div>' if legend else ""
     if not memory.largest:
-        return chart
+        return chart + history
     rows = [
         ((_format.size(a.bytes), a.bytes), a.category.replace("_", " "), _num(a.allocated_at_ms, 2),
          a.op or "-", a.module or "-", a.python or "-")
@@ -385,7 +399,45 @@ def _memory(trace: TraceInfo) -> str:
         rows,
         scroll=False,
     )
-    return chart + "<h3>Largest allocations alive at the peak</h3>" + table
+    return chart + "<h3>Largest allocations alive at the peak</h3>" + table + history
+
+
+def _history(view: HistoryView) -> str:
+    """The allocator's recorded history (`memory.HistoryView`): allocated and reserved totals over the
+    window, a line at each step end, and the failed allocation if there was one."""
+    if not view.t_ms:
+        return ""
+    t_ms = np.asarray(view.t_ms, dtype=np.float64)
+    marks = {step: at for step, at in view.step_marks.items() if np.isfinite(at)}
+    ends = [*t_ms.tolist(), *marks.values(), *([view.oom_at_ms] if view.oom_at_ms is not None else [])]
+    start, span = min(ends), max(max(ends) - min(ends), 1e-9)
+    highest = max(view.allocated_bytes, default=0)
+    top = max(highest, max(view.reserved_bytes, default=0), 1)
+    width, height = 1000.0, 160.0
+
+    def x(at: float) -> float:
+        return (at - start) / span * width
+
+    def curve(values: list[int]) -> str:
+        return " ".join(f"{x(t):.1f},{height - v / top * (height - 10):.1f}"
+                        for t, v in zip(t_ms.tolist(), values, strict=False))
+
+    lines = "".join(f'<line class="step-mark" x1="{x(at):.1f}" x2="{x(at):.1f}" y1="0" y2="{height:.0f}">'
+                    f"<title>step {esc(step)} begins</title></line>" for step, at in sorted(marks.items()))
+    if view.oom_at_ms is not None:
+        lines += (f'<line class="peak" x1="{x(view.oom_at_ms):.1f}" x2="{x(view.oom_at_ms):.1f}" y1="0" '
+                  f'y2="{height:.0f}"><title>out of memory</title></line>')
+    return (
+        f"<h3>Allocator history ({view.entries:,} events; open {esc(view.file)} in "
+        "PyTorch's memory viewer, https://pytorch.org/memory_viz)</h3>"
+        f'<svg class="memory history" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" '
+        'role="img" aria-label="allocated and reserved GPU memory over the recorded history">'
+        f"<title>allocator history; highest allocated {esc(_format.size(highest))}</title>{lines}"
+        f'<polyline class="curve" points="{curve(view.allocated_bytes)}"/>'
+        f'<polyline class="reserved" points="{curve(view.reserved_bytes)}"/></svg>'
+        f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated (solid), reserved (dashed); '
+        f"a line where each step begins</span><span>{start + span:,.1f} ms</span></div>"
+    )
 
 
 def _timeline_section(traces: list[TraceInfo]) -> str:

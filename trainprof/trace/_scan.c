@@ -517,7 +517,7 @@ static int read_id(Cur *c, int64_t *out, int *is_text) {
 
 typedef struct {
     int64_t correlation, sequence, fwd_thread, in_nelems, out_nelems, group_size, device_type;
-    double bytes, flops, total_allocated, alloc_bytes, addr;
+    double bytes, flops, total_allocated, total_reserved, alloc_bytes, addr;
     int64_t dims[2], types[2];
     int32_t collective, dtype;
 } Args;
@@ -534,7 +534,7 @@ typedef struct {
 
 typedef struct {
     int64_t device_type;
-    double ts, total_allocated, alloc_bytes, addr;
+    double ts, total_allocated, total_reserved, alloc_bytes, addr;
     int32_t thread;
 } MemoryRow;
 
@@ -556,7 +556,7 @@ static const double NAN_ = NAN;
 static void args_defaults(Args *a) {
     a->correlation = a->sequence = a->fwd_thread = a->in_nelems = a->out_nelems = a->group_size = -1;
     a->device_type = 1;
-    a->bytes = a->flops = a->total_allocated = a->alloc_bytes = a->addr = NAN_;
+    a->bytes = a->flops = a->total_allocated = a->total_reserved = a->alloc_bytes = a->addr = NAN_;
     a->dims[0] = a->dims[1] = a->types[0] = a->types[1] = -1;
     a->collective = a->dtype = -1;
 }
@@ -634,6 +634,7 @@ static int read_args(State *st, Cur *c, int complete, Args *a) {
             }
         } else {
             if (key_is(k, kn, "Total Allocated")) r = read_optional_float(c, &a->total_allocated);
+            else if (key_is(k, kn, "Total Reserved")) r = read_optional_float(c, &a->total_reserved);
             else if (key_is(k, kn, "Device Type")) r = read_int(c, &a->device_type);
             else if (key_is(k, kn, "Bytes")) r = read_optional_float(c, &a->alloc_bytes);
             else if (key_is(k, kn, "Addr")) r = read_optional_float(c, &a->addr);
@@ -736,7 +737,8 @@ static int read_event(State *st, Cur *c) {
         if (pid_text || tid_text) return -1;
         int32_t thread = threads_get(&st->threads, pid, tid);
         if (thread < 0) return c->error = 1, -1;
-        MemoryRow row = {args.device_type, ts, args.total_allocated, args.alloc_bytes, args.addr, thread};
+        MemoryRow row = {args.device_type, ts, args.total_allocated, args.total_reserved, args.alloc_bytes, args.addr,
+                         thread};
         if (buf_put(&st->mem, &row, sizeof(row)) < 0) return c->error = 1, -1;
         return 0;
     }
@@ -898,9 +900,9 @@ PyMODINIT_FUNC PyInit__scan(void) {
         FIELD(XRow, dur, "f8"), FIELD(XRow, bytes, "f8"), FIELD(XRow, flops, "f8"), FIELD(XRow, thread, "i4"),
         FIELD(XRow, name, "i4"), FIELD(XRow, collective, "i4"), FIELD(XRow, dtype, "i4"), FIELD(XRow, cat, "u1"));
     PyObject *mem = Py_BuildValue(
-        "(NNNNNN)", FIELD(MemoryRow, device_type, "i8"), FIELD(MemoryRow, ts, "f8"),
-        FIELD(MemoryRow, total_allocated, "f8"), FIELD(MemoryRow, alloc_bytes, "f8"), FIELD(MemoryRow, addr, "f8"),
-        FIELD(MemoryRow, thread, "i4"));
+        "(NNNNNNN)", FIELD(MemoryRow, device_type, "i8"), FIELD(MemoryRow, ts, "f8"),
+        FIELD(MemoryRow, total_allocated, "f8"), FIELD(MemoryRow, total_reserved, "f8"),
+        FIELD(MemoryRow, alloc_bytes, "f8"), FIELD(MemoryRow, addr, "f8"), FIELD(MemoryRow, thread, "i4"));
     int added = x && mem && PyModule_AddObjectRef(m, "X_FIELDS", x) == 0 &&
                 PyModule_AddObjectRef(m, "MEMORY_FIELDS", mem) == 0 &&
                 PyModule_AddIntConstant(m, "X_SIZE", sizeof(XRow)) == 0 &&

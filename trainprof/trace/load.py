@@ -39,8 +39,14 @@ from typing import Any, Generic, NamedTuple, TypeVar, Union
 import msgspec
 import numpy as np
 
-from trainprof.files import PEAKS_SUFFIX, SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIXES
-from trainprof.trace import budget
+from trainprof.files import (
+    MEMORY_SUFFIX,
+    PEAKS_SUFFIX,
+    SESSION_METADATA_KEY,
+    SYNCSITES_SUFFIX,
+    TRACE_SUFFIXES,
+)
+from trainprof.trace import budget, memory_file
 from trainprof.trace.model import (
     CATEGORY_ALIASES,
     FRAME_CATEGORIES,
@@ -241,7 +247,7 @@ def trace_files(folder: Path) -> list[Path]:
             p
             for p in folder.iterdir()
             if p.name.endswith((".json", ".json.gz"))
-            and not p.name.endswith((SYNCSITES_SUFFIX, PEAKS_SUFFIX))
+            and not p.name.endswith((SYNCSITES_SUFFIX, PEAKS_SUFFIX, MEMORY_SUFFIX))
             and p.is_file()
         )
     if not files:
@@ -287,6 +293,11 @@ def peaks_path(path: Path) -> Path:
     return path.with_name(worker_of(path) + PEAKS_SUFFIX)
 
 
+def memory_file_path(path: Path) -> Path:
+    """Where the allocator state the session captured for the trace at `path` is: `<worker>.memory.json`."""
+    return path.with_name(worker_of(path) + MEMORY_SUFFIX)
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector: loading and analysing a trace allocate ~10^5
@@ -315,11 +326,11 @@ def load_trace(path: str | Path) -> Trace:
     if type(rank) is not int or not 0 <= rank < 2**31:  # not bool, not a 5000-digit number
         rank = None
     if rank is None:
-        match = _RANK_IN_NAME.search(worker)
-        rank = int(match.group(1)) if match else None
+        rank = rank_in_name(worker)
     sites_path = sync_sites_path(path)
     sidecar = _read_sync_sites_file(sites_path) if sites_path.is_file() else None
     peaks_file = peaks_path(path)
+    allocator_file = memory_file_path(path)
     trace = Trace(
         path=path,
         worker=worker,
@@ -341,6 +352,7 @@ def load_trace(path: str | Path) -> Trace:
         unprofiled_pre_forward_ms=sidecar.unprofiled_pre_forward_ms if sidecar is not None else None,
         op_inputs=op_inputs,
         device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
+        memory_file=read_memory_file(allocator_file) if allocator_file.is_file() else None,
     )
     mark = metadata.get(SESSION_METADATA_KEY)
     steps_ended = mark.get("steps_ended") if isinstance(mark, dict) else None
@@ -348,6 +360,12 @@ def load_trace(path: str | Path) -> Trace:
         raise NoFinishedStep(f"{path}: holds no step that ended (the loop stopped inside the window's first "
                              "recorded step); profile more steps")
     return trace
+
+
+def rank_in_name(worker: str) -> int | None:
+    """The rank a worker name holds (`rank1_host_42`, `trainer-rank-3`), None when it holds none."""
+    match = _RANK_IN_NAME.search(worker)
+    return int(match.group(1)) if match else None
 
 
 _PROFILER_STEP = re.compile(r"ProfilerStep#(\d{1,18})")
@@ -398,6 +416,7 @@ class _InstantArgs(msgspec.Struct, gc=False):
     """The `args` of a `[memory]` instant that the analyses read."""
 
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: float | None = msgspec.field(default=None, name="Total Reserved")
     device_type: int = msgspec.field(default=1, name="Device Type")
     # One allocation (> 0) or free (< 0) and the block's address: floats, since an x86-64 or ARM
     # user address stays below 2**48, exact in a float64, and a float field takes ints and floats alike.
@@ -718,6 +737,32 @@ def read_device_peaks(path: Path) -> dict | None:
     return document
 
 
+def read_memory_file(path: Path) -> memory_file.MemoryFile | None:
+    """A `<worker>.memory.json` (`trainprof.trace.memory_file`), or None (with a warning) when it is
+    not one: typed decoding checks every field and bound, and a damaged file never stops the trace
+    from loading (the allocator's state refines the memory report; the trace is the evidence)."""
+    try:
+        text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _memory_file_too_large)
+        return memory_file.decode(text)
+    except (TraceLoadError, msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError) as error:
+        logger.warning("%s: ignored, not a trainprof memory file (%s)", path, _first_line(error))
+        return None
+
+
+def memory_files_without_trace(folder: Path) -> list[memory_file.MemoryFile]:
+    """For a run folder without trace files (nor runs holding some): its memory files whose
+    out-of-memory error no trace explains (the loop failed before a recorded window ended), in name
+    order; what `analyze` reports for such a folder. Empty for any other folder."""
+    if not folder.is_dir() or _profiler_files(folder) or newest_run(folder)[0] is not None:
+        return []
+    found = []
+    for path in sorted(folder.glob(f"*{MEMORY_SUFFIX}")):
+        document = read_memory_file(path) if path.is_file() else None
+        if document is not None and document.out_of_memory_after(None) is not None:
+            found.append(document)
+    return found
+
+
 def read_code_layout(path: Path) -> CodeLayout | None:
     """The run's `code_layout` recorded in a version-2 sync sites file (None in version 1)."""
     return _read_sync_sites_file(path).layout
@@ -773,6 +818,10 @@ def _trace_too_large(path: Path, what: str) -> str:
 
 def _sync_sites_too_large(path: Path, what: str) -> str:
     return f"{path}: {what} (the limit of a sync sites file: sessions write kilobytes)"
+
+
+def _memory_file_too_large(path: Path, what: str) -> str:
+    return f"{path}: {what} (the limit of a memory file, as of a sync sites file: sessions write kilobytes)"
 
 
 def _peaks_too_large(path: Path, what: str) -> str:
@@ -893,7 +942,7 @@ def _scanned(path: Path, text: bytes | bytearray):
         return None  # every event timed beyond MAX_TIME_US: msgspec's path says so
     kept = m[memory_rows]
     memory = _memory_events(kept["ts"], thread_ids[len(x) :][memory_rows], kept["total_allocated"],
-                            kept["alloc_bytes"], kept["addr"])
+                            kept["alloc_bytes"], kept["addr"], kept["total_reserved"])
     ops = rows_of["cpu_op"]
     calls = ops[x["collective"][ops] >= 0] if "record_param_comms" in names else ops[:0]
     collectives = CollectiveCalls.from_columns(
@@ -1085,9 +1134,10 @@ def _has_inputs(name: str) -> bool:
 
 
 def _memory_table(events: list, ids: _Ids) -> EventTable:
-    """CUDA `[memory]` instants: time, `Total Allocated`, and the block's `Bytes` and `Addr` (NaN
-    when absent, and `Bytes` beyond `MAX_MEMORY_BYTES`). Host memory (`Device Type` 0) and totals
-    that are absent or not numbers within `MAX_MEMORY_BYTES` (`"Total Allocated": "inf"`) are left out."""
+    """CUDA `[memory]` instants: time, `Total Allocated`, `Total Reserved`, and the block's `Bytes`
+    and `Addr` (NaN when absent, and `Bytes` or `Total Reserved` beyond `MAX_MEMORY_BYTES`). Host
+    memory (`Device Type` 0) and totals that are absent or not numbers within `MAX_MEMORY_BYTES`
+    (`"Total Allocated": "inf"`) are left out."""
     count = len(events)
     args = [event.args or _NO_INSTANT_ARGS for event in events]
     allocated = np.fromiter([arg.total_allocated for arg in args], dtype=np.float64, count=count)  # None: NaN
@@ -1101,6 +1151,7 @@ def _memory_table(events: list, ids: _Ids) -> EventTable:
         allocated[keep],
         np.fromiter([arg.alloc_bytes for arg in args], dtype=np.float64, count=count)[keep],
         np.fromiter([arg.addr for arg in args], dtype=np.float64, count=count)[keep],
+        np.fromiter([arg.total_reserved for arg in args], dtype=np.float64, count=count)[keep],
     )
 
 
@@ -1111,10 +1162,11 @@ def _kept_memory(on_cuda: np.ndarray, allocated: np.ndarray) -> np.ndarray:
 
 
 def _memory_events(
-    starts, thread: np.ndarray, allocated: np.ndarray, block_bytes: np.ndarray, addr: np.ndarray
+    starts, thread: np.ndarray, allocated: np.ndarray, block_bytes: np.ndarray, addr: np.ndarray,
+    reserved: np.ndarray,
 ) -> EventTable:
-    """The kept `[memory]` instants' table; a block size beyond `MAX_MEMORY_BYTES` is NaN (sums of
-    such would overflow)."""
+    """The kept `[memory]` instants' table; a block size or reserved total beyond `MAX_MEMORY_BYTES`
+    is NaN (sums of such would overflow)."""
     count = len(starts)
     return EventTable.from_columns(
         starts,
@@ -1125,6 +1177,7 @@ def _memory_events(
         allocated,
         block_bytes=np.where(np.abs(block_bytes) <= MAX_MEMORY_BYTES, block_bytes, _NAN),
         addr=addr,
+        reserved=np.where(np.abs(reserved) <= MAX_MEMORY_BYTES, reserved, _NAN),
     )
 
 

@@ -11,12 +11,15 @@ import itertools
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
 from trainprof.user_code import CodeLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.trace.memory_file import MemoryFile
 
 try:
     from trainprof.trace import _forest
@@ -73,8 +76,9 @@ class EventTable:
     (`FRAME_CATEGORIES`) have no `correlation` (-1); only `cpu_op` of them carries a `value`.
     `sequence` and `fwd_thread` exist for `cpu_op` only (None elsewhere): Kineto's autograd link
     args `Sequence number` and `Fwd thread id`, -1 when absent (see `trainprof.analysis.attribution`).
-    `block_bytes` and `addr` exist for `memory` only: each instant's `Bytes` (an allocation > 0, a
-    free < 0) and the block's `Addr`, NaN when absent (see `trainprof.analysis.memory`).
+    `block_bytes`, `addr` and `reserved` exist for `memory` only: each instant's `Bytes` (an
+    allocation > 0, a free < 0), the block's `Addr` and the allocator's `Total Reserved` after it,
+    NaN when absent (see `trainprof.analysis.memory`).
     `inputs` exists for `cpu_op` only: per op, its slot in `Trace.op_inputs` (the input shapes
     and dtypes `record_shapes` wrote), -1 for ops whose inputs were not kept (views, allocations).
     """
@@ -90,6 +94,7 @@ class EventTable:
     block_bytes: np.ndarray | None = None
     addr: np.ndarray | None = None
     inputs: np.ndarray | None = None
+    reserved: np.ndarray | None = None
 
     end_us: np.ndarray = field(init=False, repr=False)
     """End times (start + duration), computed once: analyses read them in loops."""
@@ -103,7 +108,7 @@ class EventTable:
     @classmethod
     def from_columns(
         cls, start, dur, thread, name, correlation, value, sequence=None, fwd_thread=None, block_bytes=None,
-        addr=None, inputs=None,
+        addr=None, inputs=None, reserved=None,
     ) -> EventTable:
         """Build a table from Python lists, sorted by start time (`sequence`/`fwd_thread`, `block_bytes`/
         `addr`, `inputs` optional).
@@ -127,6 +132,7 @@ class EventTable:
             block_bytes=None if block_bytes is None else _column(block_bytes, np.float64)[order],
             addr=None if addr is None else _column(addr, np.float64)[order],
             inputs=None if inputs is None else _int64_column(inputs)[order],
+            reserved=None if reserved is None else _column(reserved, np.float64)[order],
         )
 
     def select(self, mask: np.ndarray) -> EventTable:
@@ -143,6 +149,7 @@ class EventTable:
             None if self.block_bytes is None else self.block_bytes[mask],
             None if self.addr is None else self.addr[mask],
             None if self.inputs is None else self.inputs[mask],
+            None if self.reserved is None else self.reserved[mask],
         )
 
 
@@ -529,6 +536,9 @@ class Trace:
     unprofiled_pre_forward_ms: list[float] | None = None
     """Per un-profiled step, the ms from its start to its first module forward (as the GPU ran
     them, else on the host), from the sync sites file; None when not recorded."""
+    memory_file: MemoryFile | None = None
+    """The allocator's state the session captured (`<worker>.memory.json` beside the file,
+    `trainprof.trace.memory_file`), or None."""
     window: int = 0
     """Which of its process's profiling windows this file is: 0, 1, ... by start time (`load_traces`)."""
     _frames: dict[int, ThreadFrames] = field(default_factory=dict, repr=False)
