@@ -5,11 +5,11 @@ without stacks), and the GPU-idle time they hold.
 FSDP2 (`fully_shard`) runs Python before and after each unit's forward and backward: it copies the
 unit's sharded parameters into one buffer and all-gathers them, copies them out as DTensors,
 reduce-scatters the gradients, reshards. On a host the profiler slows, or a model of many small
-units, that host work can leave the GPU idle. Measured on one H200 (Llama 1.1B, 22 decoder layers,
-2026-11-28, `benchmarks/rank_checks_on_gpu.sh`): the hooks held the host 59-77 ms of 219-262 ms
-steps whether the model was one unit, 6 or 22 (their cost follows the parameters, not the unit
-count), and `reshard_after_forward=False` removed `pre_backward`'s all-gathers: 18.5 ms of hook
-time per step to 1.5.
+units, that host work can leave the GPU idle. Measured (Llama 1.1B, 22 decoder layers, 2026-11-28/29,
+`benchmarks/rank_checks_on_gpu.sh`, BENCHMARKS sections 25-26): on one H200 the hooks held the host
+59-77 ms a step whether the model was one unit, 7 or 23; on two H200s 186 ms at 23 units and 82 ms at
+7, the step 312-363 ms against 244-246. `reshard_after_forward=False` removed `pre_backward`'s
+all-gathers (18.5 ms of hook time a step to 1.5 on one H200).
 
 `fsdp_hooks` measures (per hook kind: host ms and GPU idle ms per step); `fsdp_host_finding` judges:
 the GPU-idle time held by the `pre_backward` hooks is what `reshard_after_forward=False` would win
@@ -158,9 +158,11 @@ def fsdp_host_finding(
              f"all-gathers and their hook work (`pre_backward`), at the cost of memory{held}. "
              if gathers_in_backward
              else "The backward gathers next to nothing already (`reshard_after_forward=False`). ")
-            + "The hooks' cost follows the parameters, not the unit count (one H200: 22, 6 and 1 units "
-            "alike), so larger units do not cut it; torch.compile (compiled autograd with FSDP2) and "
-            "larger micro-batches spread it over more work."
+            + "Fewer, larger units (`fully_shard` over several blocks) run fewer hooks: on two H200s a unit "
+            "per 4 of a Llama 1.1B's 22 layers took them from 186 to 82 ms of host time a step and the "
+            "step from 312-363 to 244-246 ms (on one H200, no change): a larger unit gathers more "
+            "parameters at once and hides less of its first all-gather. torch.compile (compiled autograd "
+            "with FSDP2) and larger micro-batches spread the hooks over more work."
         ),
         rank=rank,
         cause="FSDP2's per-unit hooks (copy-in, all-gather, copy-out, reduce-scatter) on the host",
