@@ -323,7 +323,8 @@ def _title(details: OutOfMemoryDetails, tokens: StepTokens | None, room: Headroo
             if details.predicted_peak_bytes <= details.usable_bytes:
                 parts.append(" (that fits: what grew is not the batch; see what held the memory)")
     if details.largest_batch is not None:
-        parts.append(f"; a batch of {details.largest_batch} fits at its sequence length" if details.largest_batch
+        largest = details.largest_batch
+        parts.append(f"; a batch of {largest} fits at its sequence length" if largest
                      else "; not even one sequence of its length fits")
     elif room is not None and details.tokens_ratio is None:
         parts.append(f"; the profiled step fits {room.fits_times:.1f}x over")
