@@ -457,26 +457,32 @@ def _unprofiled_summary(traces: list[TraceInfo]) -> dict:
 
 
 def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
-    """The headline's GPU step time, MFU (and the share of the compute time whose FLOPs it
-    counts) and peaks source over the traces (time-weighted), as `Summary` fields; empty without
-    GPU work."""
+    """The headline's GPU step time, MFU against the datasheet and the achievable peaks (and the
+    share of the compute time whose FLOPs it counts) and peaks source over the traces
+    (time-weighted), as `Summary` fields; empty without GPU work."""
     if not busy:
         return {}
     total_ms = sum(b.step_ms * n for b, n in busy)
-    with_mfu = [(b, n) for b, n in busy if b.mfu_pct is not None]
-    mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
-    dtypes = [b.mfu_dtype for b, _ in with_mfu]
+
+    def weighted(value_of) -> float | None:
+        known = [(value_of(b), b.step_ms * n) for b, n in busy if value_of(b) is not None]
+        weight = sum(w for _, w in known)
+        return round(sum(v * w for v, w in known) / weight, 2) if weight else None
+
+    dtypes = [b.mfu_dtype for b, _ in busy if b.mfu_dtype is not None]
+    dtype = max(set(dtypes), key=dtypes.count) if dtypes else None
+    of_dtype = [b for b, _ in busy if b.mfu_dtype == dtype and dtype is not None]
     peaks = [b.peaks for b, _ in busy if b.peaks is not None]
     sources = [p.label for p in peaks]
     labels = [p.short_label for p in peaks]
-    with_known = [(b, n) for b, n in busy if b.flops_known_pct is not None]
-    known_ms = sum(b.step_ms * n for b, n in with_known)
-    known_pct = sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms if known_ms else None
     return {
         "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
-        "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
-        "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
-        "mfu_flops_known_pct": round(known_pct, 2) if known_pct is not None else None,
+        "mfu_pct": weighted(lambda b: b.mfu_pct),
+        "mfu_achievable_pct": weighted(lambda b: b.mfu_achievable_pct),
+        "mfu_dtype": dtype,
+        "mfu_peak_tflops": next((b.mfu_peak_tflops for b in of_dtype if b.mfu_peak_tflops), None),
+        "mfu_achievable_tflops": max((b.mfu_achievable_tflops or 0.0 for b in of_dtype), default=0.0) or None,
+        "mfu_flops_known_pct": weighted(lambda b: b.flops_known_pct),
         "peaks_source": max(set(sources), key=sources.count) if sources else None,
         "peaks_label": max(set(labels), key=labels.count) if labels else None,
     }

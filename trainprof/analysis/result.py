@@ -6,13 +6,14 @@ into an `Analysis`. Records are msgspec Structs: built in C, so the ~40 record c
 import time (a dataclass compiles its methods with `exec`, ~1 ms each) and instances build faster.
 Each record writes its own JSON form (`to_dict()`), under the key names documented here.
 
-JSON (`schema_version` 1)
+JSON (`schema_version` 2: `mfu_pct` is against the datasheet's dense peak since 2; 1 read it against
+the achievable one, now `mfu_achievable_pct`)
 -------------------------
 Units are in the names (`_ms`, `_us`, `_bytes`, `_pct` out of 100); `_per_step` is a mean over the
 profiled steps; null is unknown or not applicable. `SCHEMA_VERSION` changes when a field is renamed,
 removed or changes meaning; new fields may appear without it.
 
-    {"schema_version": 1, "trace": {...}, "steps": [...], "findings": [...]}
+    {"schema_version": 2, "trace": {...}, "steps": [...], "findings": [...]}
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
 `ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
@@ -39,9 +40,11 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 `comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
-work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
+work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`
+(against the datasheet's dense peak of `mfu_dtype`, `mfu_peak_tflops`), `mfu_achievable_pct`
+(against the achievable peak beside it, `mfu_achievable_tflops`),
 `mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
-(measured)`, `H100 SXM datasheet`) (the last six absent without GPU work; `mfu_pct`
+(measured)`, `H100 SXM datasheet`) (absent without GPU work; `mfu_pct`
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
 `mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`), `unprofiled_step_ms`
 and `profiler_slowdown_pct` (the session's un-profiled step and how much longer the recorded ones
@@ -110,23 +113,27 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
   summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
   attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
-  (those FLOPs at their dtype's peak over `step_ms`, or over the un-profiled step where
-  `profiler.slowed`; null when the kernels whose FLOPs are known
-  hold less than `mfu_min_flops_known_share` of the compute time), `mfu_dtype`, `flops_known_pct`
+  (those FLOPs at their dtype's datasheet dense peak over `step_ms`, or over the un-profiled step
+  where `profiler.slowed`; null when the kernels whose FLOPs are known
+  hold less than `mfu_min_flops_known_share` of the compute time), `mfu_achievable_pct` (the same
+  at the achievable peaks), `mfu_dtype`, `mfu_peak_tflops`, `mfu_achievable_tflops`, `flops_known_pct`
   (that share: the time of the FLOP-bound classes but unfused attention, and of `other`, whose
   FLOPs are counted), `peaks` (`peaks.DevicePeaks`:
   `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s,
-  short_label}`),
+  short_label, datasheet_tflops, datasheet_tb_s, raised}`: the achievable rates (measured, raised to
+  the trace's best kernels: `raised`) and the datasheet's),
   `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
   achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
   `kernel_class` one of `kernel_classes.KernelClass`'s keys: gemm_fp32, gemm_tf32, gemm_bf16_fp16,
   gemm_fp8, gemm, attention_flash, attention_mem_efficient, attention_cudnn, attention_fused,
   attention_unfused, convolution, norm, elementwise, reduction, copy, optimizer, communication,
-  other; `peak_pct` of the dtype's matmul peak for FLOP classes, of the copy bandwidth for byte
-  classes; `known_pct` the share of the class's time whose FLOPs or bytes are known), `modules`
+  other; `peak_pct` of the dtype's achievable matmul peak for FLOP classes, of the achievable copy
+  bandwidth for byte classes, never above 100 (work faster than the datasheet allows is unknown,
+  and the best kernel raises the achievable peak); `known_pct` the share of the class's time whose
+  FLOPs or bytes are known; rates null below `throughput_min_known_share`), `modules`
   (`[{module, path, gpu_ms_per_step, step_pct, top_class, achieved_tflops, flops_peak_pct,
   achieved_tb_s, bytes_peak_pct}]`), `steps` (`[{step, window_ms, kernel_span_ms, kernel_ms, step_ms,
-  model_tflop, mfu_pct}]`).
+  model_tflop, mfu_pct, mfu_achievable_pct}]`).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -236,7 +243,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.verdict import Verdict
     from trainprof.analysis.views import TraceViews
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the JSON form documented above (the module docstring)."""
 
 
@@ -487,9 +494,17 @@ class Summary(Record, frozen=True):
     """Mean step time as the GPU runs it: the longest of the host window, the span of the step's
     kernels and their summed time (`busy`); longer than `mean_step_ms` when the host runs ahead."""
     mfu_pct: float | None = None
-    """Model FLOPs at the peak of their dtype over the GPU step time, time-weighted over the traces."""
+    """Model FLOPs at the datasheet's dense peak of their dtype over the GPU step time (MFU as the
+    field reports it), time-weighted over the traces."""
     mfu_dtype: str | None = None
     """The math dtype holding most of the model FLOPs (the peak MFU is mostly read against)."""
+    mfu_achievable_pct: float | None = None
+    """The same FLOPs at the achievable peaks (`peaks.DevicePeaks.matmul_tflops`: measured, or
+    the trace's best kernels), beside `mfu_pct`."""
+    mfu_peak_tflops: float | None = None
+    """The datasheet's dense peak of `mfu_dtype`, TFLOP/s."""
+    mfu_achievable_tflops: float | None = None
+    """The achievable peak of `mfu_dtype`, TFLOP/s."""
     mfu_flops_known_pct: float | None = None
     """The share of the compute time whose FLOPs the MFU counts (`busy.flops_known_share`),
     time-weighted; the MFU is null below `mfu_min_flops_known_share`."""

@@ -180,6 +180,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "a small fraction of the real one (0.0% on a ResNet): it is unknown instead.",
     ),
     Threshold(
+        "throughput_min_known_share",
+        0.5,
+        "A kernel class's (or module's) achieved TFLOP/s or TB/s is its counted work over the time of "
+        "the kernels that carry it; where those hold less than half of its time, the rate describes "
+        "a sliver of it (flash attention at 4,570 TFLOP/s on a TraceLens trace whose FLOPs were known "
+        "for 2.7% of the attention time): the rate and its share of the peak are unknown instead.",
+    ),
+    Threshold(
         "gemm_shape_max_rate_share",
         0.5,
         "A GEMM with an unaligned or skinny shape is slow when it runs at under half the FLOP rate of "

@@ -162,7 +162,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
             else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
-        over = " (over the un-profiled step)" if summary.mfu_pct and profiler_slowed(analysis) else ""
+        slowed = profiler_slowed(analysis) and (summary.mfu_pct or summary.mfu_achievable_pct)
+        over = " (over the un-profiled step)" if slowed else ""
         rows.append(("MFU", mfu + over))
     if summary.peaks_label is not None:
         rows.append(("device peaks", clean(summary.peaks_label)))
@@ -193,11 +194,21 @@ def headline_notes(analysis: Analysis) -> dict[str, str]:
 
 
 def mfu_line(summary: Summary) -> str | None:
-    """`41.2 % of the bf16 peak`, with the share of the compute time whose FLOPs it counts when
-    that is not all of it; `unknown` when too little is known; None without FLOPs or peaks."""
+    """`41.2 % of the bf16 datasheet peak (989 TFLOP/s dense); 50.8 % of the achievable 804`, with
+    the share of the compute time whose FLOPs it counts when that is not all of it; `unknown` when
+    too little is known; None without FLOPs or peaks."""
     known = summary.mfu_flops_known_pct
+    dtype = clean(summary.mfu_dtype or "?")
+    parts = []
     if summary.mfu_pct is not None:
-        line = f"{number(summary.mfu_pct, 1, ' %')} of the {clean(summary.mfu_dtype or '?')} peak"
+        peak = f" ({summary.mfu_peak_tflops:,.0f} TFLOP/s dense)" if summary.mfu_peak_tflops else ""
+        parts.append(f"{number(summary.mfu_pct, 1, ' %')} of the {dtype} datasheet peak{peak}")
+    if summary.mfu_achievable_pct is not None:
+        rate = f" {summary.mfu_achievable_tflops:,.0f}" if summary.mfu_achievable_tflops else ""
+        words = "of the achievable" if parts else f"of the {dtype} achievable peak"
+        parts.append(f"{number(summary.mfu_achievable_pct, 1, ' %')} {words}{rate}")
+    if parts:
+        line = "; ".join(parts)
         if known is not None and known < FLOPS_ALL_KNOWN_PCT:
             line += f" (counts the FLOPs of {known:.0f}% of the compute time)"
         return line
@@ -411,7 +422,7 @@ CLASS_COLUMNS = (
     Column("GPU ms / step", numeric=True),
     Column("% of step", numeric=True),
     Column("achieved", numeric=True, drop=1),
-    Column("% of peak", numeric=True),
+    Column("% of achievable", numeric=True),
 )
 CLASS_ROWS = 12
 """Rows of the GPU-time-by-kernel-class table (there are 18 classes)."""
