@@ -391,6 +391,9 @@ class _CompleteArgs(msgspec.Struct, gc=False):
     # 1.8 ms more decoding on gpt2_pathologies' 15 MB (24.0 -> 25.9 ms) for all three fields.
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    # The scalar arguments' values as strings (`is_causal`, `dropout_p`, a cast's dtype), read by
+    # trainprof.analysis.attention and copies.
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     flops: float = _NAN
 
 
@@ -931,7 +934,9 @@ def _scanned_tables(
             np.full(len(rows), -1, dtype=np.int64) if frames else x["correlation"][rows],
             np.full(len(rows), _NAN) if frames else x["bytes"][rows],
         )
-    return tables, OpInputs(_texts(text, x["dims"], kept), _texts(text, x["types"], kept))
+    return tables, OpInputs(
+        _texts(text, x["dims"], kept), _texts(text, x["types"], kept), _texts(text, x["concrete"], kept)
+    )
 
 
 def _row_type(fields: tuple, size: int) -> np.dtype:
@@ -1049,7 +1054,7 @@ _INPUTLESS_OPS = frozenset(
         "slice select narrow unsqueeze squeeze detach alias result_type unbind split chunk lift_fresh "
         "resolve_conj resolve_neg is_same_size to _to_copy linear matmul layer_norm dropout softmax "
         "log_softmax cross_entropy_loss nll_loss nll_loss_nd item _local_scalar_dense contiguous clone "
-        "zeros zeros_like ones ones_like full scaled_dot_product_attention"
+        "zeros zeros_like ones ones_like full"
     ).split()
 ) | {"detach"}
 _INPUTLESS_PREFIXES = ("autograd::engine::evaluate_function", "torch::autograd::")
@@ -1064,7 +1069,9 @@ def _op_table(group: list, ids: _Ids) -> EventTable:
     name_ids = ids.names_of([event.name for event in group])
     keep = ids.wanted_names(_has_inputs)[name_ids] if count else np.zeros(0, dtype=bool)
     kept = list(itertools.compress(args, keep.tolist())) if not keep.all() else args
-    ids.op_inputs = OpInputs([arg.input_dims for arg in kept], [arg.input_types for arg in kept])
+    ids.op_inputs = OpInputs(
+        [arg.input_dims for arg in kept], [arg.input_types for arg in kept], [arg.concrete_inputs for arg in kept]
+    )
     slots = np.where(keep, np.cumsum(keep) - 1, -1)
     return EventTable.from_columns(
         [event.ts for event in group],
