@@ -1070,7 +1070,9 @@ def _op_table(group: list, ids: _Ids) -> EventTable:
     keep = ids.wanted_names(_has_inputs)[name_ids] if count else np.zeros(0, dtype=bool)
     kept = list(itertools.compress(args, keep.tolist())) if not keep.all() else args
     ids.op_inputs = OpInputs(
-        [arg.input_dims for arg in kept], [arg.input_types for arg in kept], [arg.concrete_inputs for arg in kept]
+        [arg.input_dims for arg in kept],
+        [arg.input_types for arg in kept],
+        [arg.concrete_inputs for arg in kept],
     )
     slots = np.where(keep, np.cumsum(keep) - 1, -1)
     return EventTable.from_columns(
