@@ -12,7 +12,7 @@ from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import AttributionIndex, attribute_kernels
 from trainprof.analysis.busy import BusyBreakdown, busy_breakdown, kernel_work
 from trainprof.analysis.busy_findings import busy_findings
-from trainprof.analysis.causes import INFERENCE_FIXES, Cause
+from trainprof.analysis.causes import Cause, fix_for
 from trainprof.analysis.collectives import (
     Collective,
     CommTotals,
@@ -36,6 +36,7 @@ from trainprof.analysis.distributed import CrossRank, RankSummary, cross_rank, r
 from trainprof.analysis.folder import analyze_files
 from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.host_ops import cpu_only_finding
+from trainprof.analysis.host_work import host_work
 from trainprof.analysis.idle import host_labels, idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
 from trainprof.analysis.intervals import Coverage
@@ -62,7 +63,7 @@ from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syn
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline, build_timeline
 from trainprof.analysis.verdict import WAIT_VERDICT, Verdict, verdict
-from trainprof.analysis.workload import is_inference
+from trainprof.analysis.workload import is_inference, recorded_by_session
 from trainprof.trace import Trace
 from trainprof.trace.load import first_event_us, gc_paused, trace_paths
 
@@ -280,8 +281,10 @@ def _analyze_one(
     )
     trace_verdict = verdict(steps, tiny_pct, limits, wait)
     inference = is_inference(trace)
-    if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
-        trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
+    session = recorded_by_session(trace)
+    if trace_verdict.cause is not None:  # no training advice to a forward loop, no session options elsewhere
+        fix = fix_for(trace_verdict.cause, inference, session)
+        trace_verdict = msgspec.structs.replace(trace_verdict, fix=fix)
     busy = work = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
@@ -289,7 +292,7 @@ def _analyze_one(
     # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
     cost = profiler_cost(trace, trace_verdict, steps, limits, busy)
     trace_verdict = rejudged(trace_verdict, cost, limits)
-    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
+    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits, inference)
     if gpu_work:
         busy = unprofiled_mfu(busy, cost)
         swap, swapped = swap_prediction(timeline, owners, work)
@@ -303,7 +306,9 @@ def _analyze_one(
     explained = {Cause.WARMUP: compiled.compile_gpu_idle_ms_per_step * n} if recompiling else None
     blocked = any(s.idle is not None and s.idle.costs[Cause.BLOCKING] > 0 for s in steps)
     allocator = allocator_calls(timeline) if blocked else None
-    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits, explained, allocator))
+    named_host = host_work(timeline, idle.host_functions, limits) if idle.host_functions else None
+    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits, explained, allocator,
+                                  inference, session, named_host))
     findings.extend(compile_findings(compiled, timeline, trace_verdict.step_ms, trace.rank, limits))
     for maybe in (
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits, recompiling, inference),

@@ -180,6 +180,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "a small fraction of the real one (0.0% on a ResNet): it is unknown instead.",
     ),
     Threshold(
+        "host_work_min_share",
+        0.5,
+        "Host-bound time is named as a kind of host work (an optimizer on the CPU, offload: "
+        "`host_work.HOST_WORK`) only when the functions of that kind hold at least half of it: else "
+        "the generic fix fits the rest better.",
+    ),
+    Threshold(
+        "host_optimizer_max_launch_share",
+        0.05,
+        "An optimizer on GPU tensors launches a kernel from most of its math ops (mul_, lerp_, addcdiv_); "
+        "one on CPU tensors launches none, only its copies to and from the device: at most 5% of its "
+        "step's ops launching GPU work means it steps on the host.",
+    ),
+    Threshold(
         "throughput_min_known_share",
         0.5,
         "A kernel class's (or module's) achieved TFLOP/s or TB/s is its counted work over the time of "
