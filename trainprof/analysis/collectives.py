@@ -70,7 +70,7 @@ COMM_KERNELS: tuple[KernelFamily, ...] = (
     KernelFamily("HybridEP", r"\bhybrid_ep::",
                  "DeepEP's HybridEP (Megatron-LM's MoE token dispatcher): dispatch, combine and their "
                  "device syncs over NVLink and RDMA"),
-    KernelFamily("UCCL-EP", r"\buccl::[\w:]*(dispatch|combine)",
+    KernelFamily("UCCL-EP", r"\buccl::(\w+::)*\w*(dispatch|combine)",
                  "UCCL-EP's expert-parallel dispatch and combine (DeepEP's interface over a CPU proxy)"),
     KernelFamily("TensorRT-LLM MoE all-to-all",
                  r"moea2a(dispatch|combine)kernel|\bmoe_?comm|alltoallv?_?kernel",
