@@ -18,6 +18,10 @@ throughputs (`trainprof.analysis.peaks`). Shares and severities are of the step 
 - `gemm_shape`: GEMMs with a dim not 16-byte aligned (a vocabulary of 50,257) or skinny (fewer than
   `SKINNY_GEMM_ROWS` rows or columns) running at under `gemm_shape_max_rate_share` of the rate of
   the trace's well-shaped GEMMs of their dtype: at stake, their time above that rate.
+- `copies_and_casts`: the copy-and-cast kernels a fix removes, by maker (`copies`), outside what swap
+  replaces: autocast's weight casts repeated per micro-batch (at stake: all but one of each weight's
+  k casts a step, (1 - 1/k) of their time), the model's own dtype casts and their gradients, a
+  torch.cat onto an empty cache, `.contiguous()` copies (their measured time).
 
 Each is made when its gain is at least `busy_finding_min_step_share` of the step; its severity is
 `severity.severity_for` of that gain. No peaks for the device: no prediction, no finding.
@@ -31,6 +35,7 @@ import numpy as np
 
 from trainprof.analysis.arrays import distinct
 from trainprof.analysis.busy import BusyBreakdown, KernelWork
+from trainprof.analysis.copies import COPY_KINDS, KINDS, CopyKernels
 from trainprof.analysis.fusion import SwapPrediction
 from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
 from trainprof.analysis.modules import OwnerCosts
@@ -167,9 +172,10 @@ def busy_findings(
     costs: OwnerCosts,
     rank: int | None,
     limits: Thresholds,
+    copies: CopyKernels | None = None,
 ) -> list[Finding]:
     """Every finding on GPU-busy waste for one trace (module docstring); `swapped`: per kernel of
-    `work`, whether swap would replace it."""
+    `work`, whether swap would replace it; `copies`: the copy kernels' makers (`copies`)."""
     if work.peaks is None or not len(work.rows) or work.step_ms <= 0:
         return []
     context = _Context(trace, work, costs, rank, limits)
@@ -179,6 +185,7 @@ def busy_findings(
         _fusion(context, swap, swapped),
         _memory_bound(context, swapped),
         _gemm_shapes(context),
+        _copies(context, copies, swapped) if copies is not None else None,
     ]
     return [finding for finding in found if finding is not None]
 
@@ -656,3 +663,86 @@ def _shape_fix(shape: GemmShape) -> str:
             f"give each call more rows ({min(shape.m, shape.n)} now): a larger batch, or fewer, larger calls"
         )
     return "; ".join(parts)
+
+
+class CopyGain(Record, frozen=True):
+    """One kind of copy a fix removes: its GPU ms per step, what the fix saves, where most of it is
+    made (`copies.CopyRow`'s op chain, module, user line) and the fix."""
+
+    kind: str
+    label: str
+    gpu_ms_per_step: float
+    saved_ms_per_step: float
+    op_chain: str | None
+    module: str | None
+    user_line: str | None
+    fix: str
+
+
+class CopiesDetails(Record, frozen=True):
+    """The copies-and-casts finding's evidence: the copy class's GPU ms per step, forward passes per
+    step (each weight's casts a step), the removable kinds, the step before and after."""
+
+    copy_ms_per_step: float
+    forward_passes_per_step: float | None
+    removable: list[CopyGain]
+    step_ms: float
+    predicted_step_ms: float
+    peaks: str
+
+
+def _copies(context: _Context, copies: CopyKernels, swapped: np.ndarray) -> Finding | None:
+    """Copies a fix removes (module docstring): the kinds with a fix, outside what swap replaces; the
+    gain is their measured time, all but one in k of autocast's weight casts."""
+    work = context.work
+    if copies.breakdown is None:
+        return None
+    rows = {row.kind: row for row in copies.breakdown.rows}
+    passes = copies.forward_passes or 1.0
+    gains, masks = [], []
+    for index, kind in enumerate(COPY_KINDS):
+        if kind.fix is None or kind.key not in rows:
+            continue
+        mask = (copies.kind == index) & ~swapped
+        ms = work.per_step_ms(mask)
+        share = 1.0 - 1.0 / passes if kind.key == "autocast_weight_cast" else 1.0
+        if ms <= 0 or share <= 0:
+            continue
+        row = rows[kind.key]
+        gains.append(CopyGain(kind.key, kind.label, round(ms, 4), round(ms * share, 4), row.op_chain,
+                              row.module, row.user_line, kind.fix))
+        masks.append(mask)
+    saved = sum(gain.saved_ms_per_step for gain in gains)
+    if not gains or not context.worth(saved):
+        return None
+    gains.sort(key=lambda gain: -gain.saved_ms_per_step)
+    mask = np.logical_or.reduce(masks)
+    module, where = context.module_of(mask)
+    total = copies.breakdown.gpu_ms_per_step
+    parts = "; ".join(
+        f"{KINDS[gain.kind].label.split(' (')[0]} {gain.saved_ms_per_step:.1f} ms"
+        + (f" in {gain.module}" if gain.module else "")
+        for gain in gains
+    )
+    weights = any(gain.kind == "autocast_weight_cast" for gain in gains)
+    repeated = f" (each weight cast {passes:g} times a step)" if weights else ""
+    fix = " ".join(f"{i}) {gain.fix}" for i, gain in enumerate(gains, 1))
+    step = work.step_ms
+    return context.finding(
+        "copies_and_casts",
+        f"Copies and casts: {total:.1f} ms/step ({context.share(total)} of the step), {saved:.1f} ms of it "
+        f"removable: {parts}{repeated}",
+        saved,
+        mask,
+        f"{fix} Step {step:.1f} -> ~{step - saved:.1f} ms.",
+        where,
+        CopiesDetails(
+            copy_ms_per_step=round(total, 4),
+            forward_passes_per_step=copies.forward_passes,
+            removable=gains,
+            step_ms=round(step, 4),
+            predicted_step_ms=round(step - saved, 4),
+            peaks=context.peaks_label,
+        ),
+        cause="copy and cast kernels that no computation needs: repeated, round-trip or layout-only copies",
+    )

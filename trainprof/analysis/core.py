@@ -32,6 +32,7 @@ from trainprof.analysis.comm_findings import (
     slow_collective_findings,
 )
 from trainprof.analysis.compile import compile_findings, compile_stats
+from trainprof.analysis.copies import copy_kernels
 from trainprof.analysis.distributed import CrossRank, RankSummary, cross_rank, rank_summary
 from trainprof.analysis.folder import analyze_files
 from trainprof.analysis.fusion import swap_prediction
@@ -285,7 +286,7 @@ def _analyze_one(
     if trace_verdict.cause is not None:  # no training advice to a forward loop, no session options elsewhere
         fix = fix_for(trace_verdict.cause, inference, session)
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=fix)
-    busy = work = None
+    busy = work = copies = None
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
         busy = busy_breakdown(timeline, work, costs, limits)
@@ -299,7 +300,8 @@ def _analyze_one(
         # Gains are predicted from the un-profiled step where the profiler slowed the recorded ones.
         judged = work if cost is None or not cost.slowed else msgspec.structs.replace(
             work, step_ms=cost.judged_step_ms)
-        findings.extend(busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits))
+        copies = copy_kernels(trace, work, owners)
+        findings.extend(busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies))
     compiled = compile_stats(timeline)
     recompiling = compiled is not None and compiled.recompiles_every_step
     # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
@@ -351,6 +353,7 @@ def _analyze_one(
         busy=busy,
         profiler=cost,
         work=compared,
+        copies=copies.breakdown if copies is not None else None,
     )
     return steps, findings, info
 

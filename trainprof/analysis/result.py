@@ -55,7 +55,12 @@ process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `copies`.
+- copies (`copies.CopyBreakdown`; null without copy-class kernels): the copy-and-cast class by what
+  makes each kernel: `gpu_ms_per_step`, `forward_passes_per_step` (how often each weight is cast
+  in a step; null without autocast weight casts), `rows` (`[{kind, label, gpu_ms_per_step,
+  calls_per_step, class_pct, op_chain, module, user_line}]`, most time first; `kind` one of
+  `copies.COPY_KINDS`' keys).
 - work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
   compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
   trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
@@ -231,6 +236,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.busy import BusyBreakdown
     from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
+    from trainprof.analysis.copies import CopyBreakdown
     from trainprof.analysis.distributed import CrossRank, RankRow
     from trainprof.analysis.idle import IdleBreakdown, StepIdle
     from trainprof.analysis.launch import LaunchTotals, StepLaunch
@@ -432,6 +438,8 @@ class TraceInfo(msgspec.Struct):
     work: RankWork | None = None
     """What its steps did on the measures ranks are compared on (`rank_work`); None for a trace of
     no rank that does not communicate."""
+    copies: CopyBreakdown | None = None
+    """The copy-and-cast class by what makes each kernel (`copies`); None without copy kernels."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -457,6 +465,7 @@ class TraceInfo(msgspec.Struct):
             "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
             "work": self.work.to_dict() if self.work is not None else None,
+            "copies": self.copies.to_dict() if self.copies is not None else None,
         }
 
 

@@ -456,6 +456,42 @@ def kernel_class_tables(analysis: Analysis) -> list[Table]:
     return tables
 
 
+COPY_COLUMNS = (
+    Column("made by"),
+    Column("GPU ms / step", numeric=True),
+    Column("calls / step", numeric=True, drop=2),
+    Column("% of class", numeric=True, drop=1),
+    Column("module", drop=3),
+)
+COPY_TABLE_MIN_STEP_PCT = 5.0
+"""The copies table shows where the copy-and-cast class holds at least this share of the step."""
+
+
+def copy_tables(analysis: Analysis) -> list[Table]:
+    """The copy-and-cast class by what makes it (`TraceInfo.copies`), one table per trace where the
+    class holds at least `COPY_TABLE_MIN_STEP_PCT` of the step."""
+    shown = []
+    for trace in analysis.traces:
+        if trace.copies is None or trace.busy is None or not trace.busy.step_ms:
+            continue
+        if 100.0 * trace.copies.gpu_ms_per_step / trace.busy.step_ms >= COPY_TABLE_MIN_STEP_PCT:
+            shown.append(trace)
+    tables = []
+    for trace in shown:
+        rows = [
+            (
+                clean(row.label.split(" (")[0], NAME_CHARS),  # the words before the example
+                number(row.gpu_ms_per_step, 2),
+                number(row.calls_per_step, 1),
+                number(row.class_pct, 0),
+                clean(row.module or "-", NAME_CHARS),
+            )
+            for row in trace.copies.rows
+        ]
+        tables.append(Table(_titled("Copies and casts by what makes them", trace, shown), COPY_COLUMNS, rows))
+    return tables
+
+
 MODULE_COLUMNS = (
     Column("module"),
     Column("phases", drop=3),
@@ -505,6 +541,7 @@ def cross_rank_tables(analysis: Analysis) -> list[Table]:
 TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
     (TOP_KERNELS_KIND, top_kernels_tables),
     (None, kernel_class_tables),
+    (None, copy_tables),
     (MODULE_COSTS_KIND, module_costs_tables),
     (None, cross_rank_tables),
 )

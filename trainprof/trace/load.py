@@ -1052,7 +1052,7 @@ _INPUTLESS_OPS = frozenset(
     for name in (
         "view empty empty_strided empty_like as_strided transpose t reshape _unsafe_view expand permute "
         "slice select narrow unsqueeze squeeze detach alias result_type unbind split chunk lift_fresh "
-        "resolve_conj resolve_neg is_same_size to _to_copy linear matmul layer_norm dropout softmax "
+        "resolve_conj resolve_neg is_same_size to _to_copy layer_norm dropout softmax "
         "log_softmax cross_entropy_loss nll_loss nll_loss_nd item _local_scalar_dense contiguous clone "
         "zeros zeros_like ones ones_like full"
     ).split()
