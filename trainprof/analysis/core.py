@@ -9,6 +9,7 @@ import msgspec
 
 from trainprof.analysis.allocator import allocator_calls
 from trainprof.analysis.arrays import numpy_round
+from trainprof.analysis.attention import attention_sites
 from trainprof.analysis.attribution import AttributionIndex, attribute_kernels
 from trainprof.analysis.busy import BusyBreakdown, busy_breakdown, kernel_work
 from trainprof.analysis.busy_findings import busy_findings
@@ -287,6 +288,7 @@ def _analyze_one(
         fix = fix_for(trace_verdict.cause, inference, session)
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=fix)
     busy = work = copies = None
+    sites = []
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
         busy = busy_breakdown(timeline, work, costs, limits)
@@ -301,7 +303,10 @@ def _analyze_one(
         judged = work if cost is None or not cost.slowed else msgspec.structs.replace(
             work, step_ms=cost.judged_step_ms)
         copies = copy_kernels(trace, work, owners)
-        findings.extend(busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies))
+        sites = attention_sites(trace, work, owners)
+        findings.extend(
+            busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies, sites)
+        )
     compiled = compile_stats(timeline)
     recompiling = compiled is not None and compiled.recompiles_every_step
     # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
@@ -354,6 +359,7 @@ def _analyze_one(
         profiler=cost,
         work=compared,
         copies=copies.breakdown if copies is not None else None,
+        attention=sites,
     )
     return steps, findings, info
 

@@ -55,12 +55,18 @@ process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `copies`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `copies`, `attention`.
 - copies (`copies.CopyBreakdown`; null without copy-class kernels): the copy-and-cast class by what
   makes each kernel: `gpu_ms_per_step`, `forward_passes_per_step` (how often each weight is cast
   in a step; null without autocast weight casts), `rows` (`[{kind, label, gpu_ms_per_step,
   calls_per_step, class_pct, op_chain, module, user_line}]`, most time first; `kind` one of
   `copies.COPY_KINDS`' keys).
+- attention (`[attention.AttentionSite]`): each fused attention call site (a module's calls of one
+  backend): `module`, `backend` (cudnn, flash, memory-efficient, fused (other)), `calls_per_step`,
+  `gpu_ms_per_step` (forward and backward kernels), `prep_ms_per_step` (SDPA's other kernels),
+  `tflop_per_step`, `achieved_tflops`, `query_shape`, `key_shape`, `dtype`, `mask_shape`,
+  `mask_dtype`, `is_causal`, `dropout_p` (null where not recorded), `why_not` (what keeps each faster
+  backend out, in words).
 - work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
   compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
   trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
@@ -233,6 +239,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.attention import AttentionSite
     from trainprof.analysis.busy import BusyBreakdown
     from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
@@ -440,6 +447,8 @@ class TraceInfo(msgspec.Struct):
     no rank that does not communicate."""
     copies: CopyBreakdown | None = None
     """The copy-and-cast class by what makes each kernel (`copies`); None without copy kernels."""
+    attention: list[AttentionSite] = []
+    """Its attention call sites: backend, facts, and why not a faster one (`attention`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -466,6 +475,7 @@ class TraceInfo(msgspec.Struct):
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
             "work": self.work.to_dict() if self.work is not None else None,
             "copies": self.copies.to_dict() if self.copies is not None else None,
+            "attention": [site.to_dict() for site in self.attention],
         }
 
 

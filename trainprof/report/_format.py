@@ -492,6 +492,42 @@ def copy_tables(analysis: Analysis) -> list[Table]:
     return tables
 
 
+ATTENTION_COLUMNS = (
+    Column("call site, backend"),
+    Column("calls / step", numeric=True, drop=3),
+    Column("GPU ms / step", numeric=True),
+    Column("TFLOP/s", numeric=True, drop=2),
+    Column("mask", drop=1),
+    Column("causal", drop=4),
+)
+
+
+def attention_tables(analysis: Analysis) -> list[Table]:
+    """Which attention kernel each call site ran (`TraceInfo.attention`), one table per trace with
+    fused attention: backend, time, rate, the mask it was given and its causal flag."""
+    shown = [trace for trace in analysis.traces if trace.attention]
+    tables = []
+    for trace in shown:
+        rows = []
+        for site in trace.attention:
+            mask = "-" if site.mask_shape is None else f"{site.mask_dtype or '?'} {site.mask_shape}"
+            causal = "-" if site.is_causal is None else ("yes" if site.is_causal else "no")
+            rows.append(
+                (
+                    f"{site.module or '-'} {site.query_shape or ''} {site.backend}",
+                    number(site.calls_per_step, 1),
+                    number(site.gpu_ms_per_step, 2),
+                    number(site.achieved_tflops, 0),
+                    clean(mask, NAME_CHARS),
+                    causal,
+                )
+            )
+        names = short_names([row[0] for row in rows], NAME_CHARS)  # a site is its module, shape, backend
+        rows = [(name, *row[1:]) for name, row in zip(names, rows, strict=True)]
+        tables.append(Table(_titled("Attention kernels by call site", trace, shown), ATTENTION_COLUMNS, rows))
+    return tables
+
+
 MODULE_COLUMNS = (
     Column("module"),
     Column("phases", drop=3),
@@ -542,6 +578,7 @@ TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
     (TOP_KERNELS_KIND, top_kernels_tables),
     (None, kernel_class_tables),
     (None, copy_tables),
+    (None, attention_tables),
     (MODULE_COSTS_KIND, module_costs_tables),
     (None, cross_rank_tables),
 )
