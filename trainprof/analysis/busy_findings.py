@@ -25,6 +25,9 @@ throughputs (`trainprof.analysis.peaks`). Shares and severities are of the step 
   causal call of the same shapes in the trace, else above the causal half of the scores at its own
   measured rate, plus the mask's preparation inside SDPA; and a call site on a slower backend where
   the trace measured a faster one on the same shapes (`attention.attention_sites`).
+- `recomputation`: the forward recomputed in backward by activation checkpointing (`recompute`):
+  at stake, its measured time, all of it where the memory it saves fits the headroom the trace
+  shows (or is not recorded), else the share of its segments (layers) that fit.
 - `copies_and_casts`: the copy-and-cast kernels a fix removes, by maker (`copies`), outside what swap
   replaces: autocast's weight casts repeated per micro-batch (at stake: all but one of each weight's
   k casts a step, (1 - 1/k) of their time), the model's own dtype casts and their gradients, a
@@ -48,6 +51,7 @@ from trainprof.analysis.fusion import SwapPrediction
 from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES
+from trainprof.analysis.recompute import Recomputation
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import TOP_ROWS, Thresholds
@@ -182,10 +186,11 @@ def busy_findings(
     limits: Thresholds,
     copies: CopyKernels | None = None,
     sites: list[AttentionSite] | None = None,
+    recompute: tuple[Recomputation | None, np.ndarray] | None = None,
 ) -> list[Finding]:
     """Every finding on GPU-busy waste for one trace (module docstring); `swapped`: per kernel of
     `work`, whether swap would replace it; `copies`: the copy kernels' makers (`copies`); `sites`:
-    the attention call sites (`attention`)."""
+    the attention call sites (`attention`); `recompute`: the recomputed forward and its kernels."""
     if work.peaks is None or not len(work.rows) or work.step_ms <= 0:
         return []
     context = _Context(trace, work, costs, rank, limits)
@@ -197,6 +202,7 @@ def busy_findings(
         _memory_bound(context, swapped),
         _gemm_shapes(context),
         _copies(context, copies, swapped) if copies is not None else None,
+        _recomputation(context, *recompute) if recompute is not None and recompute[0] is not None else None,
     ]
     return [finding for finding in found if finding is not None]
 
@@ -893,4 +899,68 @@ def _backend_choice(site: AttentionSite, sites: list[AttentionSite]) -> Attentio
     return AttentionChoice(
         site, site.gpu_ms_per_step, round(new_ms, 4), round(site.gpu_ms_per_step - new_ms, 4),
         "faster backend", fix,
+    )
+
+
+class RecomputationDetails(Record, frozen=True):
+    """The recomputation finding's evidence: the recomputed forward (`recompute.Recomputation`), the
+    segments (layers) to stop checkpointing, and the step and peak after it (None where memory was
+    not recorded)."""
+
+    recompute: Recomputation
+    segments_to_stop: int | None
+    step_ms: float
+    predicted_step_ms: float
+    predicted_peak_bytes: int | None
+    peaks: str
+
+
+def _recomputation(context: _Context, recompute: Recomputation, mask: np.ndarray) -> Finding | None:
+    """The recomputed forward's time, won back for the segments whose memory fits (module docstring)."""
+    work = context.work
+    count = max(int(round(recompute.segments_per_step)), 1)
+    fit = recompute.segments_that_fit
+    share = 1.0 if fit is None else fit / count
+    saved = recompute.gpu_ms_per_step * share
+    if not context.worth(saved):
+        return None
+    gib = 2**30
+    module = recompute.modules[0] if recompute.modules else None
+    peak = None
+    if fit is not None and recompute.peak_bytes is not None and recompute.held_bytes_per_step is not None:
+        peak = (
+            recompute.peak_without_bytes if fit == count
+            else recompute.peak_bytes + int(fit * recompute.held_bytes_per_step / count)
+        )
+    memory = (
+        f"; peak {recompute.peak_bytes / gib:.1f} GiB of {recompute.device_bytes / gib:.0f} GiB"
+        if recompute.peak_bytes and recompute.device_bytes else ""
+    )
+    if fit is None:
+        which = "as many as memory allows (record with profile_memory=True to see the headroom)"
+    elif fit == count:
+        which = f"all {count} checkpointed segments fit without checkpointing (peak ~{peak / gib:.1f} GiB)"
+    else:
+        which = f"{fit} of {count} checkpointed segments fit in memory (peak ~{peak / gib:.1f} GiB)"
+    step = work.step_ms
+    return context.finding(
+        "recomputation",
+        "Activation checkpointing recomputes the forward in backward: "
+        f"{recompute.gpu_ms_per_step:.1f} ms/step ({context.share(recompute.gpu_ms_per_step)} of the step) "
+        f"in {recompute.segments_per_step:g} segments{_in(module)}{memory}",
+        saved,
+        mask,
+        f"Checkpoint fewer layers, or none: {which}. Hugging Face: model.gradient_checkpointing_disable() "
+        "(or checkpoint every k-th layer); torch: drop torch.utils.checkpoint (or checkpoint_wrapper) from "
+        f"the layers that fit. Step {step:.1f} -> ~{step - saved:.1f} ms.",
+        Where(function=module) if module else context.module_of(mask)[1],
+        RecomputationDetails(
+            recompute=recompute,
+            segments_to_stop=fit,
+            step_ms=round(step, 4),
+            predicted_step_ms=round(step - saved, 4),
+            predicted_peak_bytes=peak,
+            peaks=context.peaks_label,
+        ),
+        cause="activation checkpointing runs each checkpointed layer's forward again in the backward",
     )

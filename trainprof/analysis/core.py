@@ -57,6 +57,7 @@ from trainprof.analysis.profiler_cost import (
     unprofiled_mfu,
 )
 from trainprof.analysis.rank_work import rank_work
+from trainprof.analysis.recompute import recomputation
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
@@ -289,6 +290,7 @@ def _analyze_one(
         trace_verdict = msgspec.structs.replace(trace_verdict, fix=fix)
     busy = work = copies = None
     sites = []
+    recompute = (None, None)
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
         busy = busy_breakdown(timeline, work, costs, limits)
@@ -304,8 +306,12 @@ def _analyze_one(
             work, step_ms=cost.judged_step_ms)
         copies = copy_kernels(trace, work, owners)
         sites = attention_sites(trace, work, owners)
+        known_peaks = [p for p in peaks if p is not None]
+        recompute = recomputation(trace, work, owners, max(known_peaks) if known_peaks else None, limits)
         findings.extend(
-            busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies, sites)
+            busy_findings(
+                trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies, sites, recompute
+            )
         )
     compiled = compile_stats(timeline)
     recompiling = compiled is not None and compiled.recompiles_every_step
@@ -360,6 +366,7 @@ def _analyze_one(
         work=compared,
         copies=copies.breakdown if copies is not None else None,
         attention=sites,
+        recompute=recompute[0],
     )
     return steps, findings, info
 

@@ -55,7 +55,8 @@ process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `copies`, `attention`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `copies`, `attention`,
+`recompute`.
 - copies (`copies.CopyBreakdown`; null without copy-class kernels): the copy-and-cast class by what
   makes each kernel: `gpu_ms_per_step`, `forward_passes_per_step` (how often each weight is cast
   in a step; null without autocast weight casts), `rows` (`[{kind, label, gpu_ms_per_step,
@@ -67,6 +68,11 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   `tflop_per_step`, `achieved_tflops`, `query_shape`, `key_shape`, `dtype`, `mask_shape`,
   `mask_dtype`, `is_causal`, `dropout_p` (null where not recorded), `why_not` (what keeps each faster
   backend out, in words).
+- recompute (`recompute.Recomputation`; null without a recomputed forward): `gpu_ms_per_step`,
+  `kernels_per_step`, `segments_per_step` (backward nodes that recomputed: about one per
+  checkpointed layer), `modules`, `checkpoint_frames`, and with memory recorded `held_bytes_per_step`,
+  `largest_segment_bytes`, `peak_bytes`, `device_bytes`, `limit_bytes`, `peak_without_bytes`,
+  `segments_that_fit`.
 - work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
   compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
   trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
@@ -251,6 +257,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.overlap import StepComm
     from trainprof.analysis.profiler_cost import ProfilerCost
     from trainprof.analysis.rank_work import RankWork
+    from trainprof.analysis.recompute import Recomputation
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -449,6 +456,8 @@ class TraceInfo(msgspec.Struct):
     """The copy-and-cast class by what makes each kernel (`copies`); None without copy kernels."""
     attention: list[AttentionSite] = []
     """Its attention call sites: backend, facts, and why not a faster one (`attention`)."""
+    recompute: Recomputation | None = None
+    """The forward recomputed in backward (activation checkpointing, `recompute`); None without."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -476,6 +485,7 @@ class TraceInfo(msgspec.Struct):
             "work": self.work.to_dict() if self.work is not None else None,
             "copies": self.copies.to_dict() if self.copies is not None else None,
             "attention": [site.to_dict() for site in self.attention],
+            "recompute": self.recompute.to_dict() if self.recompute is not None else None,
         }
 
 

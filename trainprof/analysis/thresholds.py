@@ -194,6 +194,12 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "step's ops launching GPU work means it steps on the host.",
     ),
     Threshold(
+        "recompute_memory_margin_share",
+        0.1,
+        "Checkpointed layers are advised off only while the predicted peak stays under 90% of the "
+        "device's memory: the caching allocator's fragmentation and a longer batch take the rest.",
+    ),
+    Threshold(
         "throughput_min_known_share",
         0.5,
         "A kernel class's (or module's) achieved TFLOP/s or TB/s is its counted work over the time of "
