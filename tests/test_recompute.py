@@ -39,9 +39,8 @@ class CheckpointTrace(TraceBuilder):
         self.correlation += 1
         self.cpu("cuda_runtime", "cudaLaunchKernel", ts + 5, 2, tid, correlation=self.correlation)
         kernel = {"correlation": self.correlation, "device": 0, "stream": 7}
-        self.events.append(
-            {"ph": "X", "cat": "kernel", "name": GEMM, "pid": 0, "tid": 7, "ts": gpu, "dur": us, "args": kernel}
-        )
+        event = {"ph": "X", "cat": "kernel", "name": GEMM, "pid": 0, "tid": 7, "ts": gpu, "dur": us}
+        self.events.append({**event, "args": kernel})
 
 
 def _checkpointed(tmp_path: Path, layers: int = 4, held: int = 2 * GIB, memory_gib: float = 141
