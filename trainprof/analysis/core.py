@@ -313,7 +313,7 @@ def _analyze_one(
                 trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies, sites, recompute
             )
         )
-    compiled = compile_stats(timeline)
+    compiled = compile_stats(timeline, work, owners)
     recompiling = compiled is not None and compiled.recompiles_every_step
     # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
     explained = {Cause.WARMUP: compiled.compile_gpu_idle_ms_per_step * n} if recompiling else None

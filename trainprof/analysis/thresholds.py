@@ -194,6 +194,12 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "step's ops launching GPU work means it steps on the host.",
     ),
     Threshold(
+        "compile_min_compiled_share",
+        0.5,
+        "torch.compile that runs less than half of the model's forward and backward GPU time in "
+        "compiled regions leaves most of its work eager: a `compile_coverage` finding says where.",
+    ),
+    Threshold(
         "recompute_memory_margin_share",
         0.1,
         "Checkpointed layers are advised off only while the predicted peak stays under 90% of the "

@@ -242,7 +242,10 @@ def compile_line(compiled: CompileStats) -> str:
     else:
         head = "no recompiles"
     breaks = "unknown" if compiled.graph_breaks is None else str(compiled.graph_breaks)
-    return f"{head}; {compiled.compiled_regions_per_step:g} compiled regions/step; graph breaks {breaks}"
+    share = compiled.compiled_share
+    covered = f"; {100 * share:.0f}% of the model's GPU time compiled" if share is not None else ""
+    return (f"{head}; {compiled.compiled_regions_per_step:g} compiled regions/step{covered}; "
+            f"graph breaks {breaks}")
 
 
 def step_split(analysis: Analysis) -> str | None:

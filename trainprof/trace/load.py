@@ -753,14 +753,16 @@ def _times(values: Any, allow_zero: bool = False) -> list[float] | None:
 
 
 def _compile_counters(document: Any) -> dict | None:
-    """Dynamo's counters recorded in a decoded sync sites file (`compile`: `graph_breaks`, an int, and
-    `graph_break`, reason -> count), wrong-typed entries dropped; None when absent."""
+    """Dynamo's counters recorded in a decoded sync sites file (`compile`: `graph_breaks`,
+    `frames_total`, `frames_ok`, `unique_graphs`, ints, and `graph_break`, reason -> count),
+    wrong-typed entries dropped; None when absent."""
     counters = document.get("compile") if isinstance(document, dict) else None
     if not isinstance(counters, dict):
         return None
     out: dict = {}
-    if isinstance(counters.get("graph_breaks"), int) and not isinstance(counters["graph_breaks"], bool):
-        out["graph_breaks"] = counters["graph_breaks"]
+    for key in ("graph_breaks", "frames_total", "frames_ok", "unique_graphs"):
+        if isinstance(counters.get(key), int) and not isinstance(counters[key], bool):
+            out[key] = counters[key]
     reasons = counters.get("graph_break")
     if isinstance(reasons, dict):
         out["graph_break"] = {
