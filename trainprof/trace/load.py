@@ -1047,8 +1047,10 @@ def _collective_calls(ops: list, ids: _Ids) -> CollectiveCalls | None:
 
 
 # Ops whose recorded inputs no analysis reads: views, allocations, autograd's bookkeeping and the
-# composite ops whose kernels their children launch (`to` -> `_to_copy` -> `copy_`, `linear` -> `addmm`)
-# launch no kernel of their own. Skipping them keeps a third of a GPT-2 trace's ops' inputs.
+# composite ops whose kernels their children launch (`to` -> `_to_copy` -> `copy_`) launch no kernel of
+# their own. Skipping them keeps a third of a GPT-2 trace's ops' inputs. `linear` and `matmul` keep
+# theirs (a cast under one is its weight's when of the weight's dims: analysis.copies), and so does
+# `scaled_dot_product_attention` (its mask and flags: analysis.attention).
 _INPUTLESS_OPS = frozenset(
     "aten::" + name
     for name in (
