@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import trainprof
 
-SLEEP_MS = 60.0
+SLEEP_MS = 150.0
 SLOW_US = 500.0
 WORK_FACTOR = 6
 STEPS = 10  # wait 1, warmup 1, active 2, then 6 un-profiled steps

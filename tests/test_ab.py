@@ -378,3 +378,19 @@ def test_liger_functions_are_routed_to_the_model_only():
         assert calls == []
         model(ids)
     assert len(calls) == 2
+
+
+def test_ab_reads_mfu_against_the_datasheet_table_the_analysis_reads(monkeypatch):
+    """`trainprof ab` and `trainprof analyze` give one MFU: against the datasheet's dense peak of
+    the step's dtype (`peaks.KNOWN_DEVICES`), the measured peak beside it (`mfu_achievable`)."""
+    from types import SimpleNamespace
+
+    from trainprof import bench
+    from trainprof.ab import runner
+
+    monkeypatch.setattr(bench, "is_cuda", lambda device: True)
+    h200 = SimpleNamespace(name="NVIDIA H200", total_memory=150e9)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: h200)
+    assert runner._datasheet_peak(torch.device("cuda"), "bf16") == 989.4e12
+    h200.name = "Mystery GPU"
+    assert runner._datasheet_peak(torch.device("cuda"), "bf16") is None

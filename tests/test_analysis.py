@@ -128,7 +128,7 @@ def test_sync_site_join_never_shifts_a_missing_site(fixtures_dir):
 def test_to_dict_is_json_with_required_fields(pathologies):
     document = json.loads(json.dumps(pathologies.to_dict(), allow_nan=False))
     assert set(document) == {"schema_version", "trace", "steps", "findings"}
-    assert document["schema_version"] == SCHEMA_VERSION == 1
+    assert document["schema_version"] == SCHEMA_VERSION == 2
     assert all(STEP_KEYS <= set(step) for step in document["steps"])
     assert all(FINDING_KEYS <= set(f) for f in document["findings"])
     assert all(set(f["where"]) == {"file", "line", "function"} for f in document["findings"])

@@ -336,13 +336,21 @@ def test_known_devices_match_their_rows(name, memory_gib, label):
 
 def test_known_devices_rows_are_consistent():
     for row in KNOWN_DEVICES:
-        rates = row.matmul_tflops
-        assert row.origin and row.copy_tb_s > 0 and rates["fp32"] > 0
-        # Tensor-core rates beat plain fp32 where the device has them; TF32 is half the 16-bit rate or less.
-        assert all(rates[d] > rates["fp32"] for d in rates if d != "fp32")
-        if "tf32" in rates:
-            assert rates["tf32"] <= 0.55 * rates["bf16"]
+        for rates in [row.matmul_tflops] + ([row.measured.matmul_tflops] if row.measured else []):
+            assert row.origin and row.memory_tb_s > 0 and rates["fp32"] > 0
+            # Tensor-core rates beat plain fp32 where the device has them; TF32 is half the 16-bit
+            # rate or less.
+            assert all(rates[d] > rates["fp32"] for d in rates if d != "fp32")
+            if "tf32" in rates:
+                assert rates["tf32"] <= 0.55 * rates["bf16"]
+        if row.measured is not None:  # a measurement reaches no datasheet figure
+            assert row.measured.copy_tb_s < row.memory_tb_s
+            assert all(rate < row.matmul_tflops[d] for d, rate in row.measured.matmul_tflops.items())
     assert known_device("Mystery GPU") is None
+    h200 = known_device("NVIDIA H200")  # the datasheet the field reads MFU against
+    assert (h200.matmul_tflops["bf16"], h200.matmul_tflops["tf32"], h200.matmul_tflops["fp8"]) == (
+        989.4, 494.7, 1978.9
+    ) and h200.memory_tb_s == 4.8
 
 
 def test_measured_peaks_are_read_and_must_be_of_the_traces_device():
@@ -390,8 +398,13 @@ def test_a_gemm_gets_its_flops_dtype_share_and_the_mfu(tmp_path):
     assert add.achieved_tb_s == pytest.approx(3 * 2 * 4096**2 / 100e-6 / 1e12, rel=1e-3)
     assert add.peak_pct == pytest.approx(100 * 3 * 2 * 4096**2 / 100e-6 / H200_COPY, abs=0.1)
     busy = _busy(result)
-    assert busy.mfu_pct == pytest.approx(100 * flops / 804e12 / 10e-3, abs=0.01) and busy.mfu_dtype == "bf16"
+    # MFU against the datasheet's dense bf16 peak, as the field reports it; the measured one beside it.
+    assert busy.mfu_pct == pytest.approx(100 * flops / 989.4e12 / 10e-3, abs=0.01)
+    assert busy.mfu_dtype == "bf16"
+    assert busy.mfu_achievable_pct == pytest.approx(100 * flops / 804e12 / 10e-3, abs=0.01)
+    assert (busy.mfu_peak_tflops, busy.mfu_achievable_tflops) == (989.4, 804.0)
     assert result.summary.mfu_pct == busy.mfu_pct
+    assert result.summary.mfu_achievable_pct == busy.mfu_achievable_pct
     assert busy.peaks.source == "table" and "H200" in result.summary.peaks_source
     assert busy.model_tflop_per_step == pytest.approx(flops / 1e12, abs=1e-4)
 
@@ -417,7 +430,7 @@ def test_the_mfu_is_unknown_when_kernels_of_unknown_flops_hold_most_of_the_compu
         assert all(step.mfu_pct is None for step in busy.steps)
         assert mfu == "unknown: FLOPs known for only 10% of the compute time"
     else:
-        assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 804e12 / 10e-3, abs=0.01)
+        assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 989.4e12 / 10e-3, abs=0.01)
         assert mfu.endswith("(counts the FLOPs of 91% of the compute time)")
 
 
@@ -444,7 +457,7 @@ def test_the_step_is_the_gpu_time_of_its_kernels_when_the_host_runs_ahead(tmp_pa
     assert result.summary.mean_step_ms == pytest.approx(2.0)  # the host's view is unchanged
     shares = [row.step_pct for row in busy.classes]
     assert max(shares) == pytest.approx(100.0) and sum(shares) <= 100.0 + 1e-6
-    assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 804e12 / 10e-3, abs=0.01)
+    assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 989.4e12 / 10e-3, abs=0.01)
 
 
 def test_a_peaks_file_beside_the_trace_wins_over_the_table(tmp_path):
@@ -463,7 +476,9 @@ def test_a_peaks_file_beside_the_trace_wins_over_the_table(tmp_path):
     result = analyze(trace.write(tmp_path, peaks))
     busy = _busy(result)
     assert busy.peaks.source == "measured" and busy.peaks.matmul_tflops == {"bf16": 500.0}
-    assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 500e12 / 10e-3, abs=0.01)
+    assert busy.peaks.datasheet_tflops["bf16"] == 989.4  # the table's row for the measured device
+    assert busy.mfu_achievable_pct == pytest.approx(100 * 2 * 4096**3 / 500e12 / 10e-3, abs=0.01)
+    assert busy.mfu_pct == pytest.approx(100 * 2 * 4096**3 / 989.4e12 / 10e-3, abs=0.01)
     assert "2026-12-01" in result.summary.peaks_source
 
 

@@ -290,6 +290,16 @@ def test_ddp_straggler_arrives_last_and_the_transfer_is_the_shortest_duration(fi
     ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)", True),
     ("void deep_ep::internode_ll::combine<false, 7168>(void*, void*)", True),
     ("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*)", False),
+    # DeepSeek's own build names DeepEP `dpsk::ep::` (deepseek-ai/profile-data); its CUB scans are
+    # `cdpsk::ep::` and its layout kernel is compute.
+    ("void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, float*, int*)", True),
+    ("void dpsk::ep::internode::notify_dispatch<false, 4>(int const*, long*, int)", True),
+    ("void dpsk::ep::internode_ll::combine_ll<false, 7168>(void*, void*)", True),
+    ("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)", False),
+    ("void cub::DeviceScanKernel<cdpsk::ep::internode::ScanPolicy>(int*)", False),
+    ("void hybrid_ep::dispatch_kernel<8, true>(...)", True),
+    ("void uccl::ep::internode_ll::dispatch<7168>(...)", True),
+    ("void moeA2ADispatchKernel<8, false, false, false>(int const*)", True),
     ("void pplx::dispatchKernel<128>(...)", True),
     ("void c10d::symmetric_memory::one_shot_all_reduce_kernel<float, 8>(...)", True),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", False),

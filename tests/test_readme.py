@@ -95,6 +95,7 @@ def _finding_kinds() -> set[str]:
     source = "".join(path.read_text() for path in (ROOT / "trainprof/analysis").glob("*.py"))
     kinds = set(re.findall(r'\bkind="([a-z_]+)"', source)) - {"stable"}  # numpy's sort kind
     kinds |= set(re.findall(r'\(\s*Cause\.\w+,\s*"([a-z_]+)"', source))  # idle_findings' table
+    kinds |= set(re.findall(r'\.finding\(\s*"([a-z_]+)"', source))  # busy_findings' `context.finding`
     return kinds
 
 

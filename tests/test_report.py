@@ -65,7 +65,7 @@ def test_json_is_exactly_the_analysis(tmp_path):
     assert json.loads(dumps(ANALYSIS)) == document
     assert json.loads(write_json(ANALYSIS, tmp_path / "summary.json").read_text()) == document
     assert json.loads(dumps({"x": float("nan")})) == {"x": None}
-    assert next(iter(document)) == "schema_version" and document["schema_version"] == 1
+    assert next(iter(document)) == "schema_version" and document["schema_version"] == 2
     assert document["steps"][0]["sync_count"] == 2 and document["trace"]["step_count"] == 1
 
 

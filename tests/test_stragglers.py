@@ -256,7 +256,7 @@ def _plain(folder: Path, tmp_path: Path) -> Path:
 def test_two_h200_ranks_with_the_same_work_have_no_straggler(fixtures_dir, tmp_path, sidecars):
     # DDP, the same work on both ranks; recorded with stacks, the ranks' steps were 1.6x and 1.8x
     # their un-profiled 191 ms, and one rank's host fell behind the other's
-    folder = fixtures_dir / "traces" / "h200x2_ddp_plain"
+    folder = fixtures_dir / "ranks" / "h200x2_ddp_plain"
     analysis = analyze(folder if sidecars else _plain(folder, tmp_path))
     assert len(analysis.ranks) == 2
     assert analysis.summary.straggler_rank is None and not analysis.summary.verdict.startswith("straggler")
@@ -271,7 +271,7 @@ def test_two_h200_ranks_with_the_same_work_have_no_straggler(fixtures_dir, tmp_p
 def test_two_h200_ranks_one_with_longer_sequences_names_it_by_its_work(fixtures_dir, tmp_path, sidecars):
     # rank 1's sequences are 1.5x as long (3,072 tokens against 2,048): its matrix products do 1.5x
     # the FLOPs, its attention 2.25x; the step's ratio lies between
-    folder = fixtures_dir / "traces" / "h200x2_ddp_uneven"
+    folder = fixtures_dir / "ranks" / "h200x2_ddp_uneven"
     analysis = analyze(folder if sidecars else _plain(folder, tmp_path))
     assert analysis.summary.verdict == "straggler: rank 1"
     (straggler,) = [f for f in analysis.findings if f.kind == "straggler"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_idle_causes import MAIN, SIDE, STEP_US, TraceBuilder
 
-from trainprof.analysis import analyze
+from trainprof.analysis import Analysis, analyze
 from trainprof.analysis.causes import Cause
 from trainprof.analysis.timeline import build_timeline
 from trainprof.trace import load_traces
@@ -151,3 +151,71 @@ def test_a_uniform_first_launch_stays_a_launch(tmp_path):
         trace.call("cudaLaunchKernel", ts, 8, kernels=[(ts + 10, 2_990)])
     (step,) = analyze(trace.write(tmp_path)).steps
     assert step.idle.costs[Cause.PROFILER] == 0.0
+
+
+# ---- advice that fits where the trace came from ------------------------------------------------------
+
+TRAINING_WORDS = ("DataLoader", "optimizer", "backward", "training loop", "gradient", "capture_syncs")
+
+
+@pytest.mark.parametrize(
+    "folder",
+    ["thirdparty/tl_h100_bert_small", "thirdparty/tl_b200_eager", "thirdparty/tl_xdit_flux_aiter_sage",
+     "busy/inference/forward"],
+)
+def test_inference_traces_get_no_training_advice_and_no_session_options(folder):
+    """vLLM, diffusers and a BERT forward from other projects: no DataLoader, optimizer or training
+    loop in any fix, and no option of trainprof's session (they were not recorded by one)."""
+    result = analyze(FIXTURES / folder)
+    fixes = [result.traces[0].verdict.fix or ""] + [f.fix or "" for f in result.findings]
+    assert not [(word, fix) for fix in fixes for word in TRAINING_WORDS if word in fix]
+
+
+def _profiler_held_steps(tmp_path: Path, sidecar: bool) -> Path:
+    """Two steps whose GPU idles 80 ms inside torch.profiler's own frames: profiler overhead."""
+    trace = TraceBuilder()
+    for number, start in ((1, 0.0), (2, STEP_US)):
+        trace.step(number, start)
+        trace.py("torch/profiler/profiler.py(884): step", start + 10_000, 80_000)
+    path = trace.write(tmp_path)
+    if sidecar:  # what a trainprof session leaves beside its traces
+        sites = '{"version": 2, "worker": "synthetic", "sites": []}'
+        (tmp_path / "synthetic.syncsites.json").write_text(sites)
+    return path
+
+
+@pytest.mark.parametrize("sidecar", [False, True])
+def test_session_options_are_fixes_only_for_a_sessions_trace(tmp_path, sidecar):
+    result = analyze(_profiler_held_steps(tmp_path, sidecar))
+    (finding,) = [f for f in result.findings if f.kind == "profiler_overhead"]
+    assert ("capture_syncs=False" in finding.fix) == sidecar
+    assert "with_stack=False" in finding.fix  # torch.profiler's own option, for any trace
+
+
+def _optimizer_steps(tmp_path: Path, on_gpu: bool) -> Analysis:
+    """Two steps whose GPU idles 60 ms while `_single_tensor_adam` runs its per-tensor math ops
+    (on CPU tensors: no launch; on GPU tensors: each op launches a kernel)."""
+    trace = TraceBuilder()
+    for number, start in ((1, 0.0), (2, STEP_US)):
+        trace.step(number, start)
+        trace.py("train.py(30): train", start + 9_000, 82_000)
+        trace.cpu("user_annotation", "Optimizer.step#AdamW.step", start + 15_000, 70_000)
+        trace.py("torch/optim/adamw.py(300): _single_tensor_adamw", start + 15_010, 69_980)
+        for i in range(30):
+            ts = start + 16_000 + i * 2_200
+            trace.op("aten::lerp_", ts, 2_000)
+            if on_gpu:
+                trace.call("cudaLaunchKernel", ts + 1_990, 5, kernels=[(ts + 2_000, 150)])
+    return analyze(trace.write(tmp_path))
+
+
+def test_an_optimizer_on_the_cpu_is_named_with_its_own_fix(tmp_path):
+    (finding,) = [f for f in _optimizer_steps(tmp_path, on_gpu=False).findings if f.kind == "host_bound"]
+    assert "the optimizer steps on the CPU" in finding.title and "_single_tensor_adamw" in finding.title
+    assert "fused=True" in finding.fix and "DeepSpeedCPUAdam" in finding.fix
+    assert "on the host" in finding.cause
+
+
+def test_an_optimizer_on_gpu_tensors_is_not_called_a_host_optimizer(tmp_path):
+    result = _optimizer_steps(tmp_path, on_gpu=True)
+    assert not [f for f in result.findings if "steps on the CPU" in f.title]

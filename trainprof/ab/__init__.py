@@ -30,8 +30,10 @@ How it measures (every choice is stated in the result's ``method``):
   data); the allowed relative difference is the precision's ``PARITY_RTOL`` or, where training
   compounds rounding further, ten times the drift of the reference run again with its weights moved
   by one rounding step before every step (``PARITY_NOISE_FACTOR``).
-- MFU: the step's FLOPs (``model_flops_per_step``) over the median step time, over the matmul peak
-  ``trainprof.bench.measure_matmul_peak`` measured in the same process.
+- MFU: the step's FLOPs (``model_flops_per_step``) over the median step time, over the datasheet's
+  dense matmul peak of the step's dtype (``trainprof.analysis.peaks.KNOWN_DEVICES``, the table
+  ``trainprof analyze`` reads); ``mfu_achievable`` over the peak ``trainprof.bench.measure_matmul_peak``
+  measured in the same process (the only one for a device the table lacks).
 - Peak memory (CUDA): the variant's resident tensors (parameters, gradients, optimizer state) plus
   the largest rise of allocated memory during its blocks.
 - One step per variant is profiled; ``trainprof.analysis.diff`` compares each with the first.

@@ -21,11 +21,15 @@ class VariantResult:
     """Reference variant's median over this one's."""
     tokens_per_s: float | None
     mfu: float | None
+    """Model FLOPs per second over the datasheet's dense matmul peak (``ABResult.datasheet_peak_flops``;
+    the measured one where the device is not in the table), as ``trainprof analyze`` reads MFU."""
     peak_memory_bytes: int | None
     losses: list[float]
     parity_max_rel_diff: float | None
     parity_ok: bool | None
     parity_tolerance: float | None = None
+    mfu_achievable: float | None = None
+    """The same over the matmul peak measured in this process (``ABResult.matmul_peak_flops``)."""
     """The allowed relative difference at the last step (PARITY_NOISE_FACTOR's comment)."""
     trace_dir: str | None = None
     vs_reference: str | None = None
@@ -51,6 +55,8 @@ class ABResult:
     matmul_peak_flops: float | None
     copy_bytes_per_s: float | None
     parity_noise_floor: float | None = None
+    datasheet_peak_flops: float | None = None
+    """The datasheet's dense matmul peak of the step's dtype on this device; None off the table."""
     """Max relative loss difference of the reference from its twin nudged by a rounding step per step."""
 
     @property

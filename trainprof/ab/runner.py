@@ -172,6 +172,10 @@ def run(
     matmul_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     peak_flops = bench.measure_matmul_peak(matmul_dtype, dev)
     copy_bandwidth = bench.measure_copy_bandwidth(dev)
+    datasheet_flops = _datasheet_peak(dev, precision)
+    # MFU as the field reports it (and `trainprof analyze` does): against the datasheet's dense peak,
+    # the measured one beside it; a device the table lacks has only the measured one.
+    mfu_peak = datasheet_flops or peak_flops
     progress("matmul peak and copy bandwidth measured")
 
     results = []
@@ -197,7 +201,10 @@ def run(
                 ci_coverage=round(coverage, 4),
                 speedup=round(reference_ms / median_ms, 4) if median_ms > 0 else None,
                 tokens_per_s=round(tokens_per_step / (median_ms / 1e3), 1) if tokens_per_step else None,
-                mfu=round(flops_per_step / (median_ms / 1e3) / peak_flops, 4) if flops_per_step else None,
+                mfu=round(flops_per_step / (median_ms / 1e3) / mfu_peak, 4) if flops_per_step else None,
+                mfu_achievable=round(flops_per_step / (median_ms / 1e3) / peak_flops, 4)
+                if flops_per_step
+                else None,
                 peak_memory_bytes=(_resident_bytes(run.model, run.step) + run.peak_rise_bytes)
                 if cuda
                 else None,
@@ -240,6 +247,7 @@ def run(
         prediction=prediction,
         matmul_peak_flops=peak_flops,
         copy_bytes_per_s=copy_bandwidth,
+        datasheet_peak_flops=datasheet_flops,
         parity_noise_floor=max(twin_drift) if twin_drift else None,
     )
 
@@ -288,6 +296,22 @@ def _profile_and_diff(
             return diffs, {"available": False, "reason": reason}
 
 
+def _datasheet_peak(device: torch.device, precision: str) -> float | None:
+    """FLOP/s of the datasheet's dense matmul peak for the step's math dtype on `device`
+    (`trainprof.analysis.peaks.KNOWN_DEVICES`, the table the analysis reads), or None."""
+    from trainprof.analysis.peaks import datasheet_tflops
+
+    if not bench.is_cuda(device):
+        return None
+    if precision == "bf16":
+        dtype = "bf16"
+    else:  # fp32 matmuls run TF32 when the process allows it
+        dtype = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    properties = torch.cuda.get_device_properties(device)
+    tflops = datasheet_tflops(properties.name, dtype, properties.total_memory)
+    return tflops * 1e12 if tflops else None
+
+
 def clock_name(device: torch.device) -> str:
     """The clock ``run`` times with on ``device``."""
     return bench.CLOCK_CUDA if bench.is_cuda(device) else bench.CLOCK_HOST
@@ -311,8 +335,10 @@ def _method(precision: str, cuda: bool) -> dict:
         "coverage), labelled with its coverage: 95% from 6 blocks; fewer blocks: [min, max], whose "
         "coverage is lower (2 blocks: 50%); variants whose intervals overlap the reference's: "
         "cannot tell apart",
-        "mfu": "FLOPs per step over median step time over the matmul peak measured in this process "
-        "(bench.measure_matmul_peak)",
+        "mfu": "FLOPs per step over median step time over the datasheet's dense matmul peak of the "
+        "step's dtype (trainprof.analysis.peaks.KNOWN_DEVICES, as trainprof analyze reads it; the peak "
+        "measured in this process where the table lacks the device); mfu_achievable: over the matmul "
+        "peak measured in this process (bench.measure_matmul_peak)",
         "flops": "HF models: 6*N*tokens + 12*L*d*T*tokens (PaLM appendix B: N = parameters outside "
         "embedding lookups, lm_head counted; attention scores and values with full T, no "
         "causal discount; L layers, d hidden size, T sequence length)",

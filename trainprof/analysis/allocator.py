@@ -102,7 +102,7 @@ def allocator_calls(timeline: Timeline) -> AllocatorCalls | None:
 
     # The API behind the frees, if any; its user caller; the steps it ran in.
     named = [a for a in api[is_free].tolist() if a is not None] or [a for a in api.tolist() if a is not None]
-    python_call = max(set(named), key=named.count) if named else None
+    python_call = max(sorted(set(named)), key=named.count) if named else None
     users = UserFrames(trace)
     if python_call is not None:
         at = np.flatnonzero(api == python_call)

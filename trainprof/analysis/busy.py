@@ -27,6 +27,13 @@ Classes: `trainprof.analysis.kernel_classes` (by name, then by the launching op)
 
 An op's FLOPs (or bytes) count once, on its first kernel of the class that carries them (a GEMM
 and its split-K reduction share one op). FLOPs recorded by `with_flops` replace the computed ones.
+
+Numbers that can be true (`physical_work`): work its kernels would have done faster than the
+datasheet allows is unknown (an embedding's whole table counted as read: 6.5 TB/s on an H100), the
+best remaining rate raises the achievable peak where it beats the measured one (a reduction at 4.75
+TB/s beside a measured copy of 4.30), so no share of a peak passes 100%; a class's rate is shown only
+where its work is known for `throughput_min_known_share` of its time. MFU: against the datasheet's
+dense peak of each kernel's dtype, as the field reports it, and against the achievable one beside it.
 """
 
 from __future__ import annotations
@@ -119,7 +126,8 @@ class ModuleRow(Record, frozen=True):
 class StepBusy(Record, frozen=True, rename={"number": "step"}):
     """One step's GPU time and MFU: `step_ms` (the module docstring's step time: host window, span
     of its kernels or their summed time, the longest), `kernel_ms` (summed), `model_tflop` (GEMM and
-    attention FLOPs, convolutions' where recorded), `mfu_pct` (None without FLOPs or peaks)."""
+    attention FLOPs, convolutions' where recorded), `mfu_pct` (against the datasheet's dense peaks;
+    None without FLOPs or a datasheet), `mfu_achievable_pct` (against the achievable peaks)."""
 
     number: int
     window_ms: float
@@ -128,15 +136,19 @@ class StepBusy(Record, frozen=True, rename={"number": "step"}):
     step_ms: float
     model_tflop: float | None
     mfu_pct: float | None
+    mfu_achievable_pct: float | None = None
 
 
 class BusyBreakdown(Record, frozen=True):
     """Where one trace's GPU busy time goes (module docstring); JSON `trace.traces[].gpu_busy`.
 
     `step_ms`: mean step time (the longest of host window, kernel span and summed kernel time);
-    `mfu_pct`: model FLOPs at the peak of their dtype over the step time (None when unknown),
-    `mfu_dtype`: the dtype holding most of them; `flops_known_pct`: the share of the compute time
-    whose FLOPs are counted (`flops_known_share`); `peaks`: the ceilings used and their source.
+    `mfu_pct`: model FLOPs at the datasheet's dense peak of their dtype over the step time, as the
+    field reports MFU (None when unknown), `mfu_achievable_pct` the same at the achievable peaks
+    (`peaks.matmul_tflops`: measured, or the trace's best kernels), `mfu_dtype`: the dtype holding
+    most of them, `mfu_peak_tflops` and `mfu_achievable_tflops` its two peaks; `flops_known_pct`: the
+    share of the compute time whose FLOPs are counted (`flops_known_share`); `peaks`: the ceilings
+    used and their source.
     """
 
     step_ms: float
@@ -150,6 +162,9 @@ class BusyBreakdown(Record, frozen=True):
     classes: list[ClassRow]
     modules: list[ModuleRow]
     steps: list[StepBusy]
+    mfu_achievable_pct: float | None = None
+    mfu_peak_tflops: float | None = None
+    mfu_achievable_tflops: float | None = None
 
 
 class KernelWork(msgspec.Struct):
@@ -157,11 +172,13 @@ class KernelWork(msgspec.Struct):
     class, work and owner, for `busy_breakdown` and the findings on busy time (`busy_findings`).
 
     `kernel_class`: `KernelClass.code`; `dtype`: index into `MATH_DTYPES` (-1 none); `flops`,
-    `bytes`: counted once per op (0 elsewhere; NaN never); `ideal_us`: `flops` at the peak of
-    `dtype` (0 when unknown); `op`: cpu_op row of the launching op (-1); `signature`: index into
-    `works` (the op's shape signature, -1 none); `attention_op`: cpu_op row of the fused attention
-    op (or SDPA math op) it runs under (-1); `module`: index into `owners.modules` (-1);
-    `module_group`: index into `module_paths` (class paths; -1); `phase`: `attribution.PHASES` codes.
+    `bytes`: counted once per op (0 elsewhere; NaN never; 0 too for work its kernels would have done
+    faster than the datasheet allows: `physical_work`); `ideal_us`: `flops` at the achievable peak
+    of `dtype`, `datasheet_us` at its datasheet peak (0 when unknown); `op`: cpu_op row of the
+    launching op (-1); `signature`: index into `works` (the op's shape signature, -1 none);
+    `attention_op`: cpu_op row of the fused attention op (or SDPA math op) it runs under (-1);
+    `module`: index into `owners.modules` (-1); `module_group`: index into `module_paths` (class
+    paths; -1); `phase`: `attribution.PHASES` codes.
     """
 
     rows: np.ndarray
@@ -173,6 +190,7 @@ class KernelWork(msgspec.Struct):
     flops: np.ndarray
     bytes: np.ndarray
     ideal_us: np.ndarray
+    datasheet_us: np.ndarray
     op: np.ndarray
     signature: np.ndarray
     works: list[OpWork]
@@ -193,11 +211,7 @@ class KernelWork(msgspec.Struct):
         cached = self.carried.get(kind)
         if cached is None:
             amount = self.flops if kind is Work.FLOPS else self.bytes
-            table = _FLOPS_CLASSES if kind is Work.FLOPS else _BYTES_CLASSES
-            counted = np.zeros(int(self.op.max(initial=-1)) + 2, dtype=bool)  # per cpu_op row; last: -1
-            counted[self.op[amount > 0]] = True
-            counted[-1] = False
-            cached = table[self.kernel_class] & ((amount > 0) | counted[self.op])
+            cached = _carrying(kind, self.kernel_class, self.op, amount)
             self.carried[kind] = cached
         return cached
 
@@ -212,6 +226,16 @@ class KernelWork(msgspec.Struct):
     def peak_of(self, dtype: str) -> float | None:
         """FLOP/s of `dtype`'s matmul peak, or None."""
         return self.peaks.flops_per_s(dtype) if self.peaks is not None else None
+
+
+def _carrying(kind: Work, kernel_class: np.ndarray, op: np.ndarray, amount: np.ndarray) -> np.ndarray:
+    """`KernelWork.carries`, from the arrays: kernels of a class bound by `kind` whose op's amount of
+    it is known (on this kernel, or on a sibling launched by the same op)."""
+    table = _FLOPS_CLASSES if kind is Work.FLOPS else _BYTES_CLASSES
+    counted = np.zeros(int(op.max(initial=-1)) + 2, dtype=bool)  # per cpu_op row; last: -1
+    counted[op[amount > 0]] = True
+    counted[-1] = False
+    return table[kernel_class] & ((amount > 0) | counted[op])
 
 
 def kernel_work(timeline: Timeline, owners: KernelOwners, peaks: DevicePeaks | None) -> KernelWork:
@@ -255,8 +279,10 @@ def kernel_work(timeline: Timeline, owners: KernelOwners, peaks: DevicePeaks | N
     bytes_moved = np.zeros(n)
     first = _first_of_each(op, _BYTES_CLASSES[kernel_class] & np.isfinite(op_work.bytes))
     bytes_moved[first] = op_work.bytes[first]
-    peak = np.array([(peaks.flops_per_s(d) if peaks else None) or np.nan for d in MATH_DTYPES] + [np.nan])
-    ideal_us = np.nan_to_num(flops / peak[dtype.astype(np.int64)] * 1e6, nan=0.0)
+    groups = _work_groups(signature, op, kernel_class)
+    flops, bytes_moved, peaks = physical_work(kernel_class, dtype, flops, bytes_moved, op, groups, dur, peaks)
+    ideal_us = _at_peak(flops, dtype, peaks.flops_per_s if peaks else None)
+    datasheet_us = _at_peak(flops, dtype, peaks.datasheet_flops_per_s if peaks else None)
 
     paths: dict[str, int] = {}
     group_of_ref = np.asarray(
@@ -272,6 +298,7 @@ def kernel_work(timeline: Timeline, owners: KernelOwners, peaks: DevicePeaks | N
         flops=flops,
         bytes=bytes_moved,
         ideal_us=ideal_us,
+        datasheet_us=datasheet_us,
         op=op,
         signature=signature,
         works=works,
@@ -284,6 +311,87 @@ def kernel_work(timeline: Timeline, owners: KernelOwners, peaks: DevicePeaks | N
         peaks=peaks,
         has_scores_softmax=has_scores_softmax,
     )
+
+
+def _at_peak(flops: np.ndarray, dtype: np.ndarray, rate_of) -> np.ndarray:
+    """Per kernel, µs its FLOPs take at `rate_of(dtype)` FLOP/s (0 where either is unknown)."""
+    if rate_of is None:
+        return np.zeros(len(flops))
+    peak = np.array([rate_of(d) or np.nan for d in MATH_DTYPES] + [np.nan])
+    return np.nan_to_num(flops / peak[dtype.astype(np.int64)] * 1e6, nan=0.0)
+
+
+def _work_groups(signature: np.ndarray, op: np.ndarray, kernel_class: np.ndarray) -> np.ndarray:
+    """Per kernel, the group whose work and time are weighed together: its op's shape signature,
+    else its op call, else the kernel alone; and its class (an op's work counts on its first kernel
+    of a class that carries it: a class's rate is read from its own kernels' time alone)."""
+    signatures = int(signature.max(initial=-1)) + 1
+    ops = int(op.max(initial=-1)) + 1
+    alone = signatures + ops + np.arange(len(op))
+    group = np.where(signature >= 0, signature, np.where(op >= 0, signatures + op, alone))
+    return group * len(CLASSES) + kernel_class
+
+
+def physical_work(
+    kernel_class: np.ndarray,
+    dtype: np.ndarray,
+    flops: np.ndarray,
+    bytes_moved: np.ndarray,
+    op: np.ndarray,
+    groups: np.ndarray,
+    dur: np.ndarray,
+    peaks: DevicePeaks | None,
+) -> tuple[np.ndarray, np.ndarray, DevicePeaks | None]:
+    """The counted work that a GPU can have done, and the achievable peaks it shows.
+
+    Per group of kernels (`groups`: one op signature, weighed over all its calls), its FLOPs (or
+    bytes) over the time of the kernels that carry them is its rate. A rate above the device's
+    datasheet peak of its dtype (or memory bandwidth) is no measurement: the count is wrong (an
+    embedding's whole table counted as read, a FLOP count of the wrong layout) or the data came
+    from cache; that work is set to 0, unknown, and no share of a peak is read from it. The best
+    remaining rate per dtype (and for bytes) that beats the achievable peak replaces it: a
+    measurement is a floor of what the device does (`DevicePeaks.raised`)."""
+    if peaks is None or not len(groups):
+        return flops, bytes_moved, peaks
+    flops, bytes_moved = flops.copy(), bytes_moved.copy()
+    tflops = dict(peaks.matmul_tflops)
+    copy_tb_s = peaks.copy_tb_s
+    raised: dict[str, float] = {}
+    for kind, amount in ((Work.FLOPS, flops), (Work.BYTES, bytes_moved)):
+        carrying = _carrying(kind, kernel_class, op, amount)
+        if not carrying.any():
+            continue
+        ids, of = unique_inverse(groups[carrying])
+        done = np.bincount(of, weights=amount[carrying], minlength=len(ids))
+        took_us = np.bincount(of, weights=dur[carrying], minlength=len(ids))
+        group_dtype = np.full(len(ids), -1, dtype=np.int64)
+        np.maximum.at(group_dtype, of, np.where(amount[carrying] > 0, dtype[carrying], -1).astype(np.int64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(took_us > 0, done / took_us * 1e6, np.inf)
+        if kind is Work.FLOPS:
+            ceiling = np.array([peaks.datasheet_flops_per_s(d) or np.inf for d in MATH_DTYPES] + [np.inf])
+            limit = ceiling[group_dtype]
+        else:
+            limit = np.full(len(ids), peaks.datasheet_bytes_per_s or np.inf)
+        impossible = (rate > limit) & (done > 0)
+        if impossible.any():
+            amount[np.isin(groups, ids[impossible])] = 0.0
+        possible = ~impossible & (done > 0) & np.isfinite(rate)
+        if kind is Work.FLOPS:
+            for code, name in enumerate(MATH_DTYPES):
+                best = rate[possible & (group_dtype == code)]
+                if len(best) and best.max() / 1e12 > tflops.get(name, np.inf):
+                    raised[name] = round(float(best.max()) / 1e12, 1)
+        elif possible.any() and copy_tb_s and rate[possible].max() / 1e12 > copy_tb_s:
+            raised["copy"] = round(float(rate[possible].max()) / 1e12, 3)
+    achievable = {name: raised.get(name, rate) for name, rate in tflops.items()}
+    peaks = msgspec.structs.replace(
+        peaks,
+        matmul_tflops={name: achievable[name] for name in MATH_DTYPES if name in achievable},
+        copy_tb_s=raised.get("copy", copy_tb_s),
+        raised=raised,
+    )
+    return flops, bytes_moved, peaks
 
 
 _UNFUSED_CANDIDATES = _class_table(
@@ -496,12 +604,20 @@ def busy_breakdown(
     span = np.where(ends > starts, ends - starts, 0.0)
     summed = np.bincount(work.step, weights=work.dur_us, minlength=n)
     step_us = np.maximum(np.maximum(window, span), summed)
-    ideal = np.bincount(work.step, weights=work.ideal_us, minlength=n)
+    achievable = np.bincount(work.step, weights=work.ideal_us, minlength=n)
+    datasheet = np.bincount(work.step, weights=work.datasheet_us, minlength=n)
     model = np.bincount(work.step, weights=work.flops * _FLOPS_CLASSES[work.kernel_class], minlength=n)
     known_share = flops_known_share(work)
-    has_mfu = bool(ideal.sum() > 0) and (known_share or 0.0) >= thresholds.mfu_min_flops_known_share
+    enough = (known_share or 0.0) >= thresholds.mfu_min_flops_known_share
     total_us = float(step_us.sum())
     work.step_ms = total_us / 1e3 / max(n, 1)
+
+    def mfu(ideal: np.ndarray, i: int | None = None) -> float | None:
+        if not enough or ideal.sum() <= 0:
+            return None
+        over = float(step_us.sum()) if i is None else float(step_us[i])
+        return round(100.0 * float(ideal.sum() if i is None else ideal[i]) / over, 2) if over > 0 else None
+
     step_rows = [
         StepBusy(
             number=s.number,
@@ -510,30 +626,34 @@ def busy_breakdown(
             kernel_ms=round(float(summed[i]) / 1e3, 4),
             step_ms=round(float(step_us[i]) / 1e3, 4),
             model_tflop=round(float(model[i]) / 1e12, 4) if model[i] > 0 else None,
-            mfu_pct=round(100.0 * float(ideal[i] / step_us[i]), 2) if has_mfu and step_us[i] > 0 else None,
+            mfu_pct=mfu(datasheet, i),
+            mfu_achievable_pct=mfu(achievable, i),
         )
         for i, s in enumerate(steps)
     ]
     mfu_dtype = None
-    if has_mfu:
+    if enough and achievable.sum() + datasheet.sum() > 0:
+        counted = (work.ideal_us > 0) | (work.datasheet_us > 0)
         by_dtype = np.bincount(
-            work.dtype[work.ideal_us > 0].astype(np.int64),
-            weights=work.flops[work.ideal_us > 0],
-            minlength=len(MATH_DTYPES),
+            work.dtype[counted].astype(np.int64), weights=work.flops[counted], minlength=len(MATH_DTYPES)
         )
         mfu_dtype = MATH_DTYPES[int(by_dtype.argmax())]
+    peaks = work.peaks
     return BusyBreakdown(
         step_ms=numpy_round(work.step_ms, 4),
         window_ms=numpy_round(float(window.sum()) / 1e3 / max(n, 1), 4),
         kernel_ms_per_step=numpy_round(float(summed.sum()) / 1e3 / max(n, 1), 4),
         model_tflop_per_step=round(float(model.sum()) / 1e12 / max(n, 1), 4) if model.sum() > 0 else None,
-        mfu_pct=round(100.0 * float(ideal.sum()) / total_us, 2) if has_mfu and total_us > 0 else None,
+        mfu_pct=mfu(datasheet),
         mfu_dtype=mfu_dtype,
         flops_known_pct=round(100.0 * known_share, 2) if known_share is not None else None,
-        peaks=work.peaks,
-        classes=_class_rows(work),
-        modules=_module_rows(work, costs),
+        peaks=peaks,
+        classes=_class_rows(work, thresholds),
+        modules=_module_rows(work, costs, thresholds),
         steps=step_rows,
+        mfu_achievable_pct=mfu(achievable),
+        mfu_peak_tflops=peaks.datasheet_tflops.get(mfu_dtype) if peaks and mfu_dtype else None,
+        mfu_achievable_tflops=peaks.matmul_tflops.get(mfu_dtype) if peaks and mfu_dtype else None,
     )
 
 
@@ -566,6 +686,18 @@ class _Throughput(msgspec.Struct):
     bytes_known_us: np.ndarray
     flops: np.ndarray
     bytes: np.ndarray
+    flops_class_us: np.ndarray
+    bytes_class_us: np.ndarray
+
+    def shown(self, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
+        """Per group, whether its FLOP rate and its byte rate describe it: their work is known for at
+        least `throughput_min_known_share` of the time of its kernels of FLOP (byte) classes."""
+        least = thresholds.throughput_min_known_share
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (
+                self.flops_known_us >= least * self.flops_class_us,
+                self.bytes_known_us >= least * self.bytes_class_us,
+            )
 
     @staticmethod
     def of(work: KernelWork, group: np.ndarray, groups: int) -> _Throughput:
@@ -598,6 +730,8 @@ class _Throughput(msgspec.Struct):
             bytes_known_us=byte_us,
             flops=flops,
             bytes=moved,
+            flops_class_us=total(work.dur_us, _FLOPS_CLASSES[work.kernel_class]),
+            bytes_class_us=total(work.dur_us, _BYTES_CLASSES[work.kernel_class]),
         )
 
 
@@ -605,13 +739,14 @@ def _figure(value: float, digits: int) -> float | None:
     return None if not np.isfinite(value) else round(float(value), digits)
 
 
-def _class_rows(work: KernelWork) -> list[ClassRow]:
+def _class_rows(work: KernelWork, thresholds: Thresholds) -> list[ClassRow]:
     steps = max(work.steps, 1)
     step_ms = work.step_ms or 1.0
     codes = work.kernel_class.astype(np.int64)
     class_us = np.bincount(codes, weights=work.dur_us, minlength=len(CLASSES))
     counts = np.bincount(codes, minlength=len(CLASSES))
     rates = _Throughput.of(work, codes, len(CLASSES))
+    flops_shown, bytes_shown = rates.shown(thresholds)
     out = []
     for code in np.argsort(-class_us, kind="stable").tolist():
         if not counts[code]:
@@ -619,7 +754,9 @@ def _class_rows(work: KernelWork) -> list[ClassRow]:
         kernel_class = CLASSES[code]
         gpu_ms = float(class_us[code]) / 1e3 / steps
         flop_class = kernel_class.work is Work.FLOPS
-        tflops, tb_s = _figure(rates.tflops[code], 2), _figure(rates.tb_s[code], 3)
+        shown = flops_shown[code] if flop_class else bytes_shown[code]
+        tflops = _figure(rates.tflops[code], 2) if shown else None
+        tb_s = _figure(rates.tb_s[code], 3) if shown else None
         known_us = rates.flops_known_us[code] if flop_class else rates.bytes_known_us[code]
         out.append(
             ClassRow(
@@ -632,14 +769,16 @@ def _class_rows(work: KernelWork) -> list[ClassRow]:
                 achieved_tflops=tflops,
                 gbyte_per_step=round(float(rates.bytes[code]) / 1e9 / steps, 4) if tb_s else None,
                 achieved_tb_s=tb_s,
-                peak_pct=_figure(rates.flops_peak_pct[code] if flop_class else rates.bytes_peak_pct[code], 1),
+                peak_pct=_figure(rates.flops_peak_pct[code] if flop_class else rates.bytes_peak_pct[code], 1)
+                if shown
+                else None,
                 known_pct=round(100.0 * float(known_us) / max(float(class_us[code]), 1e-9), 1),
             )
         )
     return out
 
 
-def _module_rows(work: KernelWork, costs: OwnerCosts) -> list[ModuleRow]:
+def _module_rows(work: KernelWork, costs: OwnerCosts, thresholds: Thresholds) -> list[ModuleRow]:
     if not work.module_paths:
         return []
     steps = max(work.steps, 1)
@@ -653,6 +792,7 @@ def _module_rows(work: KernelWork, costs: OwnerCosts) -> list[ModuleRow]:
     by_class = np.bincount(pair, weights=work.dur_us[grouped], minlength=groups * len(CLASSES))
     top_class = by_class.reshape(groups, len(CLASSES)).argmax(axis=1)
     rates = _Throughput.of(work, work.module_group, groups)
+    flops_shown, bytes_shown = rates.shown(thresholds)
     out = []
     for group in np.argsort(-group_us, kind="stable")[:MODULE_TABLE_ROWS].tolist():
         if group_us[group] <= 0:
@@ -666,10 +806,10 @@ def _module_rows(work: KernelWork, costs: OwnerCosts) -> list[ModuleRow]:
                 gpu_ms_per_step=round(gpu_ms, 4),
                 step_pct=round(100.0 * gpu_ms / step_ms, 2),
                 top_class=CLASSES[int(top_class[group])].label,
-                achieved_tflops=_figure(rates.tflops[group], 2),
-                flops_peak_pct=_figure(rates.flops_peak_pct[group], 1),
-                achieved_tb_s=_figure(rates.tb_s[group], 3),
-                bytes_peak_pct=_figure(rates.bytes_peak_pct[group], 1),
+                achieved_tflops=_figure(rates.tflops[group], 2) if flops_shown[group] else None,
+                flops_peak_pct=_figure(rates.flops_peak_pct[group], 1) if flops_shown[group] else None,
+                achieved_tb_s=_figure(rates.tb_s[group], 3) if bytes_shown[group] else None,
+                bytes_peak_pct=_figure(rates.bytes_peak_pct[group], 1) if bytes_shown[group] else None,
             )
         )
     return out

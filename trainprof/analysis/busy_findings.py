@@ -7,8 +7,9 @@ throughputs (`trainprof.analysis.peaks`). Shares and severities are of the step 
   max(t * peak_fp32 / peak_new, FLOPs / peak_new): they keep their efficiency against the peak
   (at most 100%). Fixes: bf16 autocast (fp16 and a GradScaler on a GPU without bf16), or TF32.
 - `unfused_attention`: attention as matmul + softmax (+ mask, dropout, casts) over [.., T, T] score
-  matrices (eager attention, SDPA's math fallback). A fused kernel does the same FLOPs at
-  `FUSED_ATTENTION_PEAK_SHARE` of the 16-bit peak. The math fallback gets the reasons the trace shows.
+  matrices (eager attention, SDPA's math fallback). A fused kernel does the same FLOPs at the best
+  rate a fused attention call site of the trace measured, else at `FUSED_ATTENTION_PEAK_SHARE` of
+  the 16-bit peak. The math fallback gets the reasons the trace shows.
 - `fusible_layers`: what `fused_layers.swap(model)` would replace, and its predicted saving
   (`trainprof.analysis.fusion`).
 - `memory_bound_kernels`: memory-bound kernels (norms, elementwise, copies) outside what swap
@@ -18,6 +19,19 @@ throughputs (`trainprof.analysis.peaks`). Shares and severities are of the step 
 - `gemm_shape`: GEMMs with a dim not 16-byte aligned (a vocabulary of 50,257) or skinny (fewer than
   `SKINNY_GEMM_ROWS` rows or columns) running at under `gemm_shape_max_rate_share` of the rate of
   the trace's well-shaped GEMMs of their dtype: at stake, their time above that rate.
+- `attention_choice`: an SDPA call site given an explicit mask over [T, T] scores with is_causal
+  False, where a causal mask is `is_causal=True` (the kernel then skips the masked half of the
+  scores and reads no mask): at stake, its time above the same FLOPs at the measured rate of a
+  causal call of the same shapes in the trace, else above the causal half of the scores at its own
+  measured rate, plus the mask's preparation inside SDPA; and a call site on a slower backend where
+  the trace measured a faster one on the same shapes (`attention.attention_sites`).
+- `recomputation`: the forward recomputed in backward by activation checkpointing (`recompute`):
+  at stake, its measured time, all of it where the memory it saves fits the headroom the trace
+  shows (or is not recorded), else the share of its segments (layers) that fit.
+- `copies_and_casts`: the copy-and-cast kernels a fix removes, by maker (`copies`), outside what swap
+  replaces: autocast's weight casts repeated per micro-batch (at stake: all but one of each weight's
+  k casts a step, (1 - 1/k) of their time), the model's own dtype casts and their gradients, a
+  torch.cat onto an empty cache, `.contiguous()` copies (their measured time).
 
 Each is made when its gain is at least `busy_finding_min_step_share` of the step; its severity is
 `severity.severity_for` of that gain. No peaks for the device: no prediction, no finding.
@@ -30,11 +44,14 @@ import math
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
+from trainprof.analysis.attention import AttentionSite
 from trainprof.analysis.busy import BusyBreakdown, KernelWork
+from trainprof.analysis.copies import COPY_KINDS, KINDS, CopyKernels
 from trainprof.analysis.fusion import SwapPrediction
 from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES
+from trainprof.analysis.recompute import Recomputation
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import TOP_ROWS, Thresholds
@@ -167,18 +184,25 @@ def busy_findings(
     costs: OwnerCosts,
     rank: int | None,
     limits: Thresholds,
+    copies: CopyKernels | None = None,
+    sites: list[AttentionSite] | None = None,
+    recompute: tuple[Recomputation | None, np.ndarray] | None = None,
 ) -> list[Finding]:
     """Every finding on GPU-busy waste for one trace (module docstring); `swapped`: per kernel of
-    `work`, whether swap would replace it."""
+    `work`, whether swap would replace it; `copies`: the copy kernels' makers (`copies`); `sites`:
+    the attention call sites (`attention`); `recompute`: the recomputed forward and its kernels."""
     if work.peaks is None or not len(work.rows) or work.step_ms <= 0:
         return []
     context = _Context(trace, work, costs, rank, limits)
     found = [
         _precision(context),
-        _attention(context),
+        _attention(context, sites or []),
+        _attention_choice(context, sites or []),
         _fusion(context, swap, swapped),
         _memory_bound(context, swapped),
         _gemm_shapes(context),
+        _copies(context, copies, swapped) if copies is not None else None,
+        _recomputation(context, *recompute) if recompute is not None and recompute[0] is not None else None,
     ]
     return [finding for finding in found if finding is not None]
 
@@ -323,7 +347,7 @@ def _precision(context: _Context) -> Finding | None:
     )
 
 
-def _attention(context: _Context) -> Finding | None:
+def _attention(context: _Context, sites: list[AttentionSite]) -> Finding | None:
     work, trace = context.work, context.trace
     unfused = work.of_class(KernelClass.ATTENTION_UNFUSED)
     if not unfused.any():
@@ -342,7 +366,10 @@ def _attention(context: _Context) -> Finding | None:
     if not peak or flops <= 0:
         return None
     unfused_ms = work.per_step_ms(unfused)
-    fused_rate = FUSED_ATTENTION_PEAK_SHARE * peak
+    # A fused kernel's rate: the best this trace measured (a fused call site elsewhere), else the share
+    # of the peak cuDNN's SDPA reached on the H200.
+    measured = [s.achieved_tflops * 1e12 for s in sites if s.achieved_tflops and s.dtype == target]
+    fused_rate = max(measured) if measured else FUSED_ATTENTION_PEAK_SHARE * peak
     fused_ms = flops / fused_rate * 1e3
     saved = unfused_ms - fused_ms
     if not context.worth(saved):
@@ -656,3 +683,284 @@ def _shape_fix(shape: GemmShape) -> str:
             f"give each call more rows ({min(shape.m, shape.n)} now): a larger batch, or fewer, larger calls"
         )
     return "; ".join(parts)
+
+
+class CopyGain(Record, frozen=True):
+    """One kind of copy a fix removes: its GPU ms per step, what the fix saves, where most of it is
+    made (`copies.CopyRow`'s op chain, module, user line) and the fix."""
+
+    kind: str
+    label: str
+    gpu_ms_per_step: float
+    saved_ms_per_step: float
+    op_chain: str | None
+    module: str | None
+    user_line: str | None
+    fix: str
+
+
+class CopiesDetails(Record, frozen=True):
+    """The copies-and-casts finding's evidence: the copy class's GPU ms per step, forward passes per
+    step (each weight's casts a step), the removable kinds, the step before and after."""
+
+    copy_ms_per_step: float
+    forward_passes_per_step: float | None
+    removable: list[CopyGain]
+    step_ms: float
+    predicted_step_ms: float
+    peaks: str
+
+
+def _copies(context: _Context, copies: CopyKernels, swapped: np.ndarray) -> Finding | None:
+    """Copies a fix removes (module docstring): the kinds with a fix, outside what swap replaces; the
+    gain is their measured time, all but one in k of autocast's weight casts."""
+    work = context.work
+    if copies.breakdown is None:
+        return None
+    rows = {row.kind: row for row in copies.breakdown.rows}
+    passes = copies.forward_passes or 1.0
+    gains, masks = [], []
+    for index, kind in enumerate(COPY_KINDS):
+        if kind.fix is None or kind.key not in rows:
+            continue
+        mask = (copies.kind == index) & ~swapped
+        ms = work.per_step_ms(mask)
+        share = 1.0 - 1.0 / passes if kind.key == "autocast_weight_cast" else 1.0
+        if ms <= 0 or share <= 0:
+            continue
+        row = rows[kind.key]
+        gains.append(CopyGain(kind.key, kind.label, round(ms, 4), round(ms * share, 4), row.op_chain,
+                              row.module, row.user_line, kind.fix))
+        masks.append(mask)
+    saved = sum(gain.saved_ms_per_step for gain in gains)
+    if not gains or not context.worth(saved):
+        return None
+    gains.sort(key=lambda gain: -gain.saved_ms_per_step)
+    mask = np.logical_or.reduce(masks)
+    module, where = context.module_of(mask)
+    total = copies.breakdown.gpu_ms_per_step
+    parts = "; ".join(
+        f"{KINDS[gain.kind].label.split(' (')[0]} {gain.saved_ms_per_step:.1f} ms"
+        + (f" in {gain.module}" if gain.module else "")
+        for gain in gains
+    )
+    weights = any(gain.kind == "autocast_weight_cast" for gain in gains)
+    repeated = f" (each weight cast {passes:g} times a step)" if weights else ""
+    fix = " ".join(f"{i}) {gain.fix}" for i, gain in enumerate(gains, 1))
+    step = work.step_ms
+    return context.finding(
+        "copies_and_casts",
+        f"Copies and casts: {total:.1f} ms/step ({context.share(total)} of the step), {saved:.1f} ms of it "
+        f"removable: {parts}{repeated}",
+        saved,
+        mask,
+        f"{fix} Step {step:.1f} -> ~{step - saved:.1f} ms.",
+        where,
+        CopiesDetails(
+            copy_ms_per_step=round(total, 4),
+            forward_passes_per_step=copies.forward_passes,
+            removable=gains,
+            step_ms=round(step, 4),
+            predicted_step_ms=round(step - saved, 4),
+            peaks=context.peaks_label,
+        ),
+        cause="copy and cast kernels that no computation needs: repeated, round-trip or layout-only copies",
+    )
+
+
+class AttentionChoice(Record, frozen=True):
+    """One call site's better attention: the site, its GPU ms per step, the predicted ms after the
+    fix, how the prediction was made (`basis`), and the fix."""
+
+    site: AttentionSite
+    gpu_ms_per_step: float
+    predicted_ms_per_step: float
+    saved_ms_per_step: float
+    basis: str
+    fix: str
+
+
+class AttentionChoiceDetails(Record, frozen=True):
+    """The attention-choice finding's evidence: the call sites it would change, the step before and
+    after."""
+
+    choices: list[AttentionChoice]
+    step_ms: float
+    predicted_step_ms: float
+    peaks: str
+
+
+CAUSAL_FIX = (
+    "If the mask is causal, pass is_causal=True and no attn_mask: "
+    "F.scaled_dot_product_attention(q, k, v, is_causal=True); the kernel then skips the masked half "
+    "of the scores and reads no [T, T] mask (a Hugging Face model builds none for an unpadded batch "
+    "when called without attention_mask)."
+)
+
+
+def _attention_choice(context: _Context, sites: list[AttentionSite]) -> Finding | None:
+    """Call sites with a faster attention in reach (module docstring), each predicted from the
+    measured rates of this trace's attention kernels."""
+    work = context.work
+    choices = []
+    for site in sites:
+        choice = _causal_choice(site, sites) or _backend_choice(site, sites)
+        if choice is not None and choice.saved_ms_per_step > 0:
+            choices.append(choice)
+    saved = sum(choice.saved_ms_per_step for choice in choices)
+    if not choices or not context.worth(saved):
+        return None
+    choices.sort(key=lambda choice: -choice.saved_ms_per_step)
+    top = choices[0]
+    groups = {choice.site.module_group for choice in choices}
+    mask = work.of_class(*ATTENTION_FUSED_CLASSES) & np.isin(work.module_group, list(groups))
+    module, where = context.module_of(mask)
+    site = top.site
+    what = (
+        f"an explicit {_shape_text(site.mask_shape)} {site.mask_dtype or ''} mask with is_causal=False"
+        if top.basis != "faster backend"
+        else f"the {site.backend} kernel"
+    )
+    step = work.step_ms
+    return context.finding(
+        "attention_choice",
+        f"Attention{_in(site.module)} gets {what}: {site.backend} runs {site.gpu_ms_per_step:.1f} ms/step "
+        f"({context.share(site.gpu_ms_per_step)} of the step); ~{top.predicted_ms_per_step:.1f} ms with "
+        "the fix",
+        saved,
+        mask,
+        " ".join(dict.fromkeys(choice.fix for choice in choices))
+        + f" Step {step:.1f} -> ~{step - saved:.1f} ms.",
+        where,
+        AttentionChoiceDetails(
+            choices=choices, step_ms=round(step, 4), predicted_step_ms=round(step - saved, 4),
+            peaks=context.peaks_label,
+        ),
+        op="aten::scaled_dot_product_attention",
+        cause="scaled_dot_product_attention given inputs that keep it off its fastest path",
+    )
+
+
+ATTENTION_FUSED_CLASSES = (
+    KernelClass.ATTENTION_FLASH,
+    KernelClass.ATTENTION_MEM_EFFICIENT,
+    KernelClass.ATTENTION_CUDNN,
+    KernelClass.ATTENTION_FUSED,
+)
+
+
+def _same_shapes(a: AttentionSite, b: AttentionSite) -> bool:
+    return a.query_shape == b.query_shape and a.key_shape == b.key_shape and a.dtype == b.dtype
+
+
+def _causal_choice(site: AttentionSite, sites: list[AttentionSite]) -> AttentionChoice | None:
+    """A site with an explicit [T, T] mask and is_causal False: with is_causal=True its kernel does
+    the same FLOPs (as torch counts them) at the rate of a causal site of the same shapes in the
+    trace; without one, it computes the causal share of the scores, (T + 1) / 2T, at its own rate.
+    The mask's preparation inside SDPA goes too."""
+    if not site.square_mask or site.is_causal or not site.gpu_ms_per_step:
+        return None
+    causal = [
+        s for s in sites if s is not site and s.is_causal and s.mask_shape is None and _same_shapes(s, site)
+        and s.achieved_tflops
+    ]
+    if causal and site.tflop_per_step:
+        best = max(causal, key=lambda s: s.achieved_tflops)
+        new_ms = site.tflop_per_step / best.achieved_tflops * 1e3
+        basis = (
+            f"a causal call of the same shapes measured at {best.achieved_tflops:.0f} TFLOP/s ({best.module})"
+        )
+    else:
+        length = site.query_shape[-2]
+        new_ms = site.gpu_ms_per_step * (length + 1) / (2 * length)
+        basis = "the causal half of the scores at this call's own measured rate"
+    saved = site.gpu_ms_per_step - new_ms + site.prep_ms_per_step
+    return AttentionChoice(site, site.gpu_ms_per_step, round(new_ms, 4), round(saved, 4), basis, CAUSAL_FIX)
+
+
+def _backend_choice(site: AttentionSite, sites: list[AttentionSite]) -> AttentionChoice | None:
+    """A site on a slower backend (`site.why_not` says why) where the trace measured a faster
+    backend on the same shapes: its FLOPs at that rate."""
+    if not site.why_not or not site.tflop_per_step or not site.achieved_tflops:
+        return None
+    faster = [
+        s for s in sites if s is not site and s.backend != site.backend and _same_shapes(s, site)
+        and (s.achieved_tflops or 0) > site.achieved_tflops
+    ]
+    if not faster:
+        return None
+    best = max(faster, key=lambda s: s.achieved_tflops)
+    new_ms = site.tflop_per_step / best.achieved_tflops * 1e3
+    fix = (
+        f"Let SDPA pick {best.backend} here as it does in {best.module}: "
+        + "; ".join(site.why_not)
+        + "."
+    )
+    return AttentionChoice(
+        site, site.gpu_ms_per_step, round(new_ms, 4), round(site.gpu_ms_per_step - new_ms, 4),
+        "faster backend", fix,
+    )
+
+
+class RecomputationDetails(Record, frozen=True):
+    """The recomputation finding's evidence: the recomputed forward (`recompute.Recomputation`), the
+    segments (layers) to stop checkpointing, and the step and peak after it (None where memory was
+    not recorded)."""
+
+    recompute: Recomputation
+    segments_to_stop: int | None
+    step_ms: float
+    predicted_step_ms: float
+    predicted_peak_bytes: int | None
+    peaks: str
+
+
+def _recomputation(context: _Context, recompute: Recomputation, mask: np.ndarray) -> Finding | None:
+    """The recomputed forward's time, won back for the segments whose memory fits (module docstring)."""
+    work = context.work
+    count = max(int(round(recompute.segments_per_step)), 1)
+    fit = recompute.segments_that_fit
+    share = 1.0 if fit is None else fit / count
+    saved = recompute.gpu_ms_per_step * share
+    if not context.worth(saved):
+        return None
+    gib = 2**30
+    module = recompute.modules[0] if recompute.modules else None
+    peak = None
+    if fit is not None and recompute.peak_bytes is not None and recompute.held_bytes_per_step is not None:
+        peak = (
+            recompute.peak_without_bytes if fit == count
+            else recompute.peak_bytes + int(fit * recompute.held_bytes_per_step / count)
+        )
+    memory = (
+        f"; peak {recompute.peak_bytes / gib:.1f} GiB of {recompute.device_bytes / gib:.0f} GiB"
+        if recompute.peak_bytes and recompute.device_bytes else ""
+    )
+    if fit is None:
+        which = "as many as memory allows (record with profile_memory=True to see the headroom)"
+    elif fit == count:
+        which = f"all {count} checkpointed segments fit without checkpointing (peak ~{peak / gib:.1f} GiB)"
+    else:
+        which = f"{fit} of {count} checkpointed segments fit in memory (peak ~{peak / gib:.1f} GiB)"
+    step = work.step_ms
+    return context.finding(
+        "recomputation",
+        "Activation checkpointing recomputes the forward in backward: "
+        f"{recompute.gpu_ms_per_step:.1f} ms/step ({context.share(recompute.gpu_ms_per_step)} of the step) "
+        f"in {recompute.segments_per_step:g} segments{_in(module)}{memory}",
+        saved,
+        mask,
+        f"Checkpoint fewer layers, or none: {which}. Hugging Face: model.gradient_checkpointing_disable() "
+        "(or checkpoint every k-th layer); torch: drop torch.utils.checkpoint (or checkpoint_wrapper) from "
+        f"the layers that fit. Step {step:.1f} -> ~{step - saved:.1f} ms.",
+        Where(function=module) if module else context.module_of(mask)[1],
+        RecomputationDetails(
+            recompute=recompute,
+            segments_to_stop=fit,
+            step_ms=round(step, 4),
+            predicted_step_ms=round(step - saved, 4),
+            predicted_peak_bytes=peak,
+            peaks=context.peaks_label,
+        ),
+        cause="activation checkpointing runs each checkpointed layer's forward again in the backward",
+    )

@@ -155,9 +155,9 @@ _CAUSE_ROWS: tuple[CauseInfo, ...] = (
         "the host runs the profiler's own code while it records: trainprof's hooks (sync call-site "
         "capture, step detection) or torch.profiler's",
         "Nothing to change in the training code: an un-profiled run does not pay this. To shrink it "
-        "while profiling, record fewer steps (a smaller `active`) or turn off what is not needed: "
-        "capture_syncs=False drops the sync call-site capture, with_stack=False the Python stacks "
-        "(and with them the names of host code).",
+        "while profiling, record fewer steps (a smaller `active` in torch.profiler.schedule) or "
+        "record less: with_stack=False drops the Python stacks (and with them the names of host "
+        "code), record_shapes=False the input shapes.",
     ),
 )
 CAUSES: dict[Cause, CauseInfo] = {row.cause: row for row in _CAUSE_ROWS}
@@ -167,8 +167,30 @@ INFERENCE_FIXES: dict[Cause, str] = {
     Cause.LAUNCH: "Fewer, larger launches: capture the forward with CUDA graphs or torch.compile(mode="
     "'reduce-overhead'), replace Python loops over tensors with one batched op, and batch more "
     "requests or tokens per forward.",
+    Cause.INPUT: "Have the next inputs ready before the forward needs them: prepare (tokenize, batch, "
+    "pin) the next requests or batches on other threads or processes while the current forward runs "
+    "(a DataLoader: num_workers>0, pin_memory=True), and copy them with non_blocking=True.",
 }
 """The fixes that differ for an inference loop (no backward, no optimizer: `workload.is_inference`)."""
+
+SESSION_FIXES: dict[Cause, str] = {
+    Cause.PROFILER: "Nothing to change in the training code: an un-profiled run does not pay this. To "
+    "shrink it while profiling, record fewer steps (a smaller `active`) or turn off what is not "
+    "needed: capture_syncs=False drops the sync call-site capture, with_stack=False the Python "
+    "stacks (and with them the names of host code).",
+}
+"""The fixes that name trainprof's own session options: only for a trace a trainprof session
+recorded (`workload.recorded_by_session`); a trace from elsewhere gets `CAUSES`' fix."""
+
+
+def fix_for(cause: Cause, inference: bool, session: bool) -> str:
+    """A cause's fix for this trace: the inference loop's where it differs (`INFERENCE_FIXES`), the
+    session's where the trace is a session's (`SESSION_FIXES`), else `CAUSES`'."""
+    if inference and cause in INFERENCE_FIXES:
+        return INFERENCE_FIXES[cause]
+    if session and cause in SESSION_FIXES:
+        return SESSION_FIXES[cause]
+    return CAUSES[cause].fix
 
 
 class CauseCosts(msgspec.Struct, frozen=True):

@@ -1,8 +1,9 @@
 """Question 7: which GPU work is communication, and what each collective moved, how fast.
 
 A kernel is communication when its name says so (`COMM_KERNELS`: NCCL and RCCL, MSCCL, the
-expert-parallel libraries DeepEP, pplx-kernels, mori and NVSHMEM, torch's symmetric memory, the
-custom all-reduce kernels), or when the innermost op around its launch is a collective
+expert-parallel libraries DeepEP (both its `deep_ep::` and `dpsk::ep::` names), HybridEP, UCCL-EP,
+TensorRT-LLM's MoE all-to-all, pplx-kernels, mori and NVSHMEM, torch's symmetric memory, the custom
+all-reduce kernels), or when the innermost op around its launch is a collective
 (`COLLECTIVE_OPS`: `record_param_comms`, `c10d::...`, `_c10d_functional::...`), which catches a
 library's kernel whatever it is called. A trace with no GPU work communicates on the host: gloo
 runs each collective on a thread of its own (`gloo:all_reduce` ranges, `HOST_COLLECTIVES`).
@@ -59,9 +60,21 @@ COMM_KERNELS: tuple[KernelFamily, ...] = (
     KernelFamily("RCCL", r"rccl", "RCCL's own kernel names (ROCm; most RCCL kernels keep NCCL's)"),
     KernelFamily("NCCL", r"nccl", "NCCL's collective and point-to-point kernels (ncclDevKernel_*, "
                  "ncclKernel_*); RCCL keeps the names, and the trace's GPU tells them apart"),
-    KernelFamily("DeepEP", r"deep_ep::(intranode|internode|internode_ll)::",
-                 "DeepEP's expert-parallel dispatch and combine (and their notify barriers): the "
-                 "all-to-all traffic of MoE layers, over NVLink and RDMA; its layout kernel is compute"),
+    # DeepEP's kernels live in `deep_ep::` in its public releases and in `dpsk::ep::` in DeepSeek's own
+    # build (deepseek-ai/profile-data's training and prefill traces, 2025-02); `\b` keeps out the
+    # `cdpsk::ep::` CUB scan kernels of the sampler in those traces.
+    KernelFamily("DeepEP", r"\b(deep_ep|dpsk::ep)::(intranode|internode|internode_ll)::",
+                 "DeepEP's expert-parallel dispatch and combine (and their notify barriers, `dispatch_ll`/"
+                 "`combine_ll` of its low-latency mode): the all-to-all traffic of MoE layers, over NVLink "
+                 "and RDMA; its layout kernel (`::cuda::get_dispatch_layout`) is compute"),
+    KernelFamily("HybridEP", r"\bhybrid_ep::",
+                 "DeepEP's HybridEP (Megatron-LM's MoE token dispatcher): dispatch, combine and their "
+                 "device syncs over NVLink and RDMA"),
+    KernelFamily("UCCL-EP", r"\buccl::(\w+::)*\w*(dispatch|combine)",
+                 "UCCL-EP's expert-parallel dispatch and combine (DeepEP's interface over a CPU proxy)"),
+    KernelFamily("TensorRT-LLM MoE all-to-all",
+                 r"moea2a(dispatch|combine)kernel|\bmoe_?comm|alltoallv?_?kernel",
+                 "TensorRT-LLM / FlashInfer MoE all-to-all (`moeA2ADispatchKernel`, `moeA2ACombineKernel`)"),
     KernelFamily("pplx-kernels", r"\bpplx::", "pplx-kernels' MoE all-to-all dispatch and combine"),
     KernelFamily("mori", r"\bmori::", "AMD mori's expert-parallel dispatch and combine"),
     KernelFamily("NVSHMEM", r"nvshmem", "NVSHMEM's device-initiated transfers and barriers"),

@@ -1,4 +1,5 @@
-"""torch.compile's health: does it recompile in the steady state, and where does the graph break?
+"""torch.compile's health: how much of the model's GPU work it compiled, does it recompile in the
+steady state, and where does the graph break?
 
 What a trace shows of torch.compile, with Python stacks or without:
 - compiling: Dynamo's `dynamo_timed` ranges (`dynamo`, `entire_frame_compile`, `<phase> (dynamo_timed)`,
@@ -7,6 +8,15 @@ What a trace shows of torch.compile, with Python stacks or without:
 - running compiled code: a `Torch-Compiled Region: F/C` op per call of a compiled frame. A graph break
   splits a function into several frames; with stacks, Dynamo's resume functions
   (`torch_dynamo_resume_in_<function>_at_<line>`) name where each break is.
+
+How much it compiled: a kernel launched inside a compiled region (`Torch-Compiled Region`, or the
+backward of a compiled graph, `CompiledFunctionBackward`) is compiled work; the other forward and
+backward kernels ran eagerly. A model wrapped in torch.compile (`nn.Module: OptimizedModule_i`, or
+Dynamo's `compile_wrapper` frame, with stacks; Dynamo's frame counters, live) whose steps run no
+compiled region compiled nothing: Dynamo gave up on its forward (an unsupported construct, an error
+with `suppress_errors`) and every call runs eagerly behind the wrapper. What compiling the eager
+part would win at least: its memory-bound kernels' time above their bytes at the achievable copy
+bandwidth (`eager_fusible_ms_per_step`; Inductor fuses those chains, which saves bytes as well).
 
 A step that compiles every time (a new shape each step under `dynamic=False`) pays a whole compile
 per step, GPU idle meanwhile: it is not a one-off warm-up, CUDA graphs do not help it, and the fix is
@@ -23,24 +33,30 @@ import re
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
-from trainprof.analysis.attribution import UserFrames
+from trainprof.analysis.attribution import BACKWARD, FORWARD, KernelOwners, UserFrames
+from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.causes import COMPILE_FRAMES
+from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.intervals import Coverage
+from trainprof.analysis.kernel_classes import KernelClass, Work
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import COMPILE_IDS_IN_TITLE, GRAPH_BREAK_SITES_KEPT, Thresholds
 from trainprof.analysis.timeline import Timeline
+from trainprof.trace.model import nearest_marked
 
 # Pattern sources (with `causes.COMPILE_FRAMES`), compiled where used, past the check that a trace
 # shows torch.compile at all: most traces never compile them.
 _REGION = r"^Torch-Compiled Region: (\d+)/(\d+)$"
 _COMPILE_ID = r"compile_id=(\d+)/(\d+)"
 _RESUME = r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$"
+_WRAPPED = r"^nn\.Module: OptimizedModule_\d+$|^torch/_dynamo/eval_frame\.py\(\d+\): compile_wrapper$"
+_COMPILED_OPS = ("autograd::engine::evaluate_function: CompiledFunctionBackward", "CompiledFunctionBackward")
 # Names only torch.compile's work has (Dynamo's frames show in any trace with stacks: the optimizer's
 # step runs under `torch/_dynamo/eval_frame.py`).
 _MARKERS = (
     "Torch-Compiled Region", "(dynamo_timed)", "entire_frame_compile", "entire_backward_compile",
-    "compile_id=", "torch_dynamo_resume_in_",
+    "compile_id=", "torch_dynamo_resume_in_", "OptimizedModule", "compile_wrapper",
 )
 
 
@@ -58,6 +74,11 @@ class CompileStats(Record, frozen=True):
     `graph_break_reasons`: Dynamo's reasons with their counts (live counters only);
     `eager_gap_gpu_idle_ms_per_step`: the GPU idle between consecutive compiled regions of a step
     (the eager code a break leaves between them).
+    `wrapped_calls_per_step`: calls of a torch.compile wrapper (with stacks); `compiled_gpu_ms_per_step`
+    and `eager_gpu_ms_per_step`: the forward and backward kernels' time inside compiled regions and
+    outside them (None without the kernels' owners); `eager_fusible_ms_per_step`: the eager
+    memory-bound kernels' time above their bytes at the achievable copy bandwidth; `frames_total`,
+    `frames_compiled`, `unique_graphs`: Dynamo's counters (the session's live ones; None otherwise).
     """
 
     compile_ms_per_step: float
@@ -71,10 +92,27 @@ class CompileStats(Record, frozen=True):
     graph_break_sites: list[str]
     graph_break_reasons: dict[str, int]
     eager_gap_gpu_idle_ms_per_step: float
+    wrapped_calls_per_step: float = 0.0
+    compiled_gpu_ms_per_step: float | None = None
+    eager_gpu_ms_per_step: float | None = None
+    eager_fusible_ms_per_step: float | None = None
+    frames_total: int | None = None
+    frames_compiled: int | None = None
+    unique_graphs: int | None = None
+
+    @property
+    def compiled_share(self) -> float | None:
+        """The compiled share of the model's GPU work (None where unknown)."""
+        total = (self.compiled_gpu_ms_per_step or 0.0) + (self.eager_gpu_ms_per_step or 0.0)
+        if self.compiled_gpu_ms_per_step is None or not total:
+            return None
+        return self.compiled_gpu_ms_per_step / total
 
 
-def compile_stats(timeline: Timeline) -> CompileStats | None:
-    """What the trace shows of torch.compile (module docstring); None when it shows none."""
+def compile_stats(timeline: Timeline, work: KernelWork | None = None,
+                  owners: KernelOwners | None = None) -> CompileStats | None:
+    """What the trace shows of torch.compile (module docstring); None when it shows none. `work` and
+    `owners` (the kernels' classes and owners) give the compiled and eager shares."""
     trace = timeline.trace
     text = "\n".join(trace.names)  # one scan decides for the traces without torch.compile
     live = trace.compile_counters
@@ -124,8 +162,11 @@ def compile_stats(timeline: Timeline) -> CompileStats | None:
         breaks: int | None = int(live["graph_breaks"])
     else:
         breaks = len(sites) if sites else None
-    if not regions and steps_compiling == 0 and not breaks:
+    wrapped = _wrapped_calls(timeline)
+    frames_total = _live_count(live, "frames_total")
+    if not regions and steps_compiling == 0 and not breaks and not wrapped and not frames_total:
         return None
+    compiled_ms, eager_ms, fusible_ms = _coverage(timeline, work, owners) if work is not None else (None,) * 3
     return CompileStats(
         compile_ms_per_step=round(float(compile_ms.sum()) / n, 4),
         compile_gpu_idle_ms_per_step=round(idle_ms / n, 4),
@@ -138,7 +179,55 @@ def compile_stats(timeline: Timeline) -> CompileStats | None:
         graph_break_sites=sites[:GRAPH_BREAK_SITES_KEPT],
         graph_break_reasons=reasons,
         eager_gap_gpu_idle_ms_per_step=round(_eager_gaps_idle(timeline, regions) / n, 4),
+        wrapped_calls_per_step=round(wrapped / n, 2),
+        compiled_gpu_ms_per_step=compiled_ms,
+        eager_gpu_ms_per_step=eager_ms,
+        eager_fusible_ms_per_step=fusible_ms,
+        frames_total=frames_total,
+        frames_compiled=_live_count(live, "frames_ok"),
+        unique_graphs=_live_count(live, "unique_graphs"),
     )
+
+
+def _live_count(live: dict | None, key: str) -> int | None:
+    value = (live or {}).get(key)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _wrapped_calls(timeline: Timeline) -> int:
+    """Calls of a torch.compile wrapper inside the steps (`OptimizedModule`'s frame, Dynamo's
+    `compile_wrapper`): a trace with stacks shows them whether or not anything compiled."""
+    python = timeline.trace.events["python_function"]
+    if not len(python):
+        return 0
+    wrapper = re.compile(_WRAPPED)
+    marked = timeline.trace.names_matching(lambda name: wrapper.match(name) is not None)[python.name]
+    return int((timeline.step_of(python.start_us[marked]) >= 0).sum()) if marked.any() else 0
+
+
+def _coverage(
+    timeline: Timeline, work: KernelWork, owners: KernelOwners | None
+) -> tuple[float | None, float | None, float | None]:
+    """GPU ms per step of the forward and backward kernels inside compiled regions and outside, and
+    the eager memory-bound kernels' time above their bytes at the achievable copy bandwidth."""
+    trace = timeline.trace
+    ops = trace.events["cpu_op"]
+    if owners is None or not len(owners.op_parent) or not len(work.rows):
+        return None, None, None
+    region = re.compile(_REGION)
+    marked = trace.names_matching(lambda name: region.match(name) is not None or name in _COMPILED_OPS)
+    inside = nearest_marked(owners.op_parent, marked[ops.name])
+    compiled = np.where(work.op >= 0, inside[np.clip(work.op, 0, None)], -1) >= 0
+    model = (work.phase == FORWARD) | (work.phase == BACKWARD)
+    eager = model & ~compiled
+    copy = work.peaks.bytes_per_s if work.peaks is not None else None
+    fusible = None
+    if copy:
+        memory = eager & work.of_class(KernelClass.NORM, KernelClass.ELEMENTWISE, KernelClass.REDUCTION,
+                                       KernelClass.COPY) & work.carries(Work.BYTES)
+        floor = np.minimum(work.bytes[memory] / copy * 1e6, work.dur_us[memory])
+        fusible = round(float((work.dur_us[memory] - floor).sum()) / 1e3 / max(work.steps, 1), 4)
+    return round(work.per_step_ms(model & compiled), 4), round(work.per_step_ms(eager), 4), fusible
 
 
 def _idle_within(timeline: Timeline, starts: np.ndarray, ends: np.ndarray) -> float:
@@ -167,16 +256,21 @@ def _compile_names(trace) -> np.ndarray:
 
 
 def _resume_sites(trace) -> list[str]:
-    """`function line N` of Dynamo's resume functions among the trace's Python frames, in name order."""
+    """`file:N function` of each graph break: Dynamo's resume functions among the trace's Python
+    frames (`torch_dynamo_resume_in_<function>_at_<N>`, in the file of the function it broke), in
+    name order."""
     python = trace.events["python_function"]
     if not len(python):
         return []
     sites = set()
     resume = re.compile(_RESUME)
     for name_id in distinct(python.name).tolist():
-        found = resume.search(trace.names[name_id])
+        name = trace.names[name_id]
+        found = resume.search(name)
         if found is not None:
-            sites.add(f"{found.group(1)} line {found.group(2)}")
+            frame = parse_py_frame(name)
+            where = f"{frame.file}:{found.group(2)}" if frame is not None else f"line {found.group(2)}"
+            sites.add(f"{where} {found.group(1)}")
     return sorted(sites)
 
 
@@ -193,15 +287,28 @@ GRAPH_BREAK_FIX = (
 )
 
 
+COVERAGE_FIX = (
+    "Find why Dynamo leaves the model eager: TORCH_LOGS=graph_breaks,recompiles (or "
+    "torch._dynamo.explain(model)(*inputs)) names each break and each frame it skipped; "
+    "torch.compile(model, fullgraph=True) turns the first into an error with its reason. Move what it "
+    "cannot trace (Python-side data structures, .item(), print, unsupported calls) out of the forward, "
+    "or compile the submodules that trace (for block in model.layers: block.compile())."
+)
+
+
 def compile_findings(
     stats: CompileStats | None, timeline: Timeline, step_ms: float, rank: int | None, thresholds: Thresholds
 ) -> list[Finding]:
-    """The `recompile` finding when compiling goes on in the steady state, and the `graph_breaks`
-    finding when breaks are known; severity from the GPU idle each costs per step."""
+    """The `compile_coverage` finding when torch.compile compiled little or nothing of the model's
+    GPU work, the `recompile` finding when compiling goes on in the steady state, and the
+    `graph_breaks` finding when breaks are known; severity from the GPU time each costs per step."""
     if stats is None:
         return []
     findings = []
     n = max(len(timeline.steps), 1)
+    coverage = _coverage_finding(stats, timeline, step_ms, rank, thresholds)
+    if coverage is not None:
+        findings.append(coverage)
     if stats.recompiles_every_step:
         pct = 100.0 * stats.compile_ms_per_step / max(step_ms, 1e-9)
         findings.append(
@@ -247,6 +354,47 @@ def compile_findings(
             )
         )
     return findings
+
+
+def _coverage_finding(
+    stats: CompileStats, timeline: Timeline, step_ms: float, rank: int | None, thresholds: Thresholds
+) -> Finding | None:
+    """torch.compile wraps the model but compiled none (or little) of its GPU work: at stake, what
+    fusing the eager memory-bound kernels would win at least (`eager_fusible_ms_per_step`)."""
+    share = stats.compiled_share
+    nothing = stats.compiled_regions_per_step == 0 and (
+        stats.wrapped_calls_per_step > 0 or (stats.frames_total and not stats.frames_compiled)
+    )
+    if not nothing and (share is None or share >= thresholds.compile_min_compiled_share):
+        return None
+    eager = stats.eager_gpu_ms_per_step or 0.0
+    gain = stats.eager_fusible_ms_per_step or 0.0
+    n = max(len(timeline.steps), 1)
+    live = (
+        f"; Dynamo compiled {stats.frames_compiled} of the {stats.frames_total} frames it tried"
+        if stats.frames_total else ""
+    )
+    what = (
+        "compiled nothing: no compiled region ran"
+        if nothing
+        else f"compiled {100 * (share or 0):.0f}% of the model's GPU work"
+    )
+    return Finding(
+        kind="compile_coverage",
+        title=f"torch.compile {what}; {eager:.1f} ms/step of forward and backward kernels ran eagerly{live}"
+        + (f" (fusing their memory-bound kernels would win at least {gain:.1f} ms/step)" if gain else ""),
+        severity=severity_for(gain, step_ms, thresholds),
+        op=None,
+        where=_compile_site(timeline),
+        count=int(round(stats.wrapped_calls_per_step * n)),
+        per_step=stats.wrapped_calls_per_step,
+        cost_ms=round(eager * n, 4),
+        fix=COVERAGE_FIX,
+        rank=rank,
+        cause="Dynamo could not trace the forward (or most of it): the wrapper runs the eager model",
+        gpu_ms_per_step=round(gain, 4),
+        details=stats,
+    )
 
 
 def _compilations(compile_ids: list[str]) -> str:

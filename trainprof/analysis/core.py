@@ -9,10 +9,11 @@ import msgspec
 
 from trainprof.analysis.allocator import allocator_calls
 from trainprof.analysis.arrays import numpy_round
+from trainprof.analysis.attention import attention_sites
 from trainprof.analysis.attribution import AttributionIndex, attribute_kernels
 from trainprof.analysis.busy import BusyBreakdown, busy_breakdown, kernel_work
 from trainprof.analysis.busy_findings import busy_findings
-from trainprof.analysis.causes import INFERENCE_FIXES, Cause
+from trainprof.analysis.causes import Cause, fix_for
 from trainprof.analysis.collectives import (
     Collective,
     CommTotals,
@@ -32,6 +33,7 @@ from trainprof.analysis.comm_findings import (
     slow_collective_findings,
 )
 from trainprof.analysis.compile import compile_findings, compile_stats
+from trainprof.analysis.copies import copy_kernels
 from trainprof.analysis.distributed import CrossRank, RankSummary, cross_rank, rank_summary
 from trainprof.analysis.folder import analyze_files
 from trainprof.analysis.fragmentation import fragmentation, fragmentation_finding
@@ -39,6 +41,7 @@ from trainprof.analysis.fsdp_host import fsdp_host_finding
 from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.headroom import headroom
 from trainprof.analysis.host_ops import cpu_only_finding
+from trainprof.analysis.host_work import host_work
 from trainprof.analysis.idle import host_labels, idle_breakdown
 from trainprof.analysis.idle_findings import idle_findings
 from trainprof.analysis.intervals import Coverage
@@ -59,6 +62,7 @@ from trainprof.analysis.profiler_cost import (
 )
 from trainprof.analysis.profiler_overhead import profiler_host_estimate, verdict_caveat
 from trainprof.analysis.rank_work import rank_work
+from trainprof.analysis.recompute import recomputation
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
@@ -68,7 +72,7 @@ from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline, build_timeline
 from trainprof.analysis.tokens import step_tokens
 from trainprof.analysis.verdict import WAIT_VERDICT, Verdict, verdict
-from trainprof.analysis.workload import is_inference
+from trainprof.analysis.workload import is_inference, recorded_by_session
 from trainprof.trace import Trace
 from trainprof.trace.load import first_event_us, gc_paused, memory_files_without_trace, trace_paths
 from trainprof.trace.memory_file import MemoryFile
@@ -319,9 +323,13 @@ def _analyze_one(
     )
     trace_verdict = verdict(steps, tiny_pct, limits, wait)
     inference = is_inference(trace)
-    if inference and trace_verdict.cause in INFERENCE_FIXES:  # no optimizer advice to a forward loop
-        trace_verdict = msgspec.structs.replace(trace_verdict, fix=INFERENCE_FIXES[trace_verdict.cause])
-    busy = work = None
+    session = recorded_by_session(trace)
+    if trace_verdict.cause is not None:  # no training advice to a forward loop, no session options elsewhere
+        fix = fix_for(trace_verdict.cause, inference, session)
+        trace_verdict = msgspec.structs.replace(trace_verdict, fix=fix)
+    busy = work = copies = None
+    sites = []
+    recompute = (None, None)
     if gpu_work:
         work = kernel_work(timeline, owners, device_peaks(trace))
         busy = busy_breakdown(timeline, work, costs, limits)
@@ -330,21 +338,31 @@ def _analyze_one(
     trace_verdict = rejudged(trace_verdict, cost, limits)
     # Without un-profiled steps to judge on, what the profiler's own host cost could have made.
     estimate = profiler_host_estimate(timeline, trace_verdict, limits) if cost is None and gpu_work else None
-    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits)
+    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits, inference)
     if gpu_work:
         busy = unprofiled_mfu(busy, cost)
         swap, swapped = swap_prediction(timeline, owners, work)
         # Gains are predicted from the un-profiled step where the profiler slowed the recorded ones.
         judged = work if cost is None or not cost.slowed else msgspec.structs.replace(
             work, step_ms=cost.judged_step_ms)
-        findings.extend(busy_findings(trace, judged, busy, swap, swapped, costs, trace.rank, limits))
-    compiled = compile_stats(timeline)
+        copies = copy_kernels(trace, work, owners)
+        sites = attention_sites(trace, work, owners)
+        known_peaks = [p for p in peaks if p is not None]
+        recompute = recomputation(trace, work, owners, max(known_peaks) if known_peaks else None, limits)
+        findings.extend(
+            busy_findings(
+                trace, judged, busy, swap, swapped, costs, trace.rank, limits, copies, sites, recompute
+            )
+        )
+    compiled = compile_stats(timeline, work, owners)
     recompiling = compiled is not None and compiled.recompiles_every_step
     # A recompile's GPU idle is warm-up idle: its own finding holds it, not the generic warm-up one.
     explained = {Cause.WARMUP: compiled.compile_gpu_idle_ms_per_step * n} if recompiling else None
     blocked = any(s.idle is not None and s.idle.costs[Cause.BLOCKING] > 0 for s in steps)
     allocator = allocator_calls(timeline) if blocked else None
-    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits, explained, allocator))
+    named_host = host_work(timeline, idle.host_functions, limits) if idle.host_functions else None
+    findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits, explained, allocator,
+                                  inference, session, named_host))
     findings.extend(compile_findings(compiled, timeline, trace_verdict.step_ms, trace.rank, limits))
     for maybe in (
         launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits, recompiling, inference),
@@ -401,6 +419,9 @@ def _analyze_one(
         headroom=room,
         fragmentation=reserve,
         memory_history=history_view(saved.history_of(trace.path.name)) if saved is not None else None,
+        copies=copies.breakdown if copies is not None else None,
+        attention=sites,
+        recompute=recompute[0],
     )
     return steps, findings, info
 
@@ -520,26 +541,32 @@ def _unprofiled_summary(traces: list[TraceInfo]) -> dict:
 
 
 def _busy_summary(busy: list[tuple[BusyBreakdown, int]]) -> dict:
-    """The headline's GPU step time, MFU (and the share of the compute time whose FLOPs it
-    counts) and peaks source over the traces (time-weighted), as `Summary` fields; empty without
-    GPU work."""
+    """The headline's GPU step time, MFU against the datasheet and the achievable peaks (and the
+    share of the compute time whose FLOPs it counts) and peaks source over the traces
+    (time-weighted), as `Summary` fields; empty without GPU work."""
     if not busy:
         return {}
     total_ms = sum(b.step_ms * n for b, n in busy)
-    with_mfu = [(b, n) for b, n in busy if b.mfu_pct is not None]
-    mfu_ms = sum(b.step_ms * n for b, n in with_mfu)
-    dtypes = [b.mfu_dtype for b, _ in with_mfu]
+
+    def weighted(value_of) -> float | None:
+        known = [(value_of(b), b.step_ms * n) for b, n in busy if value_of(b) is not None]
+        weight = sum(w for _, w in known)
+        return round(sum(v * w for v, w in known) / weight, 2) if weight else None
+
+    dtypes = [b.mfu_dtype for b, _ in busy if b.mfu_dtype is not None]
+    dtype = max(sorted(set(dtypes)), key=dtypes.count) if dtypes else None
+    of_dtype = [b for b, _ in busy if b.mfu_dtype == dtype and dtype is not None]
     peaks = [b.peaks for b, _ in busy if b.peaks is not None]
     sources = [p.label for p in peaks]
     labels = [p.short_label for p in peaks]
-    with_known = [(b, n) for b, n in busy if b.flops_known_pct is not None]
-    known_ms = sum(b.step_ms * n for b, n in with_known)
-    known_pct = sum(b.flops_known_pct * b.step_ms * n for b, n in with_known) / known_ms if known_ms else None
     return {
         "gpu_step_ms": numpy_round(total_ms / max(sum(n for _, n in busy), 1), 4),
-        "mfu_pct": round(sum(b.mfu_pct * b.step_ms * n for b, n in with_mfu) / mfu_ms, 2) if mfu_ms else None,
-        "mfu_dtype": max(set(dtypes), key=dtypes.count) if dtypes else None,
-        "mfu_flops_known_pct": round(known_pct, 2) if known_pct is not None else None,
-        "peaks_source": max(set(sources), key=sources.count) if sources else None,
-        "peaks_label": max(set(labels), key=labels.count) if labels else None,
+        "mfu_pct": weighted(lambda b: b.mfu_pct),
+        "mfu_achievable_pct": weighted(lambda b: b.mfu_achievable_pct),
+        "mfu_dtype": dtype,
+        "mfu_peak_tflops": next((b.mfu_peak_tflops for b in of_dtype if b.mfu_peak_tflops), None),
+        "mfu_achievable_tflops": max((b.mfu_achievable_tflops or 0.0 for b in of_dtype), default=0.0) or None,
+        "mfu_flops_known_pct": weighted(lambda b: b.flops_known_pct),
+        "peaks_source": max(sorted(set(sources)), key=sources.count) if sources else None,
+        "peaks_label": max(sorted(set(labels)), key=labels.count) if labels else None,
     }

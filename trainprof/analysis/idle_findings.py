@@ -18,7 +18,8 @@ import msgspec
 
 from trainprof.analysis.allocator import AllocatorCalls, allocator_title
 from trainprof.analysis.arrays import numpy_round
-from trainprof.analysis.causes import CAUSES, Cause
+from trainprof.analysis.causes import CAUSES, Cause, fix_for
+from trainprof.analysis.host_work import HostWork
 from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
 from trainprof.analysis.result import Finding, Record, Step, Where
 from trainprof.analysis.severity import severity_for
@@ -100,11 +101,16 @@ def idle_findings(
     thresholds: Thresholds,
     explained: dict[Cause, float] | None = None,
     allocator: AllocatorCalls | None = None,
+    inference: bool = False,
+    session: bool = False,
+    host_work: HostWork | None = None,
 ) -> list[Finding]:
     """The findings for the GPU-idle causes that matter (module docstring). `explained`: per cause,
     the idle ms (over all steps) that a more specific finding already holds; a cause's own finding
     comes only for what is left. `allocator`: the steps' allocator calls, which name the Python call
-    behind blocking allocations (`trainprof.analysis.allocator`)."""
+    behind blocking allocations (`trainprof.analysis.allocator`). `inference`, `session`: what the
+    trace is (`workload`), which picks each cause's fix (`causes.fix_for`); `host_work`: what the
+    host code holding the GPU idle is, where it has a name of its own (`host_work.host_work`)."""
     if verdict.label == "cpu-only" or not steps:
         return []
     n = len(steps)
@@ -120,7 +126,7 @@ def idle_findings(
 
     host_ms = sum(s.idle.costs[Cause.HOST] + s.idle.costs[Cause.UNKNOWN] for s in steps if s.idle is not None)
     if share(host_ms) >= thresholds.finding_min_idle_share or verdict.label == "host-bound":
-        findings.append(_host_bound_finding(verdict, breakdown, steps, rank, thresholds))
+        findings.append(_host_bound_finding(verdict, breakdown, steps, rank, thresholds, host_work))
     for cause, kind, title in _CAUSE_FINDINGS:
         info = CAUSES[cause]
         overhead = info.verdict is None  # the profiler's cost, not the training's: told, never urgent
@@ -150,7 +156,7 @@ def idle_findings(
                 count=n,
                 per_step=1.0,
                 cost_ms=round(ms, 4),
-                fix=(named.fix if named is not None else None) or info.fix,
+                fix=(named.fix if named is not None else None) or fix_for(cause, inference, session),
                 rank=rank,
                 cause=info.meaning,
                 gpu_ms_per_step=round(gpu_ms_per_step, 4),
@@ -168,9 +174,15 @@ def idle_findings(
 
 
 def _host_bound_finding(
-    verdict: Verdict, breakdown: IdleBreakdown, steps: list[Step], rank: int | None, thresholds: Thresholds
+    verdict: Verdict,
+    breakdown: IdleBreakdown,
+    steps: list[Step],
+    rank: int | None,
+    thresholds: Thresholds,
+    host_work: HostWork | None,
 ) -> Finding:
-    """GPU idle while the host runs other code: the functions that held it, ms per step."""
+    """GPU idle while the host runs other code: the functions that held it, ms per step; what that
+    code is and its fix where it has a name of its own (`host_work`: an optimizer on the CPU)."""
     n = len(steps)
     named_ms = sum(s.idle.costs[Cause.HOST] for s in steps if s.idle is not None)
     unnamed_ms = sum(s.idle.costs[Cause.UNKNOWN] for s in steps if s.idle is not None)
@@ -186,7 +198,9 @@ def _host_bound_finding(
         + f" {f.idle_ms_per_step:.2f} ms"
         for f in functions[:HOST_FUNCTIONS_IN_TITLE]
     )
-    if top is not None:
+    if top is not None and host_work is not None:
+        what = f"{host_work.words}: {listed} per step"
+    elif top is not None:
         what = f"the host runs Python: {listed} per step"
     else:
         what = "the host runs code the trace does not name (profile with with_stack=True to name it)"
@@ -201,9 +215,9 @@ def _host_bound_finding(
         count=n,
         per_step=1.0,
         cost_ms=round(host_ms, 4),
-        fix=info.fix,
+        fix=host_work.fix if top is not None and host_work is not None else info.fix,
         rank=rank,
-        cause=info.meaning,
+        cause=host_work.meaning if top is not None and host_work is not None else info.meaning,
         gpu_ms_per_step=round(host_ms / n, 4),
         details=HostBoundDetails(
             idle_host_ms_per_step=round(host_ms / n, 4),

@@ -223,7 +223,7 @@ def memory_profile(timeline: Timeline, index: AttributionIndex | None = None) ->
         return None
     size = events.block_bytes
     allocated = size > 0
-    free_of, alloc_of = _pair_by_address(events.addr, allocated)
+    free_of, alloc_of = pair_by_address(events.addr, allocated)
 
     trace = timeline.trace
     index = index or AttributionIndex(trace)
@@ -292,7 +292,7 @@ def _by_module(owners, alive: np.ndarray, size: np.ndarray) -> list[ModuleBytes]
     return [ModuleBytes(module=module, bytes=int(round(held_bytes))) for module, held_bytes in ranked]
 
 
-def _pair_by_address(addr: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pair_by_address(addr: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per event (in time order): the index of the free of each allocation (-1: not freed in the
     window), and of the allocation of each free (-1: allocated before the window). Events of one
     address alternate allocation, free, allocation, ...: sorted by (address, time), an allocation's

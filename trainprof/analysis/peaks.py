@@ -1,9 +1,16 @@
 """What the device can do: its matmul rate per math dtype and its copy bandwidth, the ceilings that
-achieved TFLOP/s, TB/s and MFU are read against.
+achieved TFLOP/s, TB/s and MFU are read against, twice over.
 
-Two sources, in this order: the rates the session measured on the device itself (`<worker>.peaks.json`
-beside the trace, `trainprof.capture.peaks`), else `KNOWN_DEVICES` below, matched on the trace's
-`deviceProperties` name. Every figure the analysis derives says which source it used.
+- Achievable: the rates the session measured on the device itself (`<worker>.peaks.json` beside the
+  trace, `trainprof.capture.peaks`), else this project's measurement of such a device, else its
+  datasheet (`KNOWN_DEVICES`, matched on the trace's `deviceProperties` name). A measurement is a
+  floor of what the device does, not a ceiling: where the trace's own kernels beat it, the best of
+  them is the achievable rate (`busy.kernel_work`), so no share of it passes 100%.
+- Datasheet: the vendor's dense (no sparsity) matmul rate per dtype and memory bandwidth. MFU is
+  read against it, as torchtitan, Megatron-LM and nanoGPT report it; and it is the physical ceiling:
+  counted work that would pass it is a miscount (or data served from cache), so it counts as unknown.
+
+Every figure the analysis derives says which source it used.
 """
 
 from __future__ import annotations
@@ -21,7 +28,15 @@ MATH_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 class DevicePeaks(Record, frozen=True):
     """A device's ceilings: dense matmul TFLOP/s per math dtype (`MATH_DTYPES`; a dtype the device
-    lacks is absent) and copy bandwidth in TB/s (bytes read plus written per second).
+    lacks is absent) and copy bandwidth in TB/s (bytes read plus written per second), twice over.
+
+    `matmul_tflops` and `copy_tb_s` are what the device achieves: measured (by the session on this
+    device, or by this project on one like it), raised to the best rate the trace's own kernels show
+    where they beat it (`raised`: dtype or `copy` -> that rate; `busy.kernel_work`), else the
+    datasheet's; shares of peak, and every prediction, are read against them. `datasheet_tflops`
+    and `datasheet_tb_s` are the vendor's dense figures (`{}` / None for a device the table lacks):
+    what the field reads MFU against (torchtitan, Megatron, nanoGPT), and the physical ceiling no
+    kernel's counted work may pass (work that seems to is a miscount or a cache hit: unknown).
 
     `source` is `measured` (by the session, on this device) or `table` (`KNOWN_DEVICES`);
     `detail` says which measurement or which row and its origin, for the report; `short_label` is a
@@ -34,21 +49,47 @@ class DevicePeaks(Record, frozen=True):
     matmul_tflops: dict[str, float]
     copy_tb_s: float | None
     short_label: str
+    datasheet_tflops: dict[str, float] = {}
+    datasheet_tb_s: float | None = None
+    raised: dict[str, float] = {}
 
     def flops_per_s(self, dtype: str | None) -> float | None:
-        """The matmul peak of `dtype` in FLOP/s, or None when unknown."""
+        """The achievable matmul rate of `dtype` in FLOP/s, or None when unknown."""
         value = self.matmul_tflops.get(dtype or "")
+        return value * 1e12 if value else None
+
+    def datasheet_flops_per_s(self, dtype: str | None) -> float | None:
+        """The datasheet's dense matmul rate of `dtype` in FLOP/s, or None when unknown."""
+        value = self.datasheet_tflops.get(dtype or "")
         return value * 1e12 if value else None
 
     @property
     def bytes_per_s(self) -> float | None:
-        """The copy bandwidth in bytes/s, or None when unknown."""
+        """The achievable copy bandwidth in bytes/s, or None when unknown."""
         return self.copy_tb_s * 1e12 if self.copy_tb_s else None
+
+    @property
+    def datasheet_bytes_per_s(self) -> float | None:
+        """The datasheet's memory bandwidth in bytes/s, or None when unknown."""
+        return self.datasheet_tb_s * 1e12 if self.datasheet_tb_s else None
 
     @property
     def label(self) -> str:
         """One line for a report: `measured on this device (...)` or `table: ...`."""
-        return f"{self.source}: {self.detail}"
+        raised = ", ".join(
+            f"{key} {rate:,.2f} TB/s" if key == "copy" else f"{key} {rate:,.0f} TFLOP/s"
+            for key, rate in self.raised.items()
+        )
+        text = f"{self.source}: {self.detail}"
+        if raised:
+            text += f"; raised to the best rate of this trace's own kernels: {raised}"
+        if self.datasheet_tflops:
+            text += f"; MFU against the datasheet's dense {_rates_text(self.datasheet_tflops)}"
+        return text
+
+
+def _rates_text(tflops: dict[str, float]) -> str:
+    return ", ".join(f"{dtype} {rate:,.0f}" for dtype, rate in tflops.items()) + " TFLOP/s"
 
 
 class Origin(NamedTuple):
@@ -58,16 +99,29 @@ class Origin(NamedTuple):
     detail: str
 
 
+class Measured(NamedTuple):
+    """What this project measured on a device of a `KNOWN_DEVICES` row: the rates it achieves."""
+
+    matmul_tflops: dict[str, float]
+    copy_tb_s: float
+    origin: Origin
+
+
 class KnownDevice(NamedTuple):
     """One row of `KNOWN_DEVICES`: the devices whose trace name matches `pattern` (a regex searched in
-    `deviceProperties.name`; `min_memory_gib`, when set, also requires that much `totalGlobalMem`)."""
+    `deviceProperties.name`; `min_memory_gib`, when set, also requires that much `totalGlobalMem`).
+
+    `matmul_tflops` (dense, per math dtype) and `memory_tb_s` are the vendor's datasheet (`origin`);
+    `measured`, where this project measured such a device, is what it achieves (else the datasheet
+    stands in for it)."""
 
     pattern: str
     label: str
     origin: Origin
     matmul_tflops: dict[str, float]
-    copy_tb_s: float
+    memory_tb_s: float
     min_memory_gib: float = 0.0
+    measured: Measured | None = None
 
 
 _MEASURED_H200 = Origin(
@@ -83,6 +137,11 @@ _AMD = Origin("datasheet", "AMD datasheet, dense (no sparsity); memory bandwidth
 
 # The A100's dense matmul peaks: the same chip in its PCIe, 80 GB SXM and 40 GB forms.
 _A100_TFLOPS = {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}
+# The H100 SXM and H200 share the chip and its clocks: the same dense matmul peaks (NVIDIA's datasheets
+# print twice these, with 2:4 sparsity); the H200's HBM3e gives it 4.8 TB/s against 3.35.
+_HOPPER_SXM_TFLOPS = {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9}
+# B200 and B300 (HGX, per GPU): the same 16-bit, TF32 and fp8 dense rates; 8 TB/s of HBM3e.
+_BLACKWELL_TFLOPS = {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 75.0, "fp8": 4500.0}
 
 
 def _without_vendor(device: str) -> str:
@@ -96,9 +155,10 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
     KnownDevice(
         r"H200",
         "NVIDIA H200",
-        _MEASURED_H200,
-        {"bf16": 804.0, "fp16": 773.0, "tf32": 404.0, "fp32": 50.5},
-        4.30,
+        _NVIDIA,
+        _HOPPER_SXM_TFLOPS,
+        4.8,
+        measured=Measured({"bf16": 804.0, "fp16": 773.0, "tf32": 404.0, "fp32": 50.5}, 4.30, _MEASURED_H200),
     ),
     KnownDevice(
         r"H100.*PCIe",
@@ -114,20 +174,9 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
         {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0, "fp8": 1671.0},
         3.9,
     ),
-    KnownDevice(
-        r"H100",
-        "NVIDIA H100 SXM",
-        _NVIDIA,
-        {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9},
-        3.35,
-    ),
-    KnownDevice(
-        r"B200",
-        "NVIDIA B200",
-        _NVIDIA,
-        {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 75.0, "fp8": 4500.0},
-        8.0,
-    ),
+    KnownDevice(r"H100", "NVIDIA H100 SXM", _NVIDIA, _HOPPER_SXM_TFLOPS, 3.35),
+    KnownDevice(r"B300", "NVIDIA B300", _NVIDIA, _BLACKWELL_TFLOPS, 8.0),
+    KnownDevice(r"B200", "NVIDIA B200", _NVIDIA, _BLACKWELL_TFLOPS, 8.0),
     KnownDevice(
         r"A100.*PCIe",
         "NVIDIA A100 80GB PCIe",
@@ -190,31 +239,40 @@ def known_device(name: str, memory_bytes: float | None = None) -> KnownDevice | 
 
 def device_peaks(trace: Trace) -> DevicePeaks | None:
     """The peaks for a trace's device: measured by the session when it wrote them beside the trace,
-    else the table's row for the device's name; None for an unknown device (or no GPU)."""
+    else the table's row for the device's name; None for an unknown device (or no GPU). Either way
+    with the row's datasheet figures where the table knows the device."""
     props = trace.device_properties[0] if trace.device_properties else {}
     name = props.get("name") if isinstance(props.get("name"), str) else None
-    measured = measured_peaks(trace.device_peaks, name) if trace.device_peaks else None
+    memory = props.get("totalGlobalMem")
+    memory = memory if isinstance(memory, (int, float)) and not isinstance(memory, bool) else None
+    measured = measured_peaks(trace.device_peaks, name, memory) if trace.device_peaks else None
     if measured is not None:
         return measured
     if name is None:
         return None
-    memory = props.get("totalGlobalMem")
-    row = known_device(name, memory if isinstance(memory, (int, float)) else None)
+    row = known_device(name, memory)
     if row is None:
         return None
+    achieved = row.measured
+    origin = achieved.origin if achieved is not None else row.origin
     return DevicePeaks(
         device=name,
         source="table",
-        detail=f"{row.label}, {row.origin.detail}",
-        matmul_tflops=dict(row.matmul_tflops),
-        copy_tb_s=row.copy_tb_s,
-        short_label=f"{_without_vendor(row.label)} {row.origin.short}",
+        detail=f"{row.label}, {origin.detail}",
+        matmul_tflops=dict(achieved.matmul_tflops if achieved is not None else row.matmul_tflops),
+        copy_tb_s=achieved.copy_tb_s if achieved is not None else row.memory_tb_s,
+        short_label=f"{_without_vendor(row.label)} {origin.short}",
+        datasheet_tflops=dict(row.matmul_tflops),
+        datasheet_tb_s=row.memory_tb_s,
     )
 
 
-def measured_peaks(document: dict, trace_device: str | None) -> DevicePeaks | None:
-    """A `<worker>.peaks.json` document as peaks (format: `trainprof.capture.peaks`); None when it
-    holds no usable rate, or was measured on another device than the trace's."""
+def measured_peaks(
+    document: dict, trace_device: str | None, memory_bytes: float | None = None
+) -> DevicePeaks | None:
+    """A `<worker>.peaks.json` document as peaks (format: `trainprof.capture.peaks`), with the
+    datasheet figures of its device's `KNOWN_DEVICES` row; None when it holds no usable rate, or was
+    measured on another device than the trace's."""
     device = document.get("device")
     if not isinstance(device, str) or (trace_device is not None and device != trace_device):
         return None
@@ -227,6 +285,7 @@ def measured_peaks(document: dict, trace_device: str | None) -> DevicePeaks | No
     how = ", ".join(
         str(document[key]) for key in ("how", "torch", "date") if isinstance(document.get(key), str)
     )
+    row = known_device(device, memory_bytes)
     return DevicePeaks(
         device=device,
         source="measured",
@@ -234,7 +293,16 @@ def measured_peaks(document: dict, trace_device: str | None) -> DevicePeaks | No
         matmul_tflops=tflops,
         copy_tb_s=float(copy) if _positive(copy) else None,
         short_label=f"{_without_vendor(device)} (measured)",
+        datasheet_tflops=dict(row.matmul_tflops) if row is not None else {},
+        datasheet_tb_s=row.memory_tb_s if row is not None else None,
     )
+
+
+def datasheet_tflops(device: str, dtype: str, memory_bytes: float | None = None) -> float | None:
+    """The datasheet's dense matmul TFLOP/s of `dtype` on the device named `device` (a
+    `KNOWN_DEVICES` row), or None: what `trainprof ab` and the analysis both read MFU against."""
+    row = known_device(device, memory_bytes)
+    return row.matmul_tflops.get(dtype) if row is not None else None
 
 
 def _positive(value) -> bool:

@@ -153,9 +153,16 @@ def rejudged(verdict: Verdict, cost: ProfilerCost | None, thresholds: Thresholds
 def unprofiled_mfu(busy: BusyBreakdown, cost: ProfilerCost | None) -> BusyBreakdown:
     """`busy` with its MFU over the un-profiled step where the profiler slowed the recorded ones:
     the same FLOPs in less time. Its `step_ms` and shares stay the recorded step's."""
-    if cost is None or not cost.slowed or busy.mfu_pct is None or busy.step_ms <= cost.judged_step_ms:
+    if cost is None or not cost.slowed or busy.step_ms <= cost.judged_step_ms:
         return busy
-    return msgspec.structs.replace(busy, mfu_pct=round(busy.mfu_pct * busy.step_ms / cost.judged_step_ms, 2))
+    scale = busy.step_ms / cost.judged_step_ms
+    return msgspec.structs.replace(
+        busy,
+        mfu_pct=round(busy.mfu_pct * scale, 2) if busy.mfu_pct is not None else None,
+        mfu_achievable_pct=round(busy.mfu_achievable_pct * scale, 2)
+        if busy.mfu_achievable_pct is not None
+        else None,
+    )
 
 
 def bound_findings(findings: list[Finding], cost: ProfilerCost | None, thresholds: Thresholds) -> None:

@@ -6,13 +6,14 @@ into an `Analysis`. Records are msgspec Structs: built in C, so the ~40 record c
 import time (a dataclass compiles its methods with `exec`, ~1 ms each) and instances build faster.
 Each record writes its own JSON form (`to_dict()`), under the key names documented here.
 
-JSON (`schema_version` 1)
+JSON (`schema_version` 2: `mfu_pct` is against the datasheet's dense peak since 2; 1 read it against
+the achievable one, now `mfu_achievable_pct`)
 -------------------------
 Units are in the names (`_ms`, `_us`, `_bytes`, `_pct` out of 100); `_per_step` is a mean over the
 profiled steps; null is unknown or not applicable. `SCHEMA_VERSION` changes when a field is renamed,
 removed or changes meaning; new fields may appear without it.
 
-    {"schema_version": 1, "trace": {...}, "steps": [...], "findings": [...]}
+    {"schema_version": 2, "trace": {...}, "steps": [...], "findings": [...]}
 
 trace: `files` (the trace files analysed), `traces` (one per file: one window of one process),
 `ranks` (with more than one rank: `rank`, `step_ms`, `comm_ms`, `non_comm_ms` per step,
@@ -39,9 +40,11 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 `comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
-work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`,
+work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`
+(against the datasheet's dense peak of `mfu_dtype`, `mfu_peak_tflops`), `mfu_achievable_pct`
+(against the achievable peak beside it, `mfu_achievable_tflops`),
 `mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
-(measured)`, `H100 SXM datasheet`) (the last six absent without GPU work; `mfu_pct`
+(measured)`, `H100 SXM datasheet`) (absent without GPU work; `mfu_pct`
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
 `mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`), `unprofiled_step_ms`
 and `profiler_slowdown_pct` (the session's un-profiled step and how much longer the recorded ones
@@ -54,7 +57,7 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
 `compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `profiler_estimate`, `headroom`,
-`fragmentation`, `memory_history`.
+`fragmentation`, `memory_history`, `copies`, `attention`, `recompute`.
 - profiler_estimate (`profiler_overhead.ProfilerHostEstimate`; null with un-profiled steps or no GPU
   work): `ops_per_step`, `python_calls_per_step`, `options` (`stack`, `shapes`, `none`),
   `added_ms_per_step`, `gpu_busy_pct_without`, `could_be_gpu_bound`.
@@ -73,6 +76,22 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
 - memory_history (`memory.HistoryView`; null unless the session recorded it): `file` (the pickle for
   PyTorch's memory viewer), `t_ms` (from the first step mark), `allocated_bytes`, `reserved_bytes`,
   `step_marks` (step -> ms where it began), `oom_at_ms`, `entries`.
+- copies (`copies.CopyBreakdown`; null without copy-class kernels): the copy-and-cast class by what
+  makes each kernel: `gpu_ms_per_step`, `forward_passes_per_step` (how often each weight is cast
+  in a step; null without autocast weight casts), `rows` (`[{kind, label, gpu_ms_per_step,
+  calls_per_step, class_pct, op_chain, module, user_line}]`, most time first; `kind` one of
+  `copies.COPY_KINDS`' keys).
+- attention (`[attention.AttentionSite]`): each fused attention call site (a module's calls of one
+  backend): `module`, `backend` (cudnn, flash, memory-efficient, fused (other)), `calls_per_step`,
+  `gpu_ms_per_step` (forward and backward kernels), `prep_ms_per_step` (SDPA's other kernels),
+  `tflop_per_step`, `achieved_tflops`, `query_shape`, `key_shape`, `dtype`, `mask_shape`,
+  `mask_dtype`, `is_causal`, `dropout_p` (null where not recorded), `why_not` (what keeps each faster
+  backend out, in words).
+- recompute (`recompute.Recomputation`; null without a recomputed forward): `gpu_ms_per_step`,
+  `kernels_per_step`, `segments_per_step` (backward nodes that recomputed: about one per
+  checkpointed layer), `modules`, `checkpoint_frames`, and with memory recorded `held_bytes_per_step`,
+  `largest_segment_bytes`, `peak_bytes`, `device_bytes`, `limit_bytes`, `peak_without_bytes`,
+  `segments_that_fit`.
 - work (`rank_work.RankWork`; null for a trace of no rank that does not communicate): what ranks are
   compared on, per step: `compute_ms_per_step` (GPU kernels other than communication; a CPU-only
   trace's ops), `kernels_per_step`, `gflop_per_step` (matrix products and attention from recorded
@@ -133,23 +152,27 @@ numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sit
   step as the GPU runs it: the longest of the host window, the span of the step's kernels and their
   summed time), `window_ms` (the host's), `kernel_ms_per_step`, `model_tflop_per_step` (GEMM and
   attention FLOPs from recorded shapes, convolutions' where `with_flops` recorded them), `mfu_pct`
-  (those FLOPs at their dtype's peak over `step_ms`, or over the un-profiled step where
-  `profiler.slowed`; null when the kernels whose FLOPs are known
-  hold less than `mfu_min_flops_known_share` of the compute time), `mfu_dtype`, `flops_known_pct`
+  (those FLOPs at their dtype's datasheet dense peak over `step_ms`, or over the un-profiled step
+  where `profiler.slowed`; null when the kernels whose FLOPs are known
+  hold less than `mfu_min_flops_known_share` of the compute time), `mfu_achievable_pct` (the same
+  at the achievable peaks), `mfu_dtype`, `mfu_peak_tflops`, `mfu_achievable_tflops`, `flops_known_pct`
   (that share: the time of the FLOP-bound classes but unfused attention, and of `other`, whose
   FLOPs are counted), `peaks` (`peaks.DevicePeaks`:
   `{device, source: measured|table, detail, matmul_tflops: {fp32, tf32, bf16, fp16, fp8}, copy_tb_s,
-  short_label}`),
+  short_label, datasheet_tflops, datasheet_tb_s, raised}`: the achievable rates (measured, raised to
+  the trace's best kernels: `raised`) and the datasheet's),
   `classes` (`[{kernel_class, label, kernels_per_step, gpu_ms_per_step, step_pct, tflop_per_step,
   achieved_tflops, gbyte_per_step, achieved_tb_s, peak_pct, known_pct}]`, most time first;
   `kernel_class` one of `kernel_classes.KernelClass`'s keys: gemm_fp32, gemm_tf32, gemm_bf16_fp16,
   gemm_fp8, gemm, attention_flash, attention_mem_efficient, attention_cudnn, attention_fused,
   attention_unfused, convolution, norm, elementwise, reduction, copy, optimizer, communication,
-  other; `peak_pct` of the dtype's matmul peak for FLOP classes, of the copy bandwidth for byte
-  classes; `known_pct` the share of the class's time whose FLOPs or bytes are known), `modules`
+  other; `peak_pct` of the dtype's achievable matmul peak for FLOP classes, of the achievable copy
+  bandwidth for byte classes, never above 100 (work faster than the datasheet allows is unknown,
+  and the best kernel raises the achievable peak); `known_pct` the share of the class's time whose
+  FLOPs or bytes are known; rates null below `throughput_min_known_share`), `modules`
   (`[{module, path, gpu_ms_per_step, step_pct, top_class, achieved_tflops, flops_peak_pct,
   achieved_tb_s, bytes_peak_pct}]`), `steps` (`[{step, window_ms, kernel_span_ms, kernel_ms, step_ms,
-  model_tflop, mfu_pct}]`).
+  model_tflop, mfu_pct, mfu_achievable_pct}]`).
 
 steps[] (`Step`): one flat row per step of each trace, in this order:
 - `step` (its number), `rank`, `start_ms` (from the trace's first step), `duration_ms`,
@@ -261,9 +284,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.analysis.attention import AttentionSite
     from trainprof.analysis.busy import BusyBreakdown
     from trainprof.analysis.collectives import CommTotals
     from trainprof.analysis.compile import CompileStats
+    from trainprof.analysis.copies import CopyBreakdown
     from trainprof.analysis.distributed import CrossRank, RankRow
     from trainprof.analysis.fragmentation import Fragmentation
     from trainprof.analysis.headroom import Headroom
@@ -274,12 +299,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.profiler_cost import ProfilerCost
     from trainprof.analysis.profiler_overhead import ProfilerHostEstimate
     from trainprof.analysis.rank_work import RankWork
+    from trainprof.analysis.recompute import Recomputation
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
     from trainprof.analysis.views import TraceViews
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the JSON form documented above (the module docstring)."""
 
 
@@ -479,6 +505,12 @@ class TraceInfo(msgspec.Struct):
     memory_history: HistoryView | None = None
     """The allocator's recorded history over the window (`memory.history_view`); None unless the
     session recorded it (`memory_history=True`)."""
+    copies: CopyBreakdown | None = None
+    """The copy-and-cast class by what makes each kernel (`copies`); None without copy kernels."""
+    attention: list[AttentionSite] = []
+    """Its attention call sites: backend, facts, and why not a faster one (`attention`)."""
+    recompute: Recomputation | None = None
+    """The forward recomputed in backward (activation checkpointing, `recompute`); None without."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.traces` entry (module docstring)."""
@@ -508,6 +540,9 @@ class TraceInfo(msgspec.Struct):
             "headroom": self.headroom.to_dict() if self.headroom is not None else None,
             "fragmentation": self.fragmentation.to_dict() if self.fragmentation is not None else None,
             "memory_history": self.memory_history.to_dict() if self.memory_history is not None else None,
+            "copies": self.copies.to_dict() if self.copies is not None else None,
+            "attention": [site.to_dict() for site in self.attention],
+            "recompute": self.recompute.to_dict() if self.recompute is not None else None,
         }
 
 
@@ -545,9 +580,17 @@ class Summary(Record, frozen=True):
     """Mean step time as the GPU runs it: the longest of the host window, the span of the step's
     kernels and their summed time (`busy`); longer than `mean_step_ms` when the host runs ahead."""
     mfu_pct: float | None = None
-    """Model FLOPs at the peak of their dtype over the GPU step time, time-weighted over the traces."""
+    """Model FLOPs at the datasheet's dense peak of their dtype over the GPU step time (MFU as the
+    field reports it), time-weighted over the traces."""
     mfu_dtype: str | None = None
     """The math dtype holding most of the model FLOPs (the peak MFU is mostly read against)."""
+    mfu_achievable_pct: float | None = None
+    """The same FLOPs at the achievable peaks (`peaks.DevicePeaks.matmul_tflops`: measured, or
+    the trace's best kernels), beside `mfu_pct`."""
+    mfu_peak_tflops: float | None = None
+    """The datasheet's dense peak of `mfu_dtype`, TFLOP/s."""
+    mfu_achievable_tflops: float | None = None
+    """The achievable peak of `mfu_dtype`, TFLOP/s."""
     mfu_flops_known_pct: float | None = None
     """The share of the compute time whose FLOPs the MFU counts (`busy.flops_known_share`),
     time-weighted; the MFU is null below `mfu_min_flops_known_share`."""

@@ -18,7 +18,9 @@ What each kind counts as `Finding.gpu_ms_per_step`:
   gradients synced on every micro-batch (no_sync_missing): the exposed part of the early
   micro-batches' syncs;
 - the findings on GPU-busy waste (gemm_precision, unfused_attention, fusible_layers,
-  memory_bound_kernels, gemm_shape): the predicted saving of GPU time per step (`busy_findings`);
+  memory_bound_kernels, gemm_shape, attention_choice, recomputation, copies_and_casts): the
+  predicted saving of GPU time per step (`busy_findings`); torch.compile that compiled little
+  (compile_coverage): what fusing its eager memory-bound kernels would win at least;
 - profiler overhead and one-off costs: 0, since an un-profiled run in its steady state does not
   pay them (the finding still says how much the profiled steps lost);
 - memory (memory_peak, memory_fragmentation): 0 (it buys a larger batch or model, not GPU time in

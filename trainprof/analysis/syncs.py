@@ -46,10 +46,12 @@ from trainprof.user_code import CodeLayout, is_user_file, library_of
 
 
 class SyncCause(msgspec.Struct, frozen=True):
-    """A concrete reason a sync happens: how to say it, and the generic way to remove it."""
+    """A concrete reason a sync happens: how to say it, and the generic way to remove it (in an
+    inference loop, `inference_fix` where that differs: no DataLoader, no training loop)."""
 
     words: str
     fix: str
+    inference_fix: str | None = None
 
 
 # The causes a sync point can have. `words` completes "The CPU waits for the GPU: ...".
@@ -57,6 +59,7 @@ CAUSES: dict[str, SyncCause] = {
     "device_synchronize": SyncCause(
         "an explicit torch.cuda.synchronize()",
         "Remove torch.cuda.synchronize() from the training loop (time with CUDA events instead).",
+        "Remove torch.cuda.synchronize() from the serving loop (time with CUDA events instead).",
     ),
     "event_synchronize": SyncCause(
         "an explicit Event.synchronize()",
@@ -104,6 +107,8 @@ CAUSES: dict[str, SyncCause] = {
         "a host-to-device copy from pageable (unpinned) memory",
         "Pin the host batch (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
         ".to(device, non_blocking=True).",
+        "Build the inputs in pinned host buffers (tensor.pin_memory(), reused across requests) and copy "
+        "with .to(device, non_blocking=True).",
     ),
     "pinned_copy_blocking": SyncCause(
         "a host-to-device copy from pinned memory without non_blocking=True",
@@ -539,11 +544,17 @@ class SyncDetails(Record, frozen=True):
 
 
 def sync_findings(
-    points: list[SyncPoint], step_count: int, rank: int | None, step_ms: float, thresholds: Thresholds
+    points: list[SyncPoint],
+    step_count: int,
+    rank: int | None,
+    step_ms: float,
+    thresholds: Thresholds,
+    inference: bool = False,
 ) -> list[Finding]:
     """One finding per (cause, library call site, user frame): counts, blocked time, GPU idle after,
     and the GPU time at stake (`SyncPoint.gpu_cost_us`), which sets the severity. Sync points inside
-    a warm-up are left to the warm-up's finding."""
+    a warm-up are left to the warm-up's finding. `inference`: the loop is an inference loop
+    (`workload.is_inference`), whose fixes differ where the cause says so (`SyncCause.inference_fix`)."""
     grouped: dict[tuple, list[SyncPoint]] = defaultdict(list)
     for point in points:
         if point.in_warmup:
@@ -576,7 +587,7 @@ def sync_findings(
                 count=len(group),
                 per_step=round(per_step, 3),
                 cost_ms=round(blocked_ms, 4),
-                fix=first.fix,
+                fix=(cause.inference_fix if inference and catalog is None else None) or first.fix,
                 rank=rank,
                 gpu_ms_per_step=round(gpu_ms_per_step, 4),
                 details=SyncDetails(

@@ -198,6 +198,40 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "a small fraction of the real one (0.0% on a ResNet): it is unknown instead.",
     ),
     Threshold(
+        "host_work_min_share",
+        0.5,
+        "Host-bound time is named as a kind of host work (an optimizer on the CPU, offload: "
+        "`host_work.HOST_WORK`) only when the functions of that kind hold at least half of it: else "
+        "the generic fix fits the rest better.",
+    ),
+    Threshold(
+        "host_optimizer_max_launch_share",
+        0.05,
+        "An optimizer on GPU tensors launches a kernel from most of its math ops (mul_, lerp_, addcdiv_); "
+        "one on CPU tensors launches none, only its copies to and from the device: at most 5% of its "
+        "step's ops launching GPU work means it steps on the host.",
+    ),
+    Threshold(
+        "compile_min_compiled_share",
+        0.5,
+        "torch.compile that runs less than half of the model's forward and backward GPU time in "
+        "compiled regions leaves most of its work eager: a `compile_coverage` finding says where.",
+    ),
+    Threshold(
+        "recompute_memory_margin_share",
+        0.1,
+        "Checkpointed layers are advised off only while the predicted peak stays under 90% of the "
+        "device's memory: the caching allocator's fragmentation and a longer batch take the rest.",
+    ),
+    Threshold(
+        "throughput_min_known_share",
+        0.5,
+        "A kernel class's (or module's) achieved TFLOP/s or TB/s is its counted work over the time of "
+        "the kernels that carry it; where those hold less than half of its time, the rate describes "
+        "a sliver of it (flash attention at 4,570 TFLOP/s on a TraceLens trace whose FLOPs were known "
+        "for 2.7% of the attention time): the rate and its share of the peak are unknown instead.",
+    ),
+    Threshold(
         "gemm_shape_max_rate_share",
         0.5,
         "A GEMM with an unaligned or skinny shape is slow when it runs at under half the FLOP rate of "

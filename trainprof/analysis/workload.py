@@ -1,4 +1,5 @@
-"""Is the traced loop training or inference? Advice that fits one does not fit the other.
+"""What the trace is: a training or an inference loop, recorded by a trainprof session or elsewhere.
+Advice that fits one does not fit the other.
 
 A training step shows a backward pass (autograd's `evaluate_function` ops, or ops whose `Fwd thread
 id` links them to a forward op) or an optimizer's step (`Optimizer.step#...` / `Optimizer.zero_grad#...`
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainprof.analysis.attribution import BACKWARD_PREFIX, OPTIMIZER_PREFIXES
+from trainprof.files import SESSION_METADATA_KEY
 from trainprof.trace import Trace
 
 TRAINING_MARKERS = (BACKWARD_PREFIX, *OPTIMIZER_PREFIXES)
@@ -25,3 +27,20 @@ def is_inference(trace: Trace) -> bool:
         return False
     text = "\n".join(trace.names)
     return not any(marker in text for marker in TRAINING_MARKERS)
+
+
+SESSION_FRAMES = ("trainprof/session.py", "trainprof/capture/")
+"""The session's own Python frames: a trace that records them was recorded by a session."""
+
+
+def recorded_by_session(trace: Trace) -> bool:
+    """True when a trainprof session recorded the trace: it left its sync sites or peaks file beside
+    it, its mark in it (DEVELOPING.md, contracts), or its own frames (a trace with stacks). Only then
+    do fixes name the session's own options (`capture_syncs=False`): a trace from torch.profiler, HTA
+    or a server has none of them."""
+    if trace.sync_sites_path is not None or trace.device_peaks is not None:
+        return True
+    if SESSION_METADATA_KEY in (trace.metadata or {}):
+        return True
+    text = "\n".join(trace.names)  # one scan: `in` over one string beats a loop over thousands of names
+    return any(frame in text for frame in SESSION_FRAMES)

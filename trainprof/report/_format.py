@@ -169,7 +169,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
             else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
-        over = " (over the un-profiled step)" if summary.mfu_pct and profiler_slowed(analysis) else ""
+        slowed = profiler_slowed(analysis) and (summary.mfu_pct or summary.mfu_achievable_pct)
+        over = " (over the un-profiled step)" if slowed else ""
         rows.append(("MFU", mfu + over))
     if summary.peaks_label is not None:
         rows.append(("device peaks", clean(summary.peaks_label)))
@@ -206,11 +207,21 @@ def headline_notes(analysis: Analysis) -> dict[str, str]:
 
 
 def mfu_line(summary: Summary) -> str | None:
-    """`41.2 % of the bf16 peak`, with the share of the compute time whose FLOPs it counts when
-    that is not all of it; `unknown` when too little is known; None without FLOPs or peaks."""
+    """`41.2 % of the bf16 datasheet peak (989 TFLOP/s dense); 50.8 % of the achievable 804`, with
+    the share of the compute time whose FLOPs it counts when that is not all of it; `unknown` when
+    too little is known; None without FLOPs or peaks."""
     known = summary.mfu_flops_known_pct
+    dtype = clean(summary.mfu_dtype or "?")
+    parts = []
     if summary.mfu_pct is not None:
-        line = f"{number(summary.mfu_pct, 1, ' %')} of the {clean(summary.mfu_dtype or '?')} peak"
+        peak = f" ({summary.mfu_peak_tflops:,.0f} TFLOP/s dense)" if summary.mfu_peak_tflops else ""
+        parts.append(f"{number(summary.mfu_pct, 1, ' %')} of the {dtype} datasheet peak{peak}")
+    if summary.mfu_achievable_pct is not None:
+        rate = f" {summary.mfu_achievable_tflops:,.0f}" if summary.mfu_achievable_tflops else ""
+        words = "of the achievable" if parts else f"of the {dtype} achievable peak"
+        parts.append(f"{number(summary.mfu_achievable_pct, 1, ' %')} {words}{rate}")
+    if parts:
+        line = "; ".join(parts)
         if known is not None and known < FLOPS_ALL_KNOWN_PCT:
             line += f" (counts the FLOPs of {known:.0f}% of the compute time)"
         return line
@@ -275,7 +286,10 @@ def compile_line(compiled: CompileStats) -> str:
     else:
         head = "no recompiles"
     breaks = "unknown" if compiled.graph_breaks is None else str(compiled.graph_breaks)
-    return f"{head}; {compiled.compiled_regions_per_step:g} compiled regions/step; graph breaks {breaks}"
+    share = compiled.compiled_share
+    covered = f"; {100 * share:.0f}% of the model's GPU time compiled" if share is not None else ""
+    return (f"{head}; {compiled.compiled_regions_per_step:g} compiled regions/step{covered}; "
+            f"graph breaks {breaks}")
 
 
 def step_split(analysis: Analysis) -> str | None:
@@ -455,7 +469,7 @@ CLASS_COLUMNS = (
     Column("GPU ms / step", numeric=True),
     Column("% of step", numeric=True),
     Column("achieved", numeric=True, drop=1),
-    Column("% of peak", numeric=True),
+    Column("% of achievable", numeric=True),
 )
 CLASS_ROWS = 12
 """Rows of the GPU-time-by-kernel-class table (there are 18 classes)."""
@@ -486,6 +500,78 @@ def kernel_class_tables(analysis: Analysis) -> list[Table]:
                 )
             )
         tables.append(Table(_titled("GPU time by kernel class", trace, busy), CLASS_COLUMNS, rows))
+    return tables
+
+
+COPY_COLUMNS = (
+    Column("made by"),
+    Column("GPU ms / step", numeric=True),
+    Column("calls / step", numeric=True, drop=2),
+    Column("% of class", numeric=True, drop=1),
+    Column("module", drop=3),
+)
+COPY_TABLE_MIN_STEP_PCT = 5.0
+"""The copies table shows where the copy-and-cast class holds at least this share of the step."""
+
+
+def copy_tables(analysis: Analysis) -> list[Table]:
+    """The copy-and-cast class by what makes it (`TraceInfo.copies`), one table per trace where the
+    class holds at least `COPY_TABLE_MIN_STEP_PCT` of the step."""
+    shown = []
+    for trace in analysis.traces:
+        if trace.copies is None or trace.busy is None or not trace.busy.step_ms:
+            continue
+        if 100.0 * trace.copies.gpu_ms_per_step / trace.busy.step_ms >= COPY_TABLE_MIN_STEP_PCT:
+            shown.append(trace)
+    tables = []
+    for trace in shown:
+        rows = [
+            (
+                clean(row.label.split(" (")[0], NAME_CHARS),  # the words before the example
+                number(row.gpu_ms_per_step, 2),
+                number(row.calls_per_step, 1),
+                number(row.class_pct, 0),
+                clean(row.module or "-", NAME_CHARS),
+            )
+            for row in trace.copies.rows
+        ]
+        tables.append(Table(_titled("Copies and casts by what makes them", trace, shown), COPY_COLUMNS, rows))
+    return tables
+
+
+ATTENTION_COLUMNS = (
+    Column("call site, backend"),
+    Column("calls / step", numeric=True, drop=3),
+    Column("GPU ms / step", numeric=True),
+    Column("TFLOP/s", numeric=True, drop=2),
+    Column("mask", drop=1),
+    Column("causal", drop=4),
+)
+
+
+def attention_tables(analysis: Analysis) -> list[Table]:
+    """Which attention kernel each call site ran (`TraceInfo.attention`), one table per trace with
+    fused attention: backend, time, rate, the mask it was given and its causal flag."""
+    shown = [trace for trace in analysis.traces if trace.attention]
+    tables = []
+    for trace in shown:
+        rows = []
+        for site in trace.attention:
+            mask = "-" if site.mask_shape is None else f"{site.mask_dtype or '?'} {site.mask_shape}"
+            causal = "-" if site.is_causal is None else ("yes" if site.is_causal else "no")
+            rows.append(
+                (
+                    f"{site.module or '-'} {site.query_shape or ''} {site.backend}",
+                    number(site.calls_per_step, 1),
+                    number(site.gpu_ms_per_step, 2),
+                    number(site.achieved_tflops, 0),
+                    clean(mask, NAME_CHARS),
+                    causal,
+                )
+            )
+        names = short_names([row[0] for row in rows], NAME_CHARS)  # a site is its module, shape, backend
+        rows = [(name, *row[1:]) for name, row in zip(names, rows, strict=True)]
+        tables.append(Table(_titled("Attention kernels by call site", trace, shown), ATTENTION_COLUMNS, rows))
     return tables
 
 
@@ -560,6 +646,8 @@ TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
     (None, out_of_memory_tables),
     (TOP_KERNELS_KIND, top_kernels_tables),
     (None, kernel_class_tables),
+    (None, copy_tables),
+    (None, attention_tables),
     (MODULE_COSTS_KIND, module_costs_tables),
     (None, cross_rank_tables),
 )

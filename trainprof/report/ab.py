@@ -189,8 +189,11 @@ def _header_lines(result: dict[str, Any]) -> list[str]:
     )
     lines.append(shape)
     if result.get("matmul_peak_flops"):
+        datasheet = result.get("datasheet_peak_flops")
         lines.append(
-            f"matmul peak measured: {result['matmul_peak_flops'] / 1e12:.3g} TFLOP/s; copy bandwidth "
+            (f"MFU against the datasheet's dense matmul peak, {datasheet / 1e12:.4g} TFLOP/s; " if datasheet
+             else "MFU against the measured matmul peak (no datasheet for this device); ")
+            + f"matmul peak measured: {result['matmul_peak_flops'] / 1e12:.3g} TFLOP/s; copy bandwidth "
             f"measured: {(result.get('copy_bytes_per_s') or 0) / 1e9:.3g} GB/s"
         )
     floor = result.get("parity_noise_floor")

@@ -24,7 +24,8 @@ SCALARS: dict[str, Callable[[Step, StepBusy | None], float | None]] = {
     "trainprof/gpu_busy_pct": lambda step, _: step.times.gpu_busy_pct,
     "trainprof/syncs_per_step": lambda step, _: step.syncs.count,
     "trainprof/kernels_per_step": lambda step, _: step.times.kernel_count,
-    "trainprof/mfu_pct": lambda _, busy: busy.mfu_pct if busy is not None else None,
+    "trainprof/mfu_pct": lambda _, busy: busy.mfu_pct if busy is not None else None,  # datasheet peak
+    "trainprof/mfu_achievable_pct": lambda _, busy: busy.mfu_achievable_pct if busy is not None else None,
 }
 UNPROFILED_TAG = "trainprof/unprofiled_step_ms"
 """The session's un-profiled step (`Summary.unprofiled_step_ms`), one value at the last step."""

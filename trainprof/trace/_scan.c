@@ -518,7 +518,7 @@ static int read_id(Cur *c, int64_t *out, int *is_text) {
 typedef struct {
     int64_t correlation, sequence, fwd_thread, in_nelems, out_nelems, group_size, device_type;
     double bytes, flops, total_allocated, total_reserved, alloc_bytes, addr;
-    int64_t dims[2], types[2];
+    int64_t dims[2], types[2], concrete[2];
     int32_t collective, dtype;
 } Args;
 
@@ -527,6 +527,7 @@ typedef struct {
 typedef struct {
     int64_t correlation, sequence, fwd_thread, in_nelems, out_nelems, group_size;
     int64_t dims[2], types[2]; /* the Input Dims and Input type JSON texts' spans, -1 when absent */
+    int64_t concrete[2];       /* the Concrete Inputs JSON text's span, -1 when absent */
     double ts, dur, bytes, flops;
     int32_t thread, name, collective, dtype; /* collective and dtype: numbers in `strings`, -1: None */
     uint8_t cat;
@@ -557,7 +558,7 @@ static void args_defaults(Args *a) {
     a->correlation = a->sequence = a->fwd_thread = a->in_nelems = a->out_nelems = a->group_size = -1;
     a->device_type = 1;
     a->bytes = a->flops = a->total_allocated = a->total_reserved = a->alloc_bytes = a->addr = NAN_;
-    a->dims[0] = a->dims[1] = a->types[0] = a->types[1] = -1;
+    a->dims[0] = a->dims[1] = a->types[0] = a->types[1] = a->concrete[0] = a->concrete[1] = -1;
     a->collective = a->dtype = -1;
 }
 
@@ -626,8 +627,9 @@ static int read_args(State *st, Cur *c, int complete, Args *a) {
             else if (key_is(k, kn, "dtype")) r = read_optional_string(st, c, &a->dtype);
             else if (key_is(k, kn, "Group size")) r = read_int(c, &a->group_size);
             else if (key_is(k, kn, "flops")) r = read_float(c, &a->flops);
-            else if (key_is(k, kn, "Input Dims") || key_is(k, kn, "Input type")) {
-                int64_t *span = k[6] == 'D' ? a->dims : a->types;
+            else if (key_is(k, kn, "Input Dims") || key_is(k, kn, "Input type") ||
+                     key_is(k, kn, "Concrete Inputs")) {
+                int64_t *span = k[0] == 'C' ? a->concrete : k[6] == 'D' ? a->dims : a->types;
                 span[0] = c->p - st->base;
                 r = skip_value(c, 2);
                 span[1] = c->p - st->base;
@@ -756,7 +758,8 @@ static int read_event(State *st, Cur *c) {
     int32_t thread = threads_get(&st->threads, pid, tid);
     if (thread < 0) return c->error = 1, -1;
     XRow row = {args.correlation, args.sequence, args.fwd_thread, args.in_nelems, args.out_nelems,
-                args.group_size, {args.dims[0], args.dims[1]}, {args.types[0], args.types[1]}, ts, dur,
+                args.group_size, {args.dims[0], args.dims[1]}, {args.types[0], args.types[1]},
+                {args.concrete[0], args.concrete[1]}, ts, dur,
                 args.bytes, args.flops, thread, entry->id, args.collective, args.dtype, st->cat_codes[kept]};
     if (buf_put(&st->x, &row, sizeof(row)) < 0) return c->error = 1, -1;
     return 0;
@@ -894,9 +897,10 @@ PyMODINIT_FUNC PyInit__scan(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     PyObject *x = Py_BuildValue(
-        "(NNNNNNNNNNNNNNNNN)", FIELD(XRow, correlation, "i8"), FIELD(XRow, sequence, "i8"),
+        "(NNNNNNNNNNNNNNNNNN)", FIELD(XRow, correlation, "i8"), FIELD(XRow, sequence, "i8"),
         FIELD(XRow, fwd_thread, "i8"), FIELD(XRow, in_nelems, "i8"), FIELD(XRow, out_nelems, "i8"),
-        FIELD(XRow, group_size, "i8"), FIELD(XRow, dims, "2i8"), FIELD(XRow, types, "2i8"), FIELD(XRow, ts, "f8"),
+        FIELD(XRow, group_size, "i8"), FIELD(XRow, dims, "2i8"), FIELD(XRow, types, "2i8"),
+        FIELD(XRow, concrete, "2i8"), FIELD(XRow, ts, "f8"),
         FIELD(XRow, dur, "f8"), FIELD(XRow, bytes, "f8"), FIELD(XRow, flops, "f8"), FIELD(XRow, thread, "i4"),
         FIELD(XRow, name, "i4"), FIELD(XRow, collective, "i4"), FIELD(XRow, dtype, "i4"), FIELD(XRow, cat, "u1"));
     PyObject *mem = Py_BuildValue(

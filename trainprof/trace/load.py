@@ -409,6 +409,9 @@ class _CompleteArgs(msgspec.Struct, gc=False):
     # 1.8 ms more decoding on gpt2_pathologies' 15 MB (24.0 -> 25.9 ms) for all three fields.
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    # The scalar arguments' values as strings (`is_causal`, `dropout_p`, a cast's dtype), read by
+    # trainprof.analysis.attention and copies.
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     flops: float = _NAN
 
 
@@ -795,14 +798,16 @@ def _times(values: Any, allow_zero: bool = False) -> list[float] | None:
 
 
 def _compile_counters(document: Any) -> dict | None:
-    """Dynamo's counters recorded in a decoded sync sites file (`compile`: `graph_breaks`, an int, and
-    `graph_break`, reason -> count), wrong-typed entries dropped; None when absent."""
+    """Dynamo's counters recorded in a decoded sync sites file (`compile`: `graph_breaks`,
+    `frames_total`, `frames_ok`, `unique_graphs`, ints, and `graph_break`, reason -> count),
+    wrong-typed entries dropped; None when absent."""
     counters = document.get("compile") if isinstance(document, dict) else None
     if not isinstance(counters, dict):
         return None
     out: dict = {}
-    if isinstance(counters.get("graph_breaks"), int) and not isinstance(counters["graph_breaks"], bool):
-        out["graph_breaks"] = counters["graph_breaks"]
+    for key in ("graph_breaks", "frames_total", "frames_ok", "unique_graphs"):
+        if isinstance(counters.get(key), int) and not isinstance(counters[key], bool):
+            out[key] = counters[key]
     reasons = counters.get("graph_break")
     if isinstance(reasons, dict):
         out["graph_break"] = {
@@ -980,7 +985,9 @@ def _scanned_tables(
             np.full(len(rows), -1, dtype=np.int64) if frames else x["correlation"][rows],
             np.full(len(rows), _NAN) if frames else x["bytes"][rows],
         )
-    return tables, OpInputs(_texts(text, x["dims"], kept), _texts(text, x["types"], kept))
+    return tables, OpInputs(
+        _texts(text, x["dims"], kept), _texts(text, x["types"], kept), _texts(text, x["concrete"], kept)
+    )
 
 
 def _row_type(fields: tuple, size: int) -> np.dtype:
@@ -1089,16 +1096,18 @@ def _collective_calls(ops: list, ids: _Ids) -> CollectiveCalls | None:
 
 
 # Ops whose recorded inputs no analysis reads: views, allocations, autograd's bookkeeping and the
-# composite ops whose kernels their children launch (`to` -> `_to_copy` -> `copy_`, `linear` -> `addmm`)
-# launch no kernel of their own. Skipping them keeps a third of a GPT-2 trace's ops' inputs.
+# composite ops whose kernels their children launch (`to` -> `_to_copy` -> `copy_`) launch no kernel of
+# their own. Skipping them keeps a third of a GPT-2 trace's ops' inputs. `linear` and `matmul` keep
+# theirs (a cast under one is its weight's when of the weight's dims: analysis.copies), and so does
+# `scaled_dot_product_attention` (its mask and flags: analysis.attention).
 _INPUTLESS_OPS = frozenset(
     "aten::" + name
     for name in (
         "view empty empty_strided empty_like as_strided transpose t reshape _unsafe_view expand permute "
         "slice select narrow unsqueeze squeeze detach alias result_type unbind split chunk lift_fresh "
-        "resolve_conj resolve_neg is_same_size to _to_copy linear matmul layer_norm dropout softmax "
+        "resolve_conj resolve_neg is_same_size to _to_copy layer_norm dropout softmax "
         "log_softmax cross_entropy_loss nll_loss nll_loss_nd item _local_scalar_dense contiguous clone "
-        "zeros zeros_like ones ones_like full scaled_dot_product_attention"
+        "zeros zeros_like ones ones_like full"
     ).split()
 ) | {"detach"}
 _INPUTLESS_PREFIXES = ("autograd::engine::evaluate_function", "torch::autograd::")
@@ -1113,7 +1122,11 @@ def _op_table(group: list, ids: _Ids) -> EventTable:
     name_ids = ids.names_of([event.name for event in group])
     keep = ids.wanted_names(_has_inputs)[name_ids] if count else np.zeros(0, dtype=bool)
     kept = list(itertools.compress(args, keep.tolist())) if not keep.all() else args
-    ids.op_inputs = OpInputs([arg.input_dims for arg in kept], [arg.input_types for arg in kept])
+    ids.op_inputs = OpInputs(
+        [arg.input_dims for arg in kept],
+        [arg.input_types for arg in kept],
+        [arg.concrete_inputs for arg in kept],
+    )
     slots = np.where(keep, np.cumsum(keep) - 1, -1)
     return EventTable.from_columns(
         [event.ts for event in group],

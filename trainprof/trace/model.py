@@ -389,19 +389,23 @@ class ThreadFrames:
 
 
 class OpInputs:
-    """The `Input Dims` and `Input type` args of a trace's cpu_ops (`record_shapes`), kept as their
-    JSON text and decoded on demand.
+    """The `Input Dims`, `Input type` and `Concrete Inputs` args of a trace's cpu_ops
+    (`record_shapes`), kept as their JSON text and decoded on demand.
 
     A trace has ~10^4 ops and an analysis reads the shapes of the few thousand that launched kernels:
     the text costs ~20 bytes an op and no parsing at load (decoding every op's lists into Python
     objects would cost more than the rest of the loading). `dims_text[slot]` and `types_text[slot]`
     hold one op's JSON lists (empty bytes when it recorded none); slots are `EventTable.inputs`.
+    `Concrete Inputs` holds the scalar arguments' values as strings (`"True"`, `"0.1"`, a dtype's
+    number), "" for a tensor.
     """
 
-    def __init__(self, dims_text: list, types_text: list):
-        """`dims_text`, `types_text`: per slot, the raw JSON of the op's lists (bytes-like)."""
+    def __init__(self, dims_text: list, types_text: list, concrete_text: list | None = None):
+        """`dims_text`, `types_text`, `concrete_text`: per slot, the raw JSON of the op's lists
+        (bytes-like)."""
         self._dims_blob, self._dims_at = _pack(dims_text)
         self._types_blob, self._types_at = _pack(types_text)
+        self._concrete_blob, self._concrete_at = _pack(concrete_text or [b""] * len(dims_text))
 
     def __len__(self) -> int:
         return len(self._dims_at) - 1
@@ -412,6 +416,10 @@ class OpInputs:
         return _decode_lists(self._dims_blob, self._dims_at, slots), _decode_lists(
             self._types_blob, self._types_at, slots
         )
+
+    def concrete(self, slots: np.ndarray) -> list:
+        """Per slot, its `Concrete Inputs` list (None where the op recorded none)."""
+        return _decode_lists(self._concrete_blob, self._concrete_at, slots)
 
     def keys(self, slots: list[int]) -> list[bytes]:
         """Per slot, its (dims, types) JSON text as one key: equal keys are equal recorded inputs (for
