@@ -268,16 +268,18 @@ def _write_html_report(
     if not Path(path).exists():
         return error(f"{path}: no such file or directory")
     run = _which_run(path, quiet)
+    named_by_user = html_path is not None
     if html_path is None:
         html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
     with trace_size_limit(max_trace_bytes):
         analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True)
     try:
         Path(html_path).parent.mkdir(parents=True, exist_ok=True)
-        written = write_html(analysis, html_path)
+        written = write_html(analysis, html_path, named_by_user=named_by_user)
     except OSError as exc:
         return error(f"{html_path}: cannot write it ({exc.strerror or exc})")
-    if not quiet:  # the command's output: where the page went
+    if not quiet and written.is_file() and not written.is_symlink():  # where the page went (not when
+        # it went to a device or through a link: /dev/stdout would get the line after the page)
         size_kib = written.stat().st_size / 1024
         sys.stdout.write(safe_text(f"trainprof: wrote {written} ({size_kib:,.0f} KiB)", ERROR_CHARS) + "\n")
     return 0

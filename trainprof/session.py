@@ -10,7 +10,7 @@ so a loop calling both `opt.step(); sess.step()` (either order) counts each step
 
 Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
-  (checked after export; a failed or truncated export is removed, never left as a trace);
+  (written whole or not at all: a failed, cut or interrupted export is never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md), and at exit
   the time of the steps the profiler did not touch after its first window began
   (`unprofiled_step_ms`), against which the analysis weighs the recorded ones: as the GPU ran
@@ -22,7 +22,8 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
   process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars;
   with a process group of several ranks, rank 0 also writes the cross-rank report from every rank's
   gathered summary (`summary.ranks.json`, `report.ranks.md`; `trainprof.gather`).
-  Every file is written to a temporary name and renamed: a full disk leaves no half-written file.
+  Every file is written to a new temporary name and renamed (`trainprof.files.write_atomically`): a
+  full disk leaves no half-written file, and a link planted in the run folder is never followed.
 
 The step path stays cheap: at a window's end only torch's export runs (inside the step that ends
 it); the analysis runs once, at exit, over the last `MAX_WINDOWS` windows (memory stays bounded with
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprof.config import SessionConfig
-from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIX
+from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, write_text_atomically
 from trainprof.gather import GroupHandle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -265,7 +266,7 @@ class Session:
     def _start(self) -> None:
         global _ACTIVE
         import torch
-        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+        from torch.profiler import ProfilerActivity, profile
 
         with _ACTIVE_LOCK:  # two threads starting sessions at once: exactly one gets the profiler
             if _ACTIVE is not None and _ACTIVE._running and _ACTIVE._pid == os.getpid():
@@ -284,8 +285,9 @@ class Session:
             activities.append(ProfilerActivity.CUDA)
             self._gpu_marks = collections.deque(maxlen=UNPROFILED_STEPS_KEPT + 1)
         from trainprof.capture import torch_noise
+        from trainprof.capture.export import export_window
 
-        self._export = tensorboard_trace_handler(str(self.run_dir), worker_name=self.worker, use_gzip=True)
+        self._export = lambda profiler: export_window(profiler, self.run_dir, self.worker)
         # torch warns that each cycle's events are cleared: the session exports every cycle itself,
         # so the warning would only puzzle the user. Filtered while the session runs.
         self._cycle_filter = torch_noise.ignore_cycle_warning()
@@ -658,7 +660,7 @@ class Session:
     # -- outputs -----------------------------------------------------------------------------
 
     def _on_trace_ready(self, profiler: Any) -> None:
-        """Export the window's trace, check it, and write the sync sites beside it.
+        """Export the window's trace and write the sync sites beside it.
 
         Runs inside torch's `profiler.step()`/`stop()`: it never raises into torch; a failure is
         kept and handled (one warning, step aside) once torch is done. No analysis here: it runs once
@@ -666,18 +668,8 @@ class Session:
         """
         if self._failure is not None or self._discard:
             return
-        written: list[Path] = []
         try:
-            before = set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}"))
-            try:
-                self._export(profiler)
-            finally:
-                written = sorted(set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}")) - before)
-            if not written:
-                raise RuntimeError(f"no trace file appeared in {self.run_dir}")
-            trace_path = written[-1]
-            _check_trace_file(trace_path)
-            written.clear()
+            trace_path = self._export(profiler)  # whole, or nothing under a trace's name (capture.export)
             sites: list[dict[str, Any]] = []
             if self._capture is not None:
                 self._capture.deactivate()  # the window is over; nothing may be recorded past it
@@ -690,9 +682,7 @@ class Session:
             if self._capture is not None or self._compile_counters:
                 self._write_sync_sites()
         except BaseException as exc:
-            for partial in written:  # a failed, truncated or interrupted export is not left as a trace
-                partial.unlink(missing_ok=True)
-            if not isinstance(exc, _OURS):  # Ctrl-C: the user's, raised on once the file is gone
+            if not isinstance(exc, _OURS):  # Ctrl-C: the user's, raised on (no cut file is left)
                 self._discard = True
                 raise
             self._failure = ("exporting the trace", exc)
@@ -715,12 +705,7 @@ class Session:
         if self.unprofiled_step_ms:  # written at exit, once the steps after the last window ran
             payload["unprofiled_step_ms"] = [round(ms, 3) for ms in self.unprofiled_step_ms]
             payload["unprofiled_timing"] = self.unprofiled_timing
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(payload, indent=1))
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomically(path, json.dumps(payload, indent=1))
 
     def _write_peaks(self) -> None:
         """The device's measured matmul and copy rates beside the traces (`trainprof.capture.peaks`):
@@ -861,23 +846,6 @@ class _TorchSchedule:
 
     def __call__(self, step: int) -> Any:
         return self._actions[self._config.action_at(step)]
-
-
-def _check_trace_file(path: Path) -> None:
-    """Raise unless `path` is a whole gzipped JSON object (a full TMPDIR or disk cuts exports short)."""
-    import gzip
-    import zlib
-
-    try:
-        with gzip.open(path, "rb") as f:
-            head = f.read(64).lstrip()
-            end = f.seek(0, os.SEEK_END)  # inflates to the end: a truncated stream raises here
-            f.seek(max(end - 64, 0))
-            tail = f.read().rstrip()
-    except (OSError, EOFError, zlib.error) as exc:
-        raise RuntimeError(f"{path.name} is not a whole gzip file ({exc})") from exc
-    if not (head.startswith(b"{") and tail.endswith(b"}")):
-        raise RuntimeError(f"{path.name} is not a whole trace (empty or cut short)")
 
 
 def _nvtx_module() -> Any:

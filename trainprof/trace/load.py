@@ -39,7 +39,13 @@ from typing import Any, Generic, NamedTuple, TypeVar, Union
 import msgspec
 import numpy as np
 
-from trainprof.files import PEAKS_SUFFIX, SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIXES
+from trainprof.files import (
+    PEAKS_SUFFIX,
+    SESSION_METADATA_KEY,
+    SYNCSITES_SUFFIX,
+    TRACE_SUFFIXES,
+    file_kind,
+)
 from trainprof.trace import budget
 from trainprof.trace.model import (
     CATEGORY_ALIASES,
@@ -778,7 +784,7 @@ def _read_json(
         with os.fdopen(fd, "rb") as file:
             info = os.fstat(file.fileno())
             if not stat.S_ISREG(info.st_mode):
-                raise TraceLoadError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
+                raise TraceLoadError(f"{path}: not a regular file ({file_kind(info.st_mode)})")
             if info.st_size > limit:
                 raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
             budget.check_memory(info.st_size, 0, 1)
@@ -824,19 +830,6 @@ def _gunzip(path: Path, raw: bytes, limit: int, too_large: Callable[[Path, str],
     if not text:
         raise TraceLoadError(f"{path}: empty file (inside gzip)")
     return text
-
-
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a folder"),
-)
-
-
-def _file_kind(mode: int) -> str:
-    return next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
 
 
 # The C scanner's category codes: each kept category's index in KEPT_CATEGORIES, its aliases' too.
