@@ -45,6 +45,7 @@ from trainprof.files import (
     SYNCSITES_SUFFIX,
     TRACE_SUFFIXES,
     file_kind,
+    open_to_read,
 )
 from trainprof.trace import budget
 from trainprof.trace.model import (
@@ -779,8 +780,7 @@ def _read_json(
     message from `too_large` for the size) past `limit` counted bytes, or when `factor` x its
     counted size does not fit in the memory the process may still allocate (trainprof.trace.budget)."""
     try:
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = open_to_read(path)  # non-blocking (a FIFO); under `reads_confined_to`, inside its folder only
         with os.fdopen(fd, "rb") as file:
             info = os.fstat(file.fileno())
             if not stat.S_ISREG(info.st_mode):
