@@ -225,7 +225,7 @@ def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, th
     if not Path(path).exists():
         return error(f"{path}: no such file or directory")
     _which_run(path, quiet)
-    with trace_size_limit(max_trace_bytes):
+    with trace_size_limit(max_trace_bytes), silenced() if quiet else contextlib.nullcontext():
         analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, workers=workers)
     if as_json:
         from trainprof.report.json import write_json_to
@@ -271,7 +271,7 @@ def _write_html_report(
     named_by_user = html_path is not None
     if html_path is None:
         html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
-    with trace_size_limit(max_trace_bytes):
+    with trace_size_limit(max_trace_bytes), silenced() if quiet else contextlib.nullcontext():
         analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True)
     try:
         Path(html_path).parent.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainprof.trace.load import (
-    NoFinishedStep,
+    Skipped,
+    TraceLoadError,
     load_candidate,
     max_trace_bytes,
     no_trace_in,
+    say_skipped,
     trace_size_limit,
     window_numbers,
 )
@@ -72,10 +74,11 @@ def analyze_files(
         results = _forked(files, alone, sync_sites, limits, workers, report, views)
     else:
         results = _parallel(files, alone, sync_sites, limits, workers, report, views)
-    unfinished = [result for result in results if isinstance(result, NoFinishedStep)]
-    kept = [result for result in results if result is not None and not isinstance(result, NoFinishedStep)]
+    skipped = [result for result in results if isinstance(result, TraceLoadError)]
+    kept = [result for result in results if result is not None and not isinstance(result, TraceLoadError)]
     if not kept:
-        raise no_trace_in(files[0].parent, unfinished)
+        raise no_trace_in(files[0].parent, skipped)
+    say_skipped(skipped)
     kept.sort(key=_order)
     _number_windows(kept)
     return kept
@@ -115,12 +118,12 @@ def _order(result: TraceResult) -> tuple:
 def _serial(
     file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     report: Callable[[str, int, int], None], views: bool,
-) -> TraceResult | NoFinishedStep | None:
+) -> TraceResult | Skipped | None:
     from trainprof.analysis.core import analyze_trace
 
     report(f"loading {file.name}", 2 * index, 2 * count)
     trace = load_candidate(file, alone)
-    if trace is None or isinstance(trace, NoFinishedStep):
+    if trace is None or isinstance(trace, TraceLoadError):
         return trace
     report(f"analysing {file.name}", 2 * index + 1, 2 * count)
     return analyze_trace(trace, sync_sites, limits, views)
@@ -129,7 +132,7 @@ def _serial(
 def _parallel(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
-) -> list[TraceResult | NoFinishedStep | None]:
+) -> list[TraceResult | Skipped | None]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -138,7 +141,7 @@ def _parallel(
     context = multiprocessing.get_context(safe_start)
     overrides = limits.overridden()
     limit = max_trace_bytes()  # the caller's limit holds in the workers too
-    results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
+    results: list[TraceResult | Skipped | None] = [None] * len(files)
     report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         pending = {
@@ -155,7 +158,7 @@ def _parallel(
 def _forked(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
-) -> list[TraceResult | NoFinishedStep | None]:
+) -> list[TraceResult | Skipped | None]:
     """`_parallel`'s results where forking is safe: this process analyses every `workers`-th file from
     the first, `workers - 1` forked children the others, each child's results pickled back through a
     pipe. Not ProcessPoolExecutor: importing and starting it took ~8 ms on the 2-core development
@@ -195,7 +198,7 @@ def _forked(
         for pid, (read_end, _) in children.items():  # interrupted: the children's writes fail, they exit
             os.close(read_end)
             os.waitpid(pid, 0)
-    results: list[TraceResult | NoFinishedStep | None] = [None] * len(files)
+    results: list[TraceResult | Skipped | None] = [None] * len(files)
     for index, result, error in sorted(outcomes, key=lambda outcome: outcome[0]):
         if error is not None:
             raise error
@@ -207,7 +210,7 @@ def _forked(
 def _share(
     files: list[Path], first: int, step: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     views: bool, report: Callable[[str, int, int], None] | None = None,
-) -> list[tuple[int, TraceResult | NoFinishedStep | None, Exception | None]]:
+) -> list[tuple[int, TraceResult | Skipped | None, Exception | None]]:
     """(index, result, error) of every `step`-th file from `first`; `report` as `_serial`'s (None: none)."""
     outcomes = []
     for index in range(first, len(files), step):
@@ -227,13 +230,13 @@ def _quiet(what: str, done: int, total: int) -> None:
 def _analyze_file(
     file: str, alone: bool, sync_sites: list[dict] | None, overrides: dict[str, float], limit: int,
     views: bool,
-) -> TraceResult | NoFinishedStep | None:
+) -> TraceResult | Skipped | None:
     """In a worker: load one file, analyse it, return its result (the trace is dropped here)."""
     from trainprof.analysis.core import analyze_trace
     from trainprof.analysis.thresholds import Thresholds
 
     with trace_size_limit(limit):
         trace = load_candidate(Path(file), alone)
-    if trace is None or isinstance(trace, NoFinishedStep):
+    if trace is None or isinstance(trace, TraceLoadError):
         return trace
     return analyze_trace(trace, sync_sites, Thresholds(overrides), views)

@@ -144,6 +144,23 @@ class NoFinishedStep(TraceLoadError):
     """A window the session flushed at its stop whose only recorded step never ended: nothing to analyse."""
 
 
+class CutShort(TraceLoadError):
+    """A trace file that is empty or ends early: a window whose export was killed, or one still being
+    written by a writer that does not rename (torch's own handler). In a folder with other windows it
+    is skipped with one warning (`say_skipped`); alone, it is the error."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"{path}: {what}")
+        self.path, self.what = Path(path), what
+
+    def __reduce__(self) -> tuple:  # back from a worker process whole
+        return CutShort, (self.path, self.what)
+
+
+Skipped = NoFinishedStep | CutShort
+"""What `load_candidate` returns for a folder's file that holds nothing to analyse."""
+
+
 def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | None = None) -> list[Trace]:
     """Load one trace file, or every trace in a folder (one per rank/worker), sorted by rank then name.
 
@@ -151,28 +168,37 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
     """
     root = Path(path)
     files = trace_paths(root)
-    traces, unfinished = [], []
+    traces, skipped = [], []
     for index, file in enumerate(files):
         if on_file is not None:
             on_file(file, index, len(files))
         trace = load_candidate(file, alone=len(files) == 1 or not root.is_dir())
-        if isinstance(trace, NoFinishedStep):
-            unfinished.append(trace)
+        if isinstance(trace, TraceLoadError):
+            skipped.append(trace)
         elif trace is not None:
             traces.append(trace)
     if not traces:
-        raise no_trace_in(files[0].parent, unfinished)
+        raise no_trace_in(files[0].parent, skipped)
+    say_skipped(skipped)
     traces.sort(key=trace_order)
     _number_windows(traces)
     return traces
 
 
-def no_trace_in(folder: Path, unfinished: list[NoFinishedStep]) -> TraceLoadError:
+def no_trace_in(folder: Path, skipped: list[Skipped]) -> TraceLoadError:
     """The error for a folder none of whose candidate files is a trace with a finished step: the
-    first `unfinished` window's, else that it holds no trace."""
-    if unfinished:
-        return unfinished[0]
+    first `skipped` window's, else that it holds no trace."""
+    if skipped:
+        return skipped[0]
     return TraceLoadError(f"{folder}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
+
+
+def say_skipped(skipped: list[Skipped]) -> None:
+    """One warning per cut window left out of a folder whose other windows are analysed."""
+    for cut in skipped:
+        if isinstance(cut, CutShort):  # repr: a name from a shared folder, its control characters escaped
+            logger.warning("trainprof: skipping %r: %s; the other windows are analysed",
+                           cut.path.name, cut.what)
 
 
 def trace_paths(path: str | Path) -> list[Path]:
@@ -190,16 +216,22 @@ def trace_paths(path: str | Path) -> list[Path]:
     return trace_files(root)
 
 
-def load_candidate(file: Path, alone: bool) -> Trace | NoFinishedStep | None:
+def load_candidate(file: Path, alone: bool) -> Trace | Skipped | None:
     """One of a folder's candidate files as a `Trace`; None for a file that is not a trace, unless
     it must be one (a `*.pt.trace.json[.gz]` file, or the only file: `alone`).
 
-    A window whose only step was cut short gives its `NoFinishedStep`, returned, not raised: the
-    folder's other windows may hold finished steps (`no_trace_in` raises it when none does)."""
+    A window whose only step was cut short gives its `NoFinishedStep`, and a file that is empty or
+    ends early (`CutShort`: a killed export, a window still being written) its error, returned, not
+    raised: the folder's other windows may hold finished steps (`no_trace_in` raises the first when
+    none does, else `say_skipped` warns). Alone, a cut file raises."""
     try:
         return load_trace(file)
     except NoFinishedStep as unfinished:
         return unfinished
+    except CutShort as cut:
+        if alone:
+            raise
+        return cut
     except TraceLoadError:
         if file.name.endswith(TRACE_SUFFIXES) or alone:
             raise
@@ -613,9 +645,15 @@ def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
         except msgspec.ValidationError:
             return _lenient_document(path, text)
     except msgspec.DecodeError as error:
+        if str(error) == _TRUNCATED:
+            raise CutShort(path, "cut short (the JSON ends early)") from None
         raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
     except RecursionError:
         raise TraceLoadError(f"{path}: JSON nested too deeply to be a profiler trace") from None
+
+
+_TRUNCATED = "Input data was truncated"
+"""msgspec's message for JSON that ends before its value does."""
 
 
 def _lenient_document(path: Path, text: bytes | bytearray) -> _Document | list:
@@ -664,8 +702,12 @@ class SyncSitesFile(NamedTuple):
 
 
 def _read_sync_sites_file(path: Path) -> SyncSitesFile:
-    """A sync sites file's parts (`SyncSitesFile`), decoded once."""
-    text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
+    """A sync sites file's parts (`SyncSitesFile`), decoded once. Empty, it is bad input like any
+    other (not `CutShort`: its trace is whole, and skipping it is not the fix)."""
+    try:
+        text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
+    except CutShort as cut:
+        raise TraceLoadError(str(cut)) from None
     try:
         document = msgspec.json.decode(text)
     except UnicodeDecodeError:
@@ -798,9 +840,9 @@ def _read_json(
     if len(text) > limit:
         raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
     if not text:
-        raise TraceLoadError(f"{path}: empty file")
+        raise CutShort(path, "empty file")
     try:
-        if text[:2] == b"\x1f\x8b":
+        if text[:2] == b"\x1f\x8b" or text == b"\x1f":  # (a gzip file cut after its first byte)
             text = _gunzip(path, text, limit, too_large)
         counted = budget.counted_size(text, limit, factor)
         if counted > limit:
@@ -823,12 +865,14 @@ def _pieces_up_to(file: Any, most: int) -> Iterator[bytes]:
 def _gunzip(path: Path, raw: bytes, limit: int, too_large: Callable[[Path, str], str]) -> bytes | bytearray:
     try:
         text = budget.gunzip(raw, limit, room=lambda size: budget.check_memory(size, 0, 1))
-    except (budget.InflateError, EOFError, OSError) as error:
-        raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
+    except EOFError:
+        raise CutShort(path, "cut short (the gzip stream ends early)") from None
+    except (budget.InflateError, OSError) as error:
+        raise TraceLoadError(f"{path}: corrupt gzip ({error})") from None
     except budget.TooLarge:
         raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON after gunzip")) from None
     if not text:
-        raise TraceLoadError(f"{path}: empty file (inside gzip)")
+        raise CutShort(path, "empty file (inside gzip)")
     return text
 
 
