@@ -3,10 +3,13 @@
     with trainprof.session():
         train()
 
-Steps are found by themselves: every `optimizer.step()` ends one (torch's global optimizer step
-hook). `Session.step()` is for loops without an optimizer; once it is called, the session steps
-manually only, and a first manual call right after an optimizer-ended step closes that same step,
-so a loop calling both `opt.step(); sess.step()` (either order) counts each step once.
+Steps are found by themselves: an `optimizer.step()` ends one (torch's global optimizer step
+hook): the first optimizer to step after a step's end ends the next, other optimizers stepping
+before it steps again are the same iteration, and an optimizer built mid-run ends steps once the
+one before it is gone or it steps a second time (`_on_optimizer_step`). `Session.step()` is for
+loops without an optimizer; once it is called, the session steps manually only, and a first manual
+call right after an optimizer-ended step closes that same step, so a loop calling both
+`opt.step(); sess.step()` (either order) counts each step once.
 
 Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
@@ -217,7 +220,8 @@ class Session:
         """The thread that started the session: only its optimizer steps end steps."""
         self._pid: int | None = None
         """The process that started the session: a child forked inside a window records nothing."""
-        self._primary_optimizer: weakref.ref[Any] | None = None
+        self._primary_optimizer: weakref.ref[Any] | None = None  # the optimizer that ended the last step
+        self._same_iteration: weakref.WeakSet[Any] = weakref.WeakSet()  # others that stepped since
         self._manual = False
         self._last_step_by_optimizer = False
         self._running = False
@@ -506,11 +510,14 @@ class Session:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._manual or threading.get_ident() != self._thread:
             return  # another thread's loop (its own session stepped aside): not this session's steps
-        # With several optimizers, the first one to step defines the step.
-        if self._primary_optimizer is None:
-            self._primary_optimizer = weakref.ref(optimizer)
-        elif self._primary_optimizer() is not optimizer:
+        # The first optimizer to step after a step's end ends the next step; another that steps before
+        # it steps again is of the same iteration (a GAN's second). One stepping a second time since,
+        # or any once the step-ender is gone (replaced: stage-wise fine-tuning), ends a step.
+        ender = self._primary_optimizer() if self._primary_optimizer is not None else None
+        if ender is not None and optimizer is not ender and optimizer not in self._same_iteration:
+            self._same_iteration.add(optimizer)
             return
+        self._primary_optimizer, self._same_iteration = weakref.ref(optimizer), weakref.WeakSet()
         self._advance()
         self._last_step_by_optimizer = True
 
