@@ -157,6 +157,10 @@ class CutShort(TraceLoadError):
         return CutShort, (self.path, self.what)
 
 
+class NotJSON(TraceLoadError):
+    """A trace file whose text is not JSON (before any repair: `_with_quotes_escaped`)."""
+
+
 Skipped = NoFinishedStep | CutShort
 """What `load_candidate` returns for a folder's file that holds nothing to analyse."""
 
@@ -582,13 +586,22 @@ def _parse(path: Path):
     columns = _scanned(path, text)
     if columns is not None:
         return columns
-    try:
-        document = _decode(path, text)
-    except UnicodeDecodeError:
-        # Kineto can cut a name inside a multi-byte character; read such bytes as U+FFFD. Only here
-        # (rare) is the text scanned a second time.
-        text = _with_replacement_characters(text)
-        document = _decode(path, text)
+    document, replaced, first_error = None, False, None
+    while document is None:  # at most one repair of each kind; only here (rare) is the text copied
+        try:
+            document = _decode(path, text)
+        except UnicodeDecodeError:
+            if replaced:  # pragma: no cover - the replaced text is UTF-8
+                raise
+            # Kineto can cut a name inside a multi-byte character; read such bytes as U+FFFD.
+            text, replaced = _with_replacement_characters(text), True
+        except NotJSON as error:
+            if first_error is not None:
+                raise first_error from None  # (its byte offsets are the file's own)
+            first_error = error
+            text = _with_quotes_escaped(text)  # rebound: the unrepaired text is freed before decoding
+            if text is None:
+                raise
     if isinstance(document, _Document):
         raw = {field: getattr(document, field) for field in _METADATA_FIELDS}
         events, metadata = document.traceEvents, _metadata(path, raw)
@@ -636,6 +649,19 @@ def _with_replacement_characters(text: bytes | bytearray) -> bytearray:
 
 _UTF8_PIECE = 2**20
 
+# torch writes names into the trace unescaped: a `"` in a record_function label, a module class or a
+# function name makes `"name": "label "quoted""`. In JSON a quote outside a string, and a string's
+# own quotes, always sit next to structure: after `{ [ , :` or before `, : } ]`. A quote with
+# neither (the whitespace before it aside), and no backslash before it, can only be such a name's.
+# On valid JSON the pattern matches nothing; a name holding `", ` stays unreadable.
+_QUOTE_IN_NAME = re.compile(rb'(?<=[^\s{\[,:\\])(\s*)"(?!\s*[,:}\]])')
+
+
+def _with_quotes_escaped(text: bytes | bytearray) -> bytes | None:
+    """`text` with torch's unescaped quotes in names escaped (`_QUOTE_IN_NAME`); None when it has none."""
+    repaired, count = _QUOTE_IN_NAME.subn(rb'\1\\"', text)
+    return repaired if count else None
+
 
 def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
     """Parse the JSON text into events; TraceLoadError when it is not a trace (UnicodeDecodeError passes)."""
@@ -647,7 +673,7 @@ def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
     except msgspec.DecodeError as error:
         if str(error) == _TRUNCATED:
             raise CutShort(path, "cut short (the JSON ends early)") from None
-        raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
+        raise NotJSON(f"{path}: not JSON ({_first_line(error)})") from None
     except RecursionError:
         raise TraceLoadError(f"{path}: JSON nested too deeply to be a profiler trace") from None
 
