@@ -132,3 +132,29 @@ def test_the_quote_repair_leaves_valid_json_alone(fixtures_dir):
 
 
 SMALL_TRACE_BYTES = 300_000
+
+
+# -- repeat=0 --------------------------------------------------------------------------------------
+
+
+def test_the_printed_command_analyses_what_the_session_analysed(tmp_path, capsys):
+    """With `repeat=0` the session analyses its last `MAX_WINDOWS` windows, and printed
+    `trainprof analyze <run>`, which analysed all of them (300 windows, mean step 1.371 ms, where
+    the session said 1.016)."""
+    from trainprof.cli import main
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    windows = session_module.MAX_WINDOWS + 3
+    with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, repeat=0,
+                           tensorboard_scalars=False) as sess:
+        for _ in range(2 * windows):
+            _iteration(model, optimizer)
+    assert sess.windows_written == windows
+    printed = capsys.readouterr().out
+    command = printed.split("re-analyse: trainprof ")[1].splitlines()[0].split()
+    assert command[-2:] == ["--windows", str(session_module.MAX_WINDOWS)]
+    assert main([*command, "--json", "--quiet", "--debug"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert [step["step"] for step in again["steps"]] == [step.times.number for step in sess.analysis.steps]
+    assert again["trace"]["summary"]["mean_step_ms"] == pytest.approx(sess.summary.mean_step_ms)

@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--workers", type=int, default=None, metavar="N",
                          help="processes that analyse a folder's traces, one trace each at a time "
                               "(default: one per core from 2 files on; from 4 off Linux)")
+    analyze.add_argument("--windows", type=_count, default=None, metavar="N",
+                         help="of a run folder, only the last N windows of each process (what a session "
+                              "with repeat=0 analysed; it prints the command)")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
     analyze.add_argument("--quiet", action="store_true",
@@ -63,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="read traces up to this size after gunzip (as for analyze)")
     report.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                         help="override a verdict threshold (repeatable), as for analyze")
+    report.add_argument("--windows", type=_count, default=None, metavar="N",
+                        help="of a run folder, only the last N windows of each process")
     report.add_argument("--debug", action="store_true",
                         help="on an internal error, show the Python traceback instead of one line")
     report.add_argument("--quiet", action="store_true", help="nothing on stderr but errors")
@@ -100,6 +105,12 @@ def _size(text: str) -> int:
     return size
 
 
+def _count(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a count (1, 2, ...)")
+    return int(text)
+
+
 def error(message: str) -> int:
     """Say what went wrong in one line on stderr (`trainprof: error: ...`); the exit status for it."""
     sys.stderr.write(f"trainprof: error: {safe_text(message, ERROR_CHARS).strip()}\n")
@@ -130,18 +141,18 @@ def note(message: str) -> None:
 
 def _load_and_analyze(
     path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False,
-    workers: int | None = None,
+    workers: int | None = None, windows: int | None = None,
 ):  # -> Analysis
     """`analyze(path)`, with a progress bar on `progress` when it is a terminal."""
     from trainprof.analysis import analyze
 
     if progress is None or not progress.isatty():
-        return analyze(path, thresholds=thresholds, views=views, workers=workers)
+        return analyze(path, thresholds=thresholds, views=views, workers=workers, windows=windows)
     try:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return analyze(path, thresholds=thresholds, views=views, workers=workers)
+        return analyze(path, thresholds=thresholds, views=views, workers=workers, windows=windows)
     # File names are the trace's: never markup, never raw (an escape sequence in a name would reach
     # the terminal), never longer than a line.
     columns = (TextColumn("{task.description}", markup=False), BarColumn(),
@@ -156,7 +167,8 @@ def _load_and_analyze(
             bar.update(task, description=safe_text(what, PROGRESS_CHARS), completed=done, total=total)
             bar.refresh()
 
-        return analyze(path, on_progress=advance, thresholds=thresholds, views=views, workers=workers)
+        return analyze(path, on_progress=advance, thresholds=thresholds, views=views, workers=workers,
+                       windows=windows)
 
 
 def guarded(path: str, debug: bool, action: Callable[[], int]) -> int:
@@ -195,12 +207,14 @@ def run_analyze(
     thresholds: list[str] | None = None,
     quiet: bool = False,
     workers: int | None = None,
+    windows: int | None = None,
 ) -> int:
     """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
 
     `thresholds`: `NAME=VALUE` overrides of `trainprof.analysis.thresholds` (a bad one: exit 2).
     `quiet`: nothing on stderr but errors.
     `workers`: processes for a folder's traces (`trainprof.analysis.folder`; below 1: exit 2).
+    `windows`: of a folder, the last N windows of each process only (`analyze(..., windows=N)`).
 
     Every failure is one line on stderr and exit 2 (the error boundary, `guarded`); with `debug`, an
     internal error (not bad input) raises with its traceback instead.
@@ -213,20 +227,20 @@ def run_analyze(
         return error(str(exc))
     if workers is not None and workers < 1:
         return error(f"--workers {workers}: needs at least 1")
-    return guarded(
-        path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet, workers)
-    )
+    return guarded(path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet,
+                                                           workers, windows))
 
 
 def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict,
-                       quiet: bool, workers: int | None = None) -> int:
+                       quiet: bool, workers: int | None = None, windows: int | None = None) -> int:
     from trainprof.trace import trace_size_limit
 
     if not Path(path).exists():
         return error(f"{path}: no such file or directory")
     _which_run(path, quiet)
     with trace_size_limit(max_trace_bytes), silenced() if quiet else contextlib.nullcontext():
-        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, workers=workers)
+        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, workers=workers,
+                                     windows=windows)
     if as_json:
         from trainprof.report.json import write_json_to
 
@@ -245,9 +259,12 @@ def run_report(
     max_trace_bytes: int | None = None,
     thresholds: list[str] | None = None,
     quiet: bool = False,
+    windows: int | None = None,
 ) -> int:
     """`trainprof report PATH --html OUT.html`: analyse PATH with its views and write report.html
-    (default: `report.html` in the run folder, or beside the trace file). Failures as for analyze."""
+    (default: `report.html` in the run folder, or beside the trace file; a device, FIFO or link
+    named there is written through, `trainprof.files.write_atomically`). Failures and `windows` as
+    for analyze."""
     from trainprof.analysis.thresholds import parse_threshold_args
 
     try:
@@ -255,12 +272,13 @@ def run_report(
     except ValueError as exc:
         return error(str(exc))
     return guarded(
-        path, debug, lambda: _write_html_report(path, html_path, max_trace_bytes, overrides, quiet)
+        path, debug, lambda: _write_html_report(path, html_path, max_trace_bytes, overrides, quiet, windows)
     )
 
 
 def _write_html_report(
-    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict, quiet: bool
+    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict, quiet: bool,
+    windows: int | None = None,
 ) -> int:
     from trainprof.report.html import write_html
     from trainprof.trace import trace_size_limit
@@ -272,7 +290,8 @@ def _write_html_report(
     if html_path is None:
         html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
     with trace_size_limit(max_trace_bytes), silenced() if quiet else contextlib.nullcontext():
-        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True)
+        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True,
+                                     windows=windows)
     try:
         Path(html_path).parent.mkdir(parents=True, exist_ok=True)
         written = write_html(analysis, html_path, named_by_user=named_by_user)
@@ -382,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             thresholds=args.threshold,
             quiet=args.quiet,
             workers=args.workers,
+            windows=args.windows,
         )
     if args.command == "report":
         return run_report(
@@ -391,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,
             quiet=args.quiet,
+            windows=args.windows,
         )
     if args.command == "demo":
         return run_demo(args.steps, args.log_dir, args.device, quiet=args.quiet)

@@ -806,7 +806,7 @@ class Session:
         if self.config.console:
             from trainprof.report.console import print_written
 
-            self._print(print_written, self.run_dir, names, self.windows_written)
+            self._print(print_written, self.run_dir, names, self.windows_written, len(self._windows))
         logger.info("trainprof: wrote %s: %s", self.run_dir, ", ".join(names))
 
     def _print(self, printer: Any, *args: Any) -> None:

@@ -59,7 +59,7 @@ from trainprof.analysis.timeline import Timeline, build_timeline
 from trainprof.analysis.verdict import Verdict, verdict
 from trainprof.analysis.workload import is_inference
 from trainprof.trace import Trace
-from trainprof.trace.load import first_event_us, gc_paused, trace_paths
+from trainprof.trace.load import first_event_us, gc_paused, last_windows, trace_paths
 
 
 def analyze(
@@ -69,6 +69,7 @@ def analyze(
     thresholds: Mapping[str, float] | None = None,
     workers: int | None = None,
     views: bool = False,
+    windows: int | None = None,
 ) -> Analysis:
     """Answer why the profiled steps are slow.
 
@@ -83,12 +84,16 @@ def analyze(
     (default: one per core from `folder.PARALLEL_MIN_FILES` files on, else this process alone).
     `views`: also build what report.html draws of each trace (`TraceInfo.views`: timeline, op and
     kernel tables, flame graph; the memory chart is `TraceInfo.memory`).
+    `windows`: of a folder, only the last this many windows of each process (`load.last_windows`):
+    what a session with `repeat=0` analysed (it kept the last `session.MAX_WINDOWS`).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
     limits = Thresholds(thresholds)
     report = on_progress or (lambda what, done, total: None)
     if isinstance(path_or_traces, (str, Path)):
         files = trace_paths(path_or_traces)
+        if windows is not None:
+            files = last_windows(files, windows)
         in_folder = Path(path_or_traces).is_dir()
         results = analyze_files(files, in_folder, sync_sites, limits, workers, report, views)
     else:

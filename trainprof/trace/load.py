@@ -242,6 +242,25 @@ def load_candidate(file: Path, alone: bool) -> Trace | Skipped | None:
         return None
 
 
+def last_windows(files: list[Path], count: int) -> list[Path]:
+    """The last `count` of each worker's files, by the time in their names (`W.<time>.pt.trace.json[.gz]`,
+    as the session and torch's handler name windows; a name without one counts as the oldest), in
+    `files`' order: the windows a session with `repeat=0` analysed (`trainprof analyze --windows`)."""
+    by_worker: dict[str, list[Path]] = defaultdict(list)
+    for file in files:
+        by_worker[worker_of(file)].append(file)
+    kept = set()
+    for windows in by_worker.values():
+        windows.sort(key=_time_in_name)
+        kept.update(windows[-count:] if count > 0 else [])
+    return [file for file in files if file in kept]
+
+
+def _time_in_name(path: Path) -> int:
+    match = _TIMESTAMP.search(_stem(path))
+    return int(match.group(0)[1:]) if match else -1
+
+
 def trace_order(trace: Trace) -> tuple:
     """The order of a folder's traces: by rank (traces without one last), then by file name."""
     return (trace.rank is None, trace.rank if trace.rank is not None else 0, trace.path.name)
@@ -312,12 +331,17 @@ def newest_run(folder: Path) -> tuple[Path | None, list[Path]]:
 
 def worker_of(path: Path) -> str:
     """The worker part of a trace file name: the name less the suffixes Kineto adds (module docstring)."""
+    name = _stem(path)
+    return _TIMESTAMP.sub("", name) or name
+
+
+def _stem(path: Path) -> str:
+    """A trace file's name less `.pt.trace.json[.gz]` (or `.json[.gz]`)."""
     name = path.name
     for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
         if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return _TIMESTAMP.sub("", name) or name
+            return name[: -len(suffix)]
+    return name
 
 
 def sync_sites_path(path: Path) -> Path:
