@@ -313,9 +313,9 @@ def test_the_users_showwarning_installed_in_a_window_stays(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_inside_a_window_records_nothing(tmp_path):
     """The child's optimizer steps and its exit from the `with` block drove the parent's profiler
-    copy: it wrote traces under the parent's pid. (torch 2.13 itself aborts or hangs a forked child
-    of a process that ran the profiler when the child exits through the interpreter's shutdown,
-    session or not: the child here ends with os._exit, as multiprocessing's children do.)"""
+    copy: it wrote traces under the parent's pid. (The child here ends with os._exit, as
+    multiprocessing's children do; one that ends through the interpreter's shutdown:
+    tests/test_user_loops.py.)"""
     script = _script(f"""
         import os, sys, torch, trainprof
         model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)

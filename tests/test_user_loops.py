@@ -158,3 +158,56 @@ def test_the_printed_command_analyses_what_the_session_analysed(tmp_path, capsys
     again = json.loads(capsys.readouterr().out)
     assert [step["step"] for step in again["steps"]] == [step.times.number for step in sess.analysis.steps]
     assert again["trace"]["summary"]["mean_step_ms"] == pytest.approx(sess.summary.mean_step_ms)
+
+
+# -- a forked child --------------------------------------------------------------------------------
+
+
+_FORKS = """
+    import os, sys, time, torch, trainprof
+    model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def fork(label, end):
+        child = os.fork()
+        if child == 0:  # the child ends through the interpreter's shutdown, as plain code does
+            print("hello from", label)
+            if end == "raise":
+                raise RuntimeError("the child's own error")
+            sys.exit(end)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                return print(label, "exit", os.waitstatus_to_exitcode(status), flush=True)
+            time.sleep(0.05)
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        print(label, "HUNG", flush=True)
+
+    with trainprof.session(log_dir={log!r}, run_name="run", wait=0, warmup=1, active=3, console=False,
+                           tensorboard_scalars=False) as sess:
+        for step in range(6):
+            model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+            if step == 1:
+                fork("inside", 3)
+    fork("after", 0)
+    fork("raising", "raise")
+    print("parent", sess.summary.verdict, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's on_exit")
+def test_a_forked_child_exits_with_its_own_status(tmp_path):
+    """A child forked inside a window, or after the session, hung forever at exit in Kineto's
+    ConfigLoader destructor when it ended through the interpreter's shutdown."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_FORKS.format(log=str(tmp_path))))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                            env=ENV, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    for label, code in (("inside", 3), ("after", 0), ("raising", 1)):
+        assert f"{label} exit {code}" in lines and f"hello from {label}" in lines, result.stdout
+    assert "parent cpu-only" in lines
+    assert "RuntimeError: the child's own error" in result.stderr  # its traceback, as Python prints it
+    assert len(list((tmp_path / "run").glob("*.pt.trace.json.gz"))) == 1  # the parent's window only

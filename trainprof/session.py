@@ -280,6 +280,9 @@ class Session:
                 raise ProfilerBusy("trainprof: a torch profiler is already running; the session steps aside "
                                    "so that it keeps recording (two at once crash torch), training goes on")
             _install_step_hook()
+            from trainprof.capture.fork_exit import exit_forked_children
+
+            exit_forked_children()  # a child forked from now on would hang at exit in Kineto
             self._running, self._pid, self._thread = True, os.getpid(), threading.get_ident()
             _ACTIVE = self
         config = self.config
