@@ -211,3 +211,33 @@ def test_a_forked_child_exits_with_its_own_status(tmp_path):
     assert "parent cpu-only" in lines
     assert "RuntimeError: the child's own error" in result.stderr  # its traceback, as Python prints it
     assert len(list((tmp_path / "run").glob("*.pt.trace.json.gz"))) == 1  # the parent's window only
+
+
+# -- a trace without host launches -----------------------------------------------------------------
+
+
+def _kernel(name: str, ts: float, dur: float, correlation: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+            "args": {"correlation": correlation, "device": 0, "stream": 7}}
+
+
+@pytest.mark.parametrize("launches", ["none", "the gemm's only"])
+def test_a_collective_kernel_without_its_host_launch(tmp_path, capsys, launches):
+    """A CUDA-only trace (GPU activities only): `analysis/collectives.py` raised IndexError."""
+    from trainprof.cli import main
+
+    events = []
+    for step in range(4):  # the collective's ids after the launches': not queued before the trace
+        at = 1000.0 * step
+        events.append(_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                              at + 10, 300, 300 + step))
+        events.append(_kernel("sm90_xmma_gemm_bf16bf16_bf16f32", at + 400, 200, 200 + step))
+        if launches != "none":
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": at + 380, "dur": 5, "args": {"correlation": 200 + step}})
+    path = tmp_path / "gpu_only.pt.trace.json"
+    device = [{"id": 0, "name": "NVIDIA H200"}]
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": device}))
+    assert main(["analyze", str(path), "--json", "--debug", "--quiet"]) == 0
+    communication = json.loads(capsys.readouterr().out)["trace"]["traces"][0]["communication"]
+    assert communication["collectives_per_step"] > 0 and communication["ops"][0]["op"] == "all_reduce"
