@@ -241,3 +241,23 @@ def test_a_collective_kernel_without_its_host_launch(tmp_path, capsys, launches)
     assert main(["analyze", str(path), "--json", "--debug", "--quiet"]) == 0
     communication = json.loads(capsys.readouterr().out)["trace"]["traces"][0]["communication"]
     assert communication["collectives_per_step"] > 0 and communication["ops"][0]["op"] == "all_reduce"
+
+
+def test_the_quote_repair_holds_one_copy_of_the_text():
+    """Found by tests/test_fuzz_structured.py: a text where every quote looks stray (UTF-16 JSON,
+    11.5 MB) made `re.sub` hold ~100 bytes per match, 239 MB at its peak. The repair now builds one
+    buffer, and leaves a text with NUL bytes (not torch's JSON) alone."""
+    import tracemalloc
+
+    from trainprof.trace.load import _with_quotes_escaped
+
+    assert _with_quotes_escaped('{"name": "a"b"}'.encode("utf-16")) is None
+    text = b'{"traceEvents": [' + b",".join([b'{"name": "x"y"z"}'] * 200_000) + b"]}"
+    tracemalloc.start()
+    try:
+        repaired = _with_quotes_escaped(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert repaired.count(b'\\"') == 400_000 and json.loads(repaired)["traceEvents"][0]["name"] == 'x"y"z'
+    assert peak < 2.5 * len(text)

@@ -681,10 +681,24 @@ _UTF8_PIECE = 2**20
 _QUOTE_IN_NAME = re.compile(rb'(?<=[^\s{\[,:\\])(\s*)"(?!\s*[,:}\]])')
 
 
-def _with_quotes_escaped(text: bytes | bytearray) -> bytes | None:
-    """`text` with torch's unescaped quotes in names escaped (`_QUOTE_IN_NAME`); None when it has none."""
-    repaired, count = _QUOTE_IN_NAME.subn(rb'\1\\"', text)
-    return repaired if count else None
+def _with_quotes_escaped(text: bytes | bytearray) -> bytearray | None:
+    """`text` with torch's unescaped quotes in names escaped (`_QUOTE_IN_NAME`); None when it has none,
+    or holds a NUL byte (UTF-16 or binary: not torch's JSON, and every quote in it would match).
+
+    Built match by match into one buffer: `re.sub` would hold ~100 bytes of pieces per match until
+    it joins them (an input of nothing but quotes took 20x its size)."""
+    if text.find(b"\0") >= 0:
+        return None
+    view, repaired, done = memoryview(text), bytearray(), 0
+    for match in _QUOTE_IN_NAME.finditer(text):
+        quote = match.end() - 1
+        repaired += view[done:quote]
+        repaired += b'\\"'
+        done = quote + 1
+    if not done:
+        return None
+    repaired += view[done:]
+    return repaired
 
 
 def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
@@ -896,10 +910,7 @@ def _read_json(
             text = _gunzip(path, text, limit, too_large)
         counted = budget.counted_size(text, limit, factor)
         if counted > limit:
-            objects = counted // budget.BYTES_PER_OBJECT
-            raise TraceLoadError(too_large(path, (
-                f"{objects:,} JSON objects in {len(text):,} bytes count as {counted:,} bytes "
-                f"({budget.BYTES_PER_OBJECT} per object: what decoding them costs), more than {limit:,}")))
+            raise TraceLoadError(too_large(path, f"{budget.counted(text)[1]}, more than {limit:,}"))
         budget.check_memory(counted, len(text), factor)
     except budget.OutOfMemory as error:
         raise TraceLoadError(f"{path}: {error}") from None
