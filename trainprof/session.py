@@ -229,7 +229,7 @@ class Session:
         self._failure: tuple[str, BaseException] | None = None
         self._user_error = False
         self._cycle_filter: Any = None
-        self._canary: Any = None  # a torch_noise.NoiseCanary until memory profiling starts
+        self._canary: Any = None  # a torch_noise.NoiseCanary when memory is profiled
         self._unwatch: Any = None
         self._nvtx: Any = None
         self._nvtx_depth = 0
@@ -604,8 +604,9 @@ class Session:
                     self._profiler.step()  # may call _on_trace_ready
                     recording = self.config.action_at(self.steps_ended) in ("record", "save")
                     if self._canary is not None and recording:
-                        self._canary.release()
-                        self._canary = None
+                        self._canary.release()  # c10's allocator line, inside this filter
+                    elif self._canary is not None:
+                        self._canary.arm()  # memory profiling is off again: blocks for the next window
             else:
                 self._profiler.step()
             if self._failure is None:
