@@ -261,3 +261,71 @@ def test_the_quote_repair_holds_one_copy_of_the_text():
         tracemalloc.stop()
     assert repaired.count(b'\\"') == 400_000 and json.loads(repaired)["traceEvents"][0]["name"] == 'x"y"z'
     assert peak < 2.5 * len(text)
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+
+
+_INTERRUPTED = """
+    import os, signal, time, torch, trainprof
+    from trainprof import session as _
+    Session = __import__("trainprof.session", fromlist=["Session"]).Session
+    model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def ctrl_c_inside(method):  # Ctrl-C arrives while the session runs `method`
+        real = getattr(Session, method)
+        def interrupted(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+            return real(self, *args, **kwargs)
+        setattr(Session, method, interrupted)
+
+    with trainprof.session(log_dir={log!r}, wait=0, warmup=1, active=2, console=False,
+                           tensorboard_scalars=False):
+        for step in range(6):
+            model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+            if {case!r} == "second" and step == 4:
+                ctrl_c_inside("_shutdown")  # the second Ctrl-C, while the session stops
+                raise KeyboardInterrupt  # the first, in the loop
+        if {case!r} == "at exit":
+            ctrl_c_inside("_finish")  # one Ctrl-C, while the session analyses after the loop
+"""
+
+
+@pytest.mark.parametrize("case", ["second", "at exit"])
+def test_ctrl_c_while_the_session_stops_shows_the_users_traceback(tmp_path, case):
+    """A second Ctrl-C (while the session stopped after the first) printed two tracebacks, the second
+    through trainprof's frames; one during the analysis at exit printed trainprof's frames down to
+    the analysis."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_INTERRUPTED.format(log=str(tmp_path), case=case)))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                            env=ENV, cwd=tmp_path)
+    assert result.returncode in (1, 130, -2), result.stderr[-2000:]  # KeyboardInterrupt, uncaught
+    err = result.stderr
+    assert err.count("Traceback") == 1 and "During handling" not in err, err
+    assert err.rstrip().endswith("KeyboardInterrupt")
+    inside = [line for line in err.splitlines() if "trainprof" in line and line.lstrip().startswith("File")]
+    assert [line.rsplit(" in ", 1)[-1] for line in inside] == ([] if case == "second" else ["__exit__"]), err
+
+
+def test_ctrl_c_under_trainprof_run_shows_the_scripts_frames(tmp_path):
+    """Under `trainprof run`, Ctrl-C printed a traceback through trainprof's command line, runpy and
+    the session; now the script's own frames, as `python script.py` shows them, and exit 130."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, torch
+        model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def train():
+            for step in range(8):
+                model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+                if step == 4:
+                    os.kill(os.getpid(), signal.SIGINT)
+        train()
+    """))
+    command = [sys.executable, "-m", "trainprof", "run", "--log-dir", str(tmp_path), str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=ENV, cwd=tmp_path)
+    assert result.returncode == 130, result.stderr[-2000:]
+    files = [line.split('"')[1] for line in result.stderr.splitlines() if line.lstrip().startswith('File "')]
+    assert files == [str(script), str(script)], result.stderr  # <module>, then train()
+    assert result.stderr.rstrip().endswith("KeyboardInterrupt")

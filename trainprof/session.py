@@ -252,7 +252,13 @@ class Session:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self.stop(user_error=exc_type is not None)
+        try:
+            self.stop(user_error=exc_type is not None)
+        except KeyboardInterrupt:  # Ctrl-C while the session stops: the user's, not a trainprof error
+            self.summary = _not_profiled("interrupted (Ctrl-C) while the session stopped")
+            if exc_type is KeyboardInterrupt:
+                return False  # a second Ctrl-C: the first goes on, with the user's own traceback
+            raise KeyboardInterrupt from None  # shown from the `with` line, not trainprof's frames
         return False  # the user's exception, if any, propagates unchanged
 
     def start(self) -> Session:
