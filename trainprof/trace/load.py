@@ -245,14 +245,17 @@ def load_candidate(file: Path, alone: bool) -> Trace | Skipped | None:
 def last_windows(files: list[Path], count: int) -> list[Path]:
     """The last `count` of each worker's files, by the time in their names (`W.<time>.pt.trace.json[.gz]`,
     as the session and torch's handler name windows; a name without one counts as the oldest), in
-    `files`' order: the windows a session with `repeat=0` analysed (`trainprof analyze --windows`)."""
+    `files`' order: the windows a session with `repeat=0` analysed (`trainprof analyze --windows`).
+    ValueError when `count` is below 1."""
+    if count < 1:
+        raise ValueError(f"windows must be at least 1, got {count}")
     by_worker: dict[str, list[Path]] = defaultdict(list)
     for file in files:
         by_worker[worker_of(file)].append(file)
     kept = set()
     for windows in by_worker.values():
         windows.sort(key=_time_in_name)
-        kept.update(windows[-count:] if count > 0 else [])
+        kept.update(windows[-count:])
     return [file for file in files if file in kept]
 
 
