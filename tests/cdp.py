@@ -195,17 +195,23 @@ class Page:
         return self.browser.send(method, params, self.session)
 
     def frames(self) -> dict[str, str]:
-        """The frames of other origins attached so far, their own frames' included: session id -> the
-        frame's URL now."""
+        """The frames of other origins attached now, their own frames' included, oldest first:
+        session id -> the frame's URL now (a frame that navigated to another origin is a new one)."""
         found: dict[str, str] = {}
         sessions = [self.session]
         while sessions:
-            for event in self.browser.events(sessions.pop()):
-                if event["method"] == "Target.attachedToTarget":
-                    session, target = event["params"]["sessionId"], event["params"]["targetInfo"]["targetId"]
+            events = self.browser.events(sessions.pop())
+            gone = {e["params"]["sessionId"] for e in events if e["method"] == "Target.detachedFromTarget"}
+            for event in events:
+                if event["method"] != "Target.attachedToTarget" or event["params"]["sessionId"] in gone:
+                    continue
+                session, target = event["params"]["sessionId"], event["params"]["targetInfo"]["targetId"]
+                try:
                     info = self.browser.send("Target.getTargetInfo", {"targetId": target})["targetInfo"]
-                    found[session] = info["url"]
-                    sessions.append(session)
+                except RuntimeError:  # gone meanwhile
+                    continue
+                found[session] = info["url"]
+                sessions.append(session)
         return found
 
     def _sessions(self) -> list[str]:
@@ -231,12 +237,15 @@ class Page:
         `frame`: in the attached frame of another origin whose URL holds this text (AssertionError
         while there is none)."""
         session = self.session
-        if frame is not None:
-            session = next((s for s, url in self.frames().items() if frame in url), None)
+        if frame is not None:  # the newest such frame
+            session = next((s for s, url in reversed(self.frames().items()) if frame in url), None)
             if session is None:
                 raise AssertionError(f"no frame of another origin at a URL holding {frame!r}")
-        result = self.browser.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                        "awaitPromise": True}, session)
+        try:
+            result = self.browser.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                            "awaitPromise": True}, session)
+        except RuntimeError as error:  # the frame went away (navigated) while it evaluated
+            raise AssertionError(f"{expression[:80]}: {error}") from error
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression[:80]}: {result['exceptionDetails']}")
         return result["result"].get("value")

@@ -46,6 +46,9 @@ _INKED = """(canvas) => {
   for (let i = 3; i < data.length; i += 4) if (data[i] > 0) inked++;
   return inked;
 }"""
+FRAME_WAIT_S = 90.0
+"""Longest wait for a report in the tab's frame: a sandboxed frame gets a renderer process of its own,
+which a loaded CI machine (or the full suite beside it on two cores) starts in tens of seconds."""
 REPORT_FRAME = "/data/plugin/trainprof/report?"
 """What the URL of the tab's report frame holds: a sandboxed frame, in an opaque origin of its own,
 which the test reaches through the browser (`evaluate(..., frame=...)`), not through the page."""
@@ -84,7 +87,7 @@ def _check_report(page, hostile_trace, frame: str | None = None) -> None:
     """What must hold of a drawn report.html: the page's, or the frame's whose URL holds `frame`."""
     doc = "document"
     page.wait_for(lambda: _frame_evaluates(page, "!!document.querySelector('#flame-chart canvas')", frame),
-                  "the report's drawings")
+                  "the report's drawings", FRAME_WAIT_S)
     inked = page.evaluate(f"""(() => {{
         const doc = {doc}, inked = {_INKED};
         return ['#timeline-chart', '#flame-chart'].map((id) => inked(doc.querySelector(id + ' canvas')));
@@ -219,7 +222,7 @@ def test_tensorboard_tab_in_chromium(browser, tensorboard, hostile_trace, tmp_pa
     assert labels == ["run-hostile", "run-planted", "run-traces-only (analysed now)"]
     _pick(page, 0)  # the newest run is shown first; pick the hostile one
     page.wait_for(lambda: _frame_evaluates(page, "document.title.includes('hostile')", REPORT_FRAME),
-                  "the hostile run's report")
+                  "the hostile run's report", FRAME_WAIT_S)
     assert page.evaluate("origin", frame=REPORT_FRAME) == "null"  # sandboxed: an opaque origin
     _check_report(page, hostile_trace, REPORT_FRAME)
     _screenshot(page, tmp_path, "tensorboard.png")
@@ -234,7 +237,7 @@ def test_a_report_planted_in_the_logdir_runs_no_script(browser, tensorboard):
     page, labels = _open_tab(browser, tensorboard)
     _pick(page, labels.index("run-planted"))
     page.wait_for(lambda: _frame_evaluates(page, "document.body.innerText.includes('planted page')",
-                                           REPORT_FRAME), "the planted page")
+                                           REPORT_FRAME), "the planted page", FRAME_WAIT_S)
     assert page.evaluate("document.title", frame=REPORT_FRAME) == "planted"  # its script never ran
     assert not any("planted=" in request for request in page.requests), page.requests
     assert any("Content Security Policy" in error for error in page.errors), page.errors
