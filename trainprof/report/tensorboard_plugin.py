@@ -12,7 +12,7 @@ there can plant a link or a page. So:
   never a path, and reads it only if its real path lies under the logdir's real path and it is a
   regular file (`trainprof.files.reads_confined_to`; a link leading out answers 404). A run
   analysed on demand is read under the same rule, trace, sync sites and peaks files alike;
-- a page is served with a policy of its own (`REPORT_POLICY`): the one script it may run is
+- a page is served with a policy of its own (`report_policy`): the one script it may run is
   trainprof's `report.js`, by the hash of trainprof's own copy, never a hash taken from the served
   file; nothing is fetched; and the page is sandboxed (`sandbox allow-scripts`, without
   `allow-same-origin`: an opaque origin), as is the iframe the tab shows it in. A `report.html`
