@@ -44,7 +44,7 @@ def _reset_peak() -> None:
 
 def counted_sizes(folder: Path) -> tuple[int, int]:
     """(traces, sync sites files): the counted size of each regular file under `folder`, summed."""
-    from trainprof.trace.budget import BYTES_PER_OBJECT
+    from trainprof.trace.budget import counted
 
     traces = sidecars = 0
     for path in folder.rglob("*"):
@@ -56,7 +56,7 @@ def counted_sizes(folder: Path) -> tuple[int, int]:
                 text = gzip.decompress(text)
             except (OSError, EOFError, zlib.error):
                 pass
-        size = max(len(text), BYTES_PER_OBJECT * text.count(b"{"))
+        size, _ = counted(text)
         if path.name.endswith(".syncsites.json"):
             sidecars += size
         else:

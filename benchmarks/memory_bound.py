@@ -7,7 +7,8 @@ exit code and the one-line error. The bound checked per case:
 
     peak RSS above the loaded interpreter <= 3 x the trace's counted size + 8 x the sidecar's
 
-where a file's counted size is max(JSON bytes, 128 x its `{`). A refused file must stay far under it.
+where a file's counted size is max(JSON bytes, 128 x its `{`, 384 x its events, 1536 x its step
+annotations). A refused file must stay far under it.
 
     python -m benchmarks.memory_bound                  # every case; ~2 GB of memory at most, ~1 min
     python -m benchmarks.memory_bound --only gzip_bomb_4g --out mem.json
@@ -31,7 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20
-BYTES_PER_OBJECT = 128  # trainprof.trace.budget (not imported: this file runs without trainprof's deps)
+# trainprof.trace.budget's weights (not imported: this file runs without trainprof's deps)
+WEIGHTS = ((b"{", 128), (b'"ph"', 384), (b"ProfilerStep#", 1536))
 TRACE_FACTOR, SIDECAR_FACTOR = 3, 8
 
 CHILD = r"""
@@ -60,7 +62,7 @@ sys.__stdout__.write(json.dumps({"code": code, "base": base, "peak": status("VmH
 
 
 def counted(text: bytes) -> int:
-    return max(len(text), BYTES_PER_OBJECT * text.count(b"{"))
+    return max(len(text), *(weight * text.count(token) for token, weight in WEIGHTS))
 
 
 def repeated(head: bytes, item: bytes, tail: bytes, size: int) -> bytes:
@@ -92,6 +94,35 @@ def compact_events(size: int, dense: bool = False) -> bytes:
         step += 1
     parts.append(b"]}")
     return b"".join(parts)
+
+
+def steps_trace(steps: int, ops_per_step: int = 1, annotations_only: bool = False) -> bytes:
+    """`steps` back-to-back `ProfilerStep#` annotations, each around `ops_per_step` tiny cpu_ops
+    (none with `annotations_only`), compact JSON: the densest steps a trace can hold."""
+    parts = [b'{"traceEvents":[']
+    for step in range(steps):
+        at = step * 10.0
+        parts.append(b'%s{"ph":"X","cat":"user_annotation","name":"ProfilerStep#%d","pid":1,"tid":1,"ts":%.1f,'
+                     b'"dur":9}' % (b"," if step else b"", step, at))
+        if not annotations_only:
+            parts += [b',{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":%.3f,"dur":0.001}'
+                      % (at + 1 + op * 8 / ops_per_step) for op in range(ops_per_step)]
+    parts.append(b"]}")
+    return b"".join(parts)
+
+
+ONE_STEP = (b'{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","pid":1,"tid":1,'
+            b'"ts":0,')
+
+
+def tiny_ops(count: int, own: str | None = None) -> bytes:
+    """One step around `count` tiny cpu_ops (the fewest bytes an op that is kept can take); `own`:
+    each on a thread of its own ("tid") or with a name of its own ("name")."""
+    op = {None: b',{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":%d,"dur":0.5}',
+          "tid": b',{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":%d,"ts":%d,"dur":0.5}',
+          "name": b',{"ph":"X","cat":"cpu_op","name":"op%d","pid":1,"tid":1,"ts":%d,"dur":0.5}'}[own]
+    ops = [op % ((i + 1,) if own is None else (i + 2, i + 1)) for i in range(count)]
+    return ONE_STEP + b'"dur":%d}' % (count + 10) + b"".join(ops) + b"]}"
 
 
 def torch_trace(size: int) -> bytes:
@@ -193,6 +224,12 @@ def cases(names: set[str] | None) -> list[tuple[str, Callable[[], Callable[[Path
         ("compact_events_64m", lambda: write_trace(compact_events(64 * MiB))),
         ("dense_events_64m", lambda: write_trace(compact_events(64 * MiB, dense=True))),
         ("torch_trace_256m", lambda: write_trace(torch_trace(256 * MiB))),
+        ("dense_steps_100k", lambda: write_trace(steps_trace(100_000))),
+        ("steps_only_100k", lambda: write_trace(steps_trace(100_000, annotations_only=True))),
+        ("steps_1m", lambda: write_trace(steps_trace(1_000_000))),
+        ("tiny_ops_1m", lambda: write_trace(tiny_ops(1_000_000))),
+        ("threads_100k", lambda: write_trace(tiny_ops(100_000, own="tid"))),
+        ("distinct_names_1m", lambda: write_trace(tiny_ops(1_000_000, own="name"))),
         ("sidecar_64m_empty_sites", lambda: with_sidecar(sites(64 * MiB, empty=True))),
         ("sidecar_64m_sites", lambda: with_sidecar(sites(64 * MiB, empty=False))),
         ("sidecar_16m_sites", lambda: with_sidecar(sites(16 * MiB, empty=False))),

@@ -7,6 +7,11 @@
         page.evaluate("document.title")
         page.screenshot(Path("shot.png"))
         page.requests, page.errors   # every URL the page asked for; console errors and exceptions
+        page.evaluate("document.title", frame="/report?")  # inside a frame of another origin
+
+Frames of another origin (a sandboxed iframe among them) run in processes of their own: the page
+attaches to each as it appears (`Target.setAutoAttach`), so its requests, errors and dialogs count
+as the page's and `evaluate(..., frame=...)` reaches its document.
 
 The browser runs headless with a fresh profile, no GPU, no background networking, and a host
 resolver that resolves nothing but localhost, so a page cannot reach another machine.
@@ -76,6 +81,7 @@ class Browser:
         self._lock = threading.Lock()
         self._replies: dict[int, queue.Queue] = {}
         self._events: dict[str, list[dict]] = {}  # session id -> events
+        self._unawaited: set[int] = set()  # ids of commands sent by `_post`
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -104,10 +110,13 @@ class Browser:
             for raw in messages:
                 message = json.loads(raw)
                 if "id" in message:
-                    self._replies.setdefault(message["id"], queue.Queue()).put(message)
+                    if message["id"] not in self._unawaited:
+                        self._replies.setdefault(message["id"], queue.Queue()).put(message)
                 else:
                     with self._lock:
                         self._events.setdefault(message.get("sessionId", ""), []).append(message)
+                    if message["method"] == "Target.attachedToTarget":
+                        self._watch_frame(message["params"]["sessionId"])
 
     def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
         """Send one command and wait for its result (RuntimeError on a protocol error)."""
@@ -136,9 +145,29 @@ class Browser:
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.send(f"{domain}.enable", session=session)
+        self.send("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": True,
+                                           "flatten": True}, session)
         self.send("Emulation.setDeviceMetricsOverride",
                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
         return Page(self, session, target)
+
+    def _watch_frame(self, session: str) -> None:
+        """A frame of another origin, attached paused (from the reader thread, so without waiting for
+        replies): its console, log and network domains on, its own frames attached, then it runs.
+        Nothing it does before is lost."""
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self._post(f"{domain}.enable", {}, session)
+        self._post("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": True,
+                                            "flatten": True}, session)
+        self._post("Runtime.runIfWaitingForDebugger", {}, session)
+
+    def _post(self, method: str, params: dict, session: str) -> None:
+        """Send one command whose reply nobody waits for."""
+        with self._lock:
+            self._next_id += 1
+            self._unawaited.add(self._next_id)
+            message = {"id": self._next_id, "method": method, "params": params, "sessionId": session}
+        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
 
     def close(self) -> None:
         """End the browser and remove its profile."""
@@ -165,6 +194,29 @@ class Page:
         """A command to this tab."""
         return self.browser.send(method, params, self.session)
 
+    def frames(self) -> dict[str, str]:
+        """The frames of other origins attached now, their own frames' included, oldest first:
+        session id -> the frame's URL now (a frame that navigated to another origin is a new one)."""
+        found: dict[str, str] = {}
+        sessions = [self.session]
+        while sessions:
+            events = self.browser.events(sessions.pop())
+            gone = {e["params"]["sessionId"] for e in events if e["method"] == "Target.detachedFromTarget"}
+            for event in events:
+                if event["method"] != "Target.attachedToTarget" or event["params"]["sessionId"] in gone:
+                    continue
+                session, target = event["params"]["sessionId"], event["params"]["targetInfo"]["targetId"]
+                try:
+                    info = self.browser.send("Target.getTargetInfo", {"targetId": target})["targetInfo"]
+                except RuntimeError:  # gone meanwhile
+                    continue
+                found[session] = info["url"]
+                sessions.append(session)
+        return found
+
+    def _sessions(self) -> list[str]:
+        return [self.session, *self.frames()]
+
     def open(self, url: str) -> None:
         """Navigate and wait for the load event."""
         seen = len(self.browser.events(self.session))
@@ -180,10 +232,20 @@ class Page:
                 raise AssertionError(f"timed out waiting for {what}")
             time.sleep(0.05)
 
-    def evaluate(self, expression: str) -> Any:
-        """The value of a JavaScript expression (promises awaited), or AssertionError on an exception."""
-        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
+    def evaluate(self, expression: str, frame: str | None = None) -> Any:
+        """The value of a JavaScript expression (promises awaited), or AssertionError on an exception.
+        `frame`: in the attached frame of another origin whose URL holds this text (AssertionError
+        while there is none)."""
+        session = self.session
+        if frame is not None:  # the newest such frame
+            session = next((s for s, url in reversed(self.frames().items()) if frame in url), None)
+            if session is None:
+                raise AssertionError(f"no frame of another origin at a URL holding {frame!r}")
+        try:
+            result = self.browser.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                            "awaitPromise": True}, session)
+        except RuntimeError as error:  # the frame went away (navigated) while it evaluated
+            raise AssertionError(f"{expression[:80]}: {error}") from error
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression[:80]}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -197,14 +259,18 @@ class Page:
     @property
     def requests(self) -> list[str]:
         """Every URL the tab requested (documents, scripts, styles, fonts, images, fetches)."""
-        return [e["params"]["request"]["url"] for e in self.browser.events(self.session)
+        return [e["params"]["request"]["url"] for e in self._events()
                 if e["method"] == "Network.requestWillBeSent"]
+
+    def _events(self) -> list[dict]:
+        """The events of the tab and of the frames of other origins it attached."""
+        return [event for session in self._sessions() for event in self.browser.events(session)]
 
     @property
     def errors(self) -> list[str]:
         """Console errors, uncaught exceptions and error log entries (failed loads, CSP refusals)."""
         found = []
-        for event in self.browser.events(self.session):
+        for event in self._events():
             method, params = event["method"], event.get("params", {})
             if method == "Runtime.exceptionThrown":
                 found.append(json.dumps(params["exceptionDetails"])[:500])
@@ -218,5 +284,5 @@ class Page:
     @property
     def dialogs(self) -> list[str]:
         """The messages of every alert/confirm/prompt the page opened."""
-        return [e["params"].get("message", "") for e in self.browser.events(self.session)
+        return [e["params"].get("message", "") for e in self._events()
                 if e["method"] == "Page.javascriptDialogOpening"]

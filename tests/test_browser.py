@@ -46,11 +46,12 @@ _INKED = """(canvas) => {
   for (let i = 3; i < data.length; i += 4) if (data[i] > 0) inked++;
   return inked;
 }"""
-# The document of report.html: the page itself, or the report's iframe inside TensorBoard's plugin iframe.
-_REPORT_DOCUMENT = {
-    "file": "document",
-    "tensorboard": "document.querySelector('iframe').contentDocument.querySelector('iframe').contentDocument",
-}
+FRAME_WAIT_S = 90.0
+"""Longest wait for a report in the tab's frame: a sandboxed frame gets a renderer process of its own,
+which a loaded CI machine (or the full suite beside it on two cores) starts in tens of seconds."""
+REPORT_FRAME = "/data/plugin/trainprof/report?"
+"""What the URL of the tab's report frame holds: a sandboxed frame, in an opaque origin of its own,
+which the test reaches through the browser (`evaluate(..., frame=...)`), not through the page."""
 
 
 @pytest.fixture(scope="module")
@@ -74,23 +75,32 @@ def _screenshot(page, tmp_path: Path, name: str) -> Path:
     return shot
 
 
-def _check_report(page, doc: str, hostile_trace) -> None:
-    """What must hold of a drawn report.html, in `doc` (a JavaScript expression for its document)."""
-    page.wait_for(lambda: page.evaluate(f"!!({doc}) && !!({doc}).querySelector('#flame-chart canvas')"),
-                  "the report's drawings")
+def _frame_evaluates(page, expression: str, frame: str | None) -> bool:
+    """Whether `expression` is true in the frame (False while the frame is not there yet)."""
+    try:
+        return bool(page.evaluate(expression, frame=frame))
+    except AssertionError:
+        return False
+
+
+def _check_report(page, hostile_trace, frame: str | None = None) -> None:
+    """What must hold of a drawn report.html: the page's, or the frame's whose URL holds `frame`."""
+    doc = "document"
+    page.wait_for(lambda: _frame_evaluates(page, "!!document.querySelector('#flame-chart canvas')", frame),
+                  "the report's drawings", FRAME_WAIT_S)
     inked = page.evaluate(f"""(() => {{
         const doc = {doc}, inked = {_INKED};
         return ['#timeline-chart', '#flame-chart'].map((id) => inked(doc.querySelector(id + ' canvas')));
-    }})()""")
+    }})()""", frame=frame)
     assert all(count > 5000 for count in inked), inked
-    assert page.evaluate(f"({doc}).querySelector('svg.memory polyline').points.length") > 10
+    assert page.evaluate(f"({doc}).querySelector('svg.memory polyline').points.length", frame=frame) > 10
     widths = page.evaluate(f"[...({doc}).querySelectorAll('.bar span')]"
-                           ".map((s) => s.getBoundingClientRect().width)")
+                           ".map((s) => s.getBoundingClientRect().width)", frame=frame)
     assert widths and sum(widths) > 100
     # The hostile names: text in the page, never an element.
-    text = page.evaluate(f"({doc}).body.innerText")
+    text = page.evaluate(f"({doc}).body.innerText", frame=frame)
     assert hostile_trace.kernel in text and hostile_trace.op in text
-    assert page.evaluate(f"({doc}).querySelectorAll('img, iframe, [onerror]').length") == 0
+    assert page.evaluate(f"({doc}).querySelectorAll('img, iframe, [onerror]').length", frame=frame) == 0
     # Hovering a block of the hostile kernel names it, as text. Mouse events take whole pixels: the
     # block hovered is one that some pixel's time falls inside, at the full view.
     tooltip = page.evaluate(f"""(() => {{
@@ -112,7 +122,7 @@ def _check_report(page, doc: str, hostile_trace) -> None:
         holder.dispatchEvent(new MouseEvent('mousemove', hover));
         const tip = doc.querySelector('.tip');
         return [index, tip.style.display, tip.textContent];
-    }})()""")
+    }})()""", frame=frame)
     index, display, tip_text = tooltip
     assert index >= 0 and display == "block" and tip_text.startswith(hostile_trace.kernel), tooltip
     assert "category: other" in tip_text and "duration:" in tip_text  # a name that says no category
@@ -122,7 +132,7 @@ def _check_report(page, doc: str, hostile_trace) -> None:
         const before = canvas.toDataURL();
         doc.querySelectorAll('#timeline-steps button')[1].click();
         return canvas.toDataURL() !== before;
-    }})()""")
+    }})()""", frame=frame)
     assert changed
 
 
@@ -130,7 +140,7 @@ def test_report_html_in_chromium(browser, hostile_report, hostile_trace, tmp_pat
     page = browser.new_page(WIDTH, HEIGHT)
     url = hostile_report.as_uri()
     page.open(url)
-    _check_report(page, _REPORT_DOCUMENT["file"], hostile_trace)
+    _check_report(page, hostile_trace)
     shot = _screenshot(page, tmp_path, "report.png")
     assert shot.stat().st_size > 50_000
     assert page.requests == [url]  # the file itself, nothing else
@@ -149,6 +159,12 @@ def tensorboard(hostile_report, tmp_path_factory, fixtures_dir):
     report.html) and a run with traces only."""
     pytest.importorskip("tensorboard")
     logdir = hostile_report.parent.parent
+    planted = logdir / "run-planted"  # what anyone who can write to the logdir may drop there
+    planted.mkdir(exist_ok=True)
+    (planted / "report.html").write_text(
+        "<!doctype html><title>planted</title><p>planted page</p><script>document.title = 'ran';"
+        "fetch('/data/runs?planted=1').then((r) => r.text()).then((t) => { document.title = 'read ' + t;"
+        " alert(t); });</script>")
     traces_only = logdir / "run-traces-only"
     traces_only.mkdir(exist_ok=True)
     for source in (fixtures_dir / "traces" / "gpt2_clean").glob("*.gz"):
@@ -182,20 +198,47 @@ def tensorboard(hostile_report, tmp_path_factory, fixtures_dir):
         process.kill()
 
 
-def test_tensorboard_tab_in_chromium(browser, tensorboard, hostile_trace, tmp_path):
+# The tab's run picker, inside TensorBoard's plugin iframe (same origin: the page reaches it).
+_RUNS = ("document.querySelector('iframe') && document.querySelector('iframe').contentDocument"
+         ".querySelector('select')")
+
+
+def _open_tab(browser, tensorboard: str):
+    """A page on TensorBoard's trainprof tab, once its run picker lists the runs; (page, labels)."""
     page = browser.new_page(WIDTH, HEIGHT)
     page.open(f"{tensorboard}/#trainprof")
-    runs = ("document.querySelector('iframe') && document.querySelector('iframe').contentDocument"
-            ".querySelector('select')")
-    page.wait_for(lambda: page.evaluate(f"!!({runs}) && ({runs}).options.length === 2"), "the run picker")
-    labels = page.evaluate(f"[...({runs}).options].map((o) => o.textContent)")
-    assert labels == ["run-hostile", "run-traces-only (analysed now)"]
-    # The newest run is shown first; pick the hostile one.
-    page.evaluate(f"(() => {{ const s = {runs}; s.value = '0'; s.dispatchEvent(new Event('change')); }})()")
-    doc = _REPORT_DOCUMENT["tensorboard"]
-    page.wait_for(lambda: page.evaluate(f"(() => {{ try {{ return ({doc}).title.includes('hostile'); }}"
-                                        " catch (e) { return false; } })()"), "the hostile run's report")
-    _check_report(page, doc, hostile_trace)
+    page.wait_for(lambda: page.evaluate(f"!!({_RUNS}) && ({_RUNS}).options.length === 3"), "the run picker")
+    return page, page.evaluate(f"[...({_RUNS}).options].map((o) => o.textContent)")
+
+
+def _pick(page, index: int) -> None:
+    """Show the run at `index` of the picker."""
+    page.evaluate(f"(() => {{ const s = {_RUNS}; s.value = '{index}'; "
+                  "s.dispatchEvent(new Event('change')); })()")
+
+
+def test_tensorboard_tab_in_chromium(browser, tensorboard, hostile_trace, tmp_path):
+    page, labels = _open_tab(browser, tensorboard)
+    assert labels == ["run-hostile", "run-planted", "run-traces-only (analysed now)"]
+    _pick(page, 0)  # the newest run is shown first; pick the hostile one
+    page.wait_for(lambda: _frame_evaluates(page, "document.title.includes('hostile')", REPORT_FRAME),
+                  "the hostile run's report", FRAME_WAIT_S)
+    assert page.evaluate("origin", frame=REPORT_FRAME) == "null"  # sandboxed: an opaque origin
+    _check_report(page, hostile_trace, REPORT_FRAME)
     _screenshot(page, tmp_path, "tensorboard.png")
     assert all(request.startswith(tensorboard) for request in page.requests), page.requests
     assert page.errors == [] and page.dialogs == []
+
+
+def test_a_report_planted_in_the_logdir_runs_no_script(browser, tensorboard):
+    """A report.html dropped into a run folder ran its script in TensorBoard's origin and read
+    TensorBoard's /data/runs (issue #33). Its script is refused by the page's policy; were it
+    trainprof's own, the sandbox would still keep it out of TensorBoard's origin."""
+    page, labels = _open_tab(browser, tensorboard)
+    _pick(page, labels.index("run-planted"))
+    page.wait_for(lambda: _frame_evaluates(page, "document.body.innerText.includes('planted page')",
+                                           REPORT_FRAME), "the planted page", FRAME_WAIT_S)
+    assert page.evaluate("document.title", frame=REPORT_FRAME) == "planted"  # its script never ran
+    assert not any("planted=" in request for request in page.requests), page.requests
+    assert any("Content Security Policy" in error for error in page.errors), page.errors
+    assert page.dialogs == []

@@ -6,7 +6,6 @@ nothing; each failed before its fix.
 
 from __future__ import annotations
 
-import gzip
 import importlib
 import io
 import json
@@ -113,7 +112,7 @@ def test_warnings_as_errors_never_end_the_loop(tmp_path):
         print("WARMUP0", loop(dict(wait=1, warmup=0, active=2)))
         def broken(*args, **kwargs):
             raise OSError(28, "No space left on device")
-        torch.profiler.tensorboard_trace_handler = lambda *a, **k: broken
+        torch.profiler.profile.export_chrome_trace = broken
         print("FAILURE", loop(dict(wait=1, warmup=1, active=1, repeat=2)))
     """, "-W", "error")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -168,17 +167,13 @@ def test_full_disk_leaves_the_old_summary_whole(tmp_path):
 def test_failed_export_leaves_no_trace_file(tmp_path, monkeypatch, failure):
     """A failed export left a truncated trace; a full TMPDIR left a 63-byte 'trace'."""
 
-    def handler_factory(run_dir, worker_name, use_gzip):
-        def export(profiler):
-            path = Path(run_dir) / f"{worker_name}.1234567890123.pt.trace.json.gz"
-            if failure == "raises_midway":
-                path.write_bytes(gzip.compress(b'{"traceEvents": [{"name": "x"')[:40])
-                raise OSError(28, "No space left on device")
-            path.write_bytes(gzip.compress(b""))  # what torch writes when its temporary file is empty
+    def export(profiler, path):
+        if failure == "raises_midway":
+            Path(path).write_bytes(b'{"traceEvents": [{"name": "x"')
+            raise OSError(28, "No space left on device")
+        Path(path).write_bytes(b"")  # what Kineto leaves when the disk is full
 
-        return export
-
-    monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", handler_factory)
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", export)
     model, optimizer = model_and_optimizer()
     with pytest.warns(RuntimeWarning) as caught:
         with trainprof.session(log_dir=tmp_path, run_name="run", wait=0, warmup=1, active=1, **FAST):
@@ -186,6 +181,7 @@ def test_failed_export_leaves_no_trace_file(tmp_path, monkeypatch, failure):
     assert len(trainprof_warnings(caught)) == 1
     assert not list((tmp_path / "run").glob("*.pt.trace.json.gz"))
     assert not (tmp_path / "run" / "summary.json").exists()
+    assert not list((tmp_path / "run").glob(".*"))  # no private export folder, no temporary file
 
 
 @pytest.mark.parametrize("value", ["²", "1" * 5000, "three"])

@@ -75,7 +75,7 @@ def _compact_events(size: int) -> bytes:
 
 
 def _counted(text: bytes) -> int:
-    return max(len(text), budget.BYTES_PER_OBJECT * text.count(b"{"))
+    return budget.counted(text)[0]
 
 
 SMALL_TRACE = _compact_events(4096)
@@ -133,3 +133,33 @@ def test_out_of_address_space_is_refused_early_with_one_line(tmp_path):
     code, error, growth = _analyze(path, room_mib=120)
     assert code == 2 and "ulimit" in error and "needs up to" in error
     assert growth < 2 * len(text)
+
+
+def _steps(count: int) -> bytes:
+    """`count` back-to-back steps of one tiny op each: the densest steps (issue #33: 20-26x their
+    counted size when a step counted as its bytes; 10^6 of them took 2.43 GB)."""
+    events = []
+    for step in range(count):
+        events.append(f'{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#{step}","pid":1,"tid":1,'
+                      f'"ts":{step * 10},"dur":9}}')
+        events.append(f'{{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":{step * 10 + 1},"dur":1}}')
+    return ('{"traceEvents":[' + ",".join(events) + "]}").encode()
+
+
+def test_dense_steps_stay_within_the_bound(tmp_path):
+    path = tmp_path / "t.pt.trace.json"
+    path.write_bytes(text := _steps(20_000))
+    code, error, growth = _analyze(path)
+    assert code == 0, error
+    assert _counted(text) == budget.BYTES_PER_STEP * 20_000  # the steps, not the bytes, count
+    assert growth <= budget.TRACE_MEMORY_FACTOR * _counted(text)
+
+
+def test_dense_steps_that_cannot_fit_under_an_rlimit_are_refused_before_decoding(tmp_path):
+    """Counted by their objects, 20,000 dense steps "needed" 15 MB and were decoded under a 60 MiB
+    address-space limit; they take ~62 MiB (2-core CPU machine, 2026-11-28)."""
+    path = tmp_path / "t.pt.trace.json"
+    path.write_bytes(text := _steps(20_000))
+    code, error, growth = _analyze(path, room_mib=60)
+    assert code == 2 and "ulimit" in error and "needs up to" in error
+    assert growth < 2 * len(text) + 8 * MiB

@@ -115,3 +115,26 @@ def test_quiet_run_silences_trainprofs_warnings_and_report(tmp_path):
     assert loud.returncode == quiet.returncode == 0
     assert "trainprof: the loop ended" in loud.stderr
     assert quiet.stderr == "" and quiet.stdout == "trained\n"
+
+
+def test_the_allocators_warning_stays_off_through_a_long_run(tmp_path):
+    """c10 prints "Memory block of unknown size" at every 1,000th free of a block allocated while
+    memory profiling was off (a counter): once per ~1,000 steps of a long run it reached stderr
+    between windows (issue #33). Here each recorded step frees 300 blocks made before it, 3,300 in
+    all: the session re-arms its canary at each window, so c10's count never reaches 1,000 outside."""
+    result = _python("""
+        import sys, torch, trainprof
+        model = torch.nn.Linear(8, 8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        held = []
+        with trainprof.session(log_dir="log", wait=1, warmup=1, active=1, repeat=0, console=False,
+                               tensorboard_scalars=False, analyze=False):
+            for step in range(33):
+                held = [torch.empty(4) for _ in range(300)]  # freed in the next step
+                model(torch.randn(2, 8)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        print("user done", file=sys.stderr)
+    """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["user done"]

@@ -194,7 +194,7 @@ def test_failure_inside_trainprof_warns_once_and_training_goes_on(tmp_path, monk
         raise OSError(28, "No space left on device")
 
     if where == "export":
-        monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", lambda *a, **k: broken)
+        monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", broken)
     else:
         monkeypatch.setattr(importlib.import_module("trainprof.analysis"), "analyze", broken)
     model, optimizer = _model_and_optimizer()

@@ -8,7 +8,6 @@ forked child, `~` in log_dir).
 
 from __future__ import annotations
 
-import gzip
 import importlib
 import json
 import os
@@ -221,18 +220,12 @@ def test_a_window_whose_only_step_never_ended_is_not_a_trace_to_analyse(tmp_path
 def test_ctrl_c_during_the_export_leaves_no_cut_trace(tmp_path, monkeypatch):
     """SIGINT arrives while torch writes the gzip: the cut file was left (clean-up ran on Exception
     only), and the run folder then failed `trainprof analyze`."""
-    real_handler = torch.profiler.tensorboard_trace_handler
+    def interrupted_export(profiler, path):
+        Path(path).write_bytes(b'{"traceEvents": [{"name": "x"' * 50)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered to this (the main) thread
+        raise AssertionError("SIGINT should have interrupted the export")
 
-    def interrupted_handler(run_dir, worker_name, use_gzip):
-        def export(profiler):
-            path = Path(run_dir) / f"{worker_name}.1234567890123.pt.trace.json.gz"
-            path.write_bytes(gzip.compress(b'{"traceEvents": [{"name": "x"' * 50)[:60])
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered to this (the main) thread
-            raise AssertionError("SIGINT should have interrupted the export")
-
-        return export
-
-    monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", interrupted_handler)
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", interrupted_export)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a test runner may ignore it
     model, optimizer = model_and_optimizer()
     done = [0]
@@ -243,8 +236,42 @@ def test_ctrl_c_during_the_export_leaves_no_cut_trace(tmp_path, monkeypatch):
     signal.signal(signal.SIGINT, previous)
     assert done[0] == 1  # the interrupt comes out of the second step's optimizer.step(), which exports
     assert not list((tmp_path / "run").glob("*.pt.trace.json*"))
+    assert not list((tmp_path / "run").glob(".*"))  # the private export folder went too
     assert sess.summary.verdict == "not-profiled" and not torch.autograd._profiler_enabled()
-    assert real_handler is not torch.profiler.tensorboard_trace_handler
+
+
+def test_sigkill_during_the_export_leaves_nothing_in_tmpdir_and_no_cut_trace(tmp_path):
+    """SIGKILL while torch wrote a window's JSON left it in $TMPDIR (132 MB for a large window), and a
+    cut trace in the run folder (issue #33). The process is killed right after Kineto wrote the
+    second window's JSON."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    script = _script(f"""
+        import os, signal, torch, trainprof
+        real = torch.autograd.profiler.profile.export_chrome_trace
+        exported = []
+        def export_then_die(self, path, *args, **kwargs):
+            real(self, path, *args, **kwargs)
+            exported.append(path)
+            if len(exported) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        torch.autograd.profiler.profile.export_chrome_trace = export_then_die
+        model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with trainprof.session(log_dir={str(tmp_path)!r}, run_name="run", wait=0, warmup=1, active=2,
+                               repeat=2, console=False, tensorboard_scalars=False):
+            for _ in range(8):
+                model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    """, tmp_path)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                            env={**_env(), "TMPDIR": str(tmpdir)})
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    assert not list(tmpdir.rglob("*.json*"))  # (torch's own torchinductor_<user> folder may be there)
+    traces = list((tmp_path / "run").glob("*.pt.trace.json*"))
+    assert len(traces) == 1  # the first window, whole; the second never appeared under a trace's name
+    analysed = subprocess.run([sys.executable, "-m", "trainprof", "analyze", str(tmp_path / "run"), "--json"],
+                              capture_output=True, text=True, timeout=240, env=_env(), cwd=ROOT)
+    assert analysed.returncode == 0, analysed.stderr
+    assert [step["step"] for step in json.loads(analysed.stdout)["steps"]] == [1, 2]
 
 
 # -- 6. the smaller ones -------------------------------------------------------------------------------
@@ -286,9 +313,9 @@ def test_the_users_showwarning_installed_in_a_window_stays(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_inside_a_window_records_nothing(tmp_path):
     """The child's optimizer steps and its exit from the `with` block drove the parent's profiler
-    copy: it wrote traces under the parent's pid. (torch 2.13 itself aborts or hangs a forked child
-    of a process that ran the profiler when the child exits through the interpreter's shutdown,
-    session or not: the child here ends with os._exit, as multiprocessing's children do.)"""
+    copy: it wrote traces under the parent's pid. (The child here ends with os._exit, as
+    multiprocessing's children do; one that ends through the interpreter's shutdown:
+    tests/test_user_loops.py.)"""
     script = _script(f"""
         import os, sys, torch, trainprof
         model = torch.nn.Linear(8, 8); opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +22,7 @@ from werkzeug.wrappers import Response  # noqa: E402
 
 from trainprof.analysis import analyze  # noqa: E402
 from trainprof.analysis.causes import Cause  # noqa: E402
-from trainprof.report.html import write_html  # noqa: E402
+from trainprof.report.html import asset, write_html  # noqa: E402
 from trainprof.report.tensorboard import (  # noqa: E402
     FINDINGS_TAG,
     IDLE_TAG,
@@ -87,13 +89,93 @@ def test_lists_each_report_and_each_run_with_traces(logdir):
     assert TrainprofPlugin(SimpleNamespace(logdir=str(logdir))).is_active()
 
 
-def test_serves_a_report_with_its_script_allowed(logdir):
+def _script_hash(script: bytes) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script).digest()).decode() + "'"
+
+
+def _script_sources(policy: str) -> list[str]:
+    directives = dict(part.strip().split(" ", 1) for part in policy.split(";"))
+    return directives["script-src"].split()
+
+
+def test_serves_a_report_with_only_trainprofs_own_script_allowed(logdir):
     response = _app(logdir).get("/data/plugin/trainprof/report?run=run-a&file=report.html")
     assert response.status_code == 200 and response.data == (logdir / "run-a" / "report.html").read_bytes()
     policy = response.headers["Content-Security-Policy"]
     script = re.search(rb"<script>(.*?)</script>", response.data, re.S).group(1)
-    digest = base64.b64encode(hashlib.sha256(script).digest()).decode()
-    assert f"'sha256-{digest}'" in policy and "default-src 'self'" in policy
+    assert _script_sources(policy) == [_script_hash(asset("report.js").encode())] == [_script_hash(script)]
+    assert "default-src 'none'" in policy and "sandbox allow-scripts" in policy
+    assert "allow-same-origin" not in policy
+
+
+def test_a_planted_report_runs_no_script_of_its_own(tmp_path):
+    """The tab hashed every inline script of the served file into the policy, so a report.html
+    dropped into a run folder ran in TensorBoard's origin and read its /data/runs (issue #33)."""
+    planted = b"<script>fetch('/data/runs').then((r) => r.text()).then(alert)</script>"
+    (tmp_path / "run-planted").mkdir()
+    (tmp_path / "run-planted" / "report.html").write_bytes(b"<!doctype html><title>x</title>" + planted)
+    response = _app(tmp_path).get("/data/plugin/trainprof/report?run=run-planted&file=report.html")
+    assert response.status_code == 200  # served, as text the browser shows without its script
+    policy = response.headers["Content-Security-Policy"]
+    assert _script_hash(planted[8:-9]) not in policy
+    assert _script_sources(policy) == [_script_hash(asset("report.js").encode())]
+    assert "'self'" not in _script_sources(policy) and "sandbox allow-scripts" in policy
+    module = _app(tmp_path).get("/data/plugin/trainprof/index.js").data
+    assert b'frame.setAttribute("sandbox", "allow-scripts")' in module
+
+
+@pytest.fixture
+def shared_logdir(tmp_path, fixtures_dir):
+    """A logdir beside a folder it must not leak: `secret/` holds a page and a trace."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "passwd").write_text("root:x:0:0:secret\n")
+    trace = next((fixtures_dir / "traces" / "gpt2_clean").glob("*.pt.trace.json.gz"))
+    (secret / trace.name).write_bytes(trace.read_bytes())
+    logdir = tmp_path / "logdir"
+    logdir.mkdir()
+    return logdir, secret, trace.name
+
+
+@pytest.mark.parametrize("target", ["absolute", "relative"])
+def test_a_report_link_leading_out_of_the_logdir_is_not_served(shared_logdir, target):
+    """A report.html that is a link was followed: /etc/passwd came back as text/html (issue #33)."""
+    logdir, secret, _ = shared_logdir
+    (logdir / "run-link").mkdir()
+    link = secret / "passwd" if target == "absolute" else Path("../../secret/passwd")
+    (logdir / "run-link" / "report.html").symlink_to(link)
+    response = _app(logdir).get("/data/plugin/trainprof/report?run=run-link&file=report.html")
+    assert response.status_code == 404 and b"secret" not in response.data
+
+
+def test_a_link_inside_the_logdir_and_a_fifo(shared_logdir):
+    logdir, _, _ = shared_logdir
+    (logdir / "run-a").mkdir()
+    (logdir / "run-a" / "report.html").write_text("<!doctype html><p>a</p>")
+    (logdir / "run-b").mkdir()
+    (logdir / "run-b" / "report.html").symlink_to("../run-a/report.html")
+    (logdir / "run-c").mkdir()
+    os.mkfifo(logdir / "run-c" / "report.html")  # opened for reading, it would wait for a writer
+    client = _app(logdir)
+    served = client.get("/data/plugin/trainprof/report?run=run-b&file=report.html")
+    assert served.status_code == 200 and served.data == b"<!doctype html><p>a</p>"
+    assert client.get("/data/plugin/trainprof/report?run=run-c&file=report.html").status_code == 404
+
+
+@pytest.mark.parametrize("planted", ["trace", "syncsites"])
+def test_a_run_analysed_now_reads_nothing_outside_the_logdir(shared_logdir, planted):
+    logdir, secret, trace_name = shared_logdir
+    run = logdir / "run-x"
+    run.mkdir()
+    if planted == "trace":
+        (run / trace_name).symlink_to(secret / trace_name)
+    else:
+        (run / trace_name).write_bytes((secret / trace_name).read_bytes())
+        worker = trace_name.split(".")[0]
+        (run / f"{worker}.syncsites.json").symlink_to(secret / "passwd")
+    response = _app(logdir).get("/data/plugin/trainprof/report?run=run-x")
+    assert response.status_code == 500 and b"leads outside the folder being served" in response.data
+    assert b"<html" not in response.data and b"secret" not in response.data
 
 
 def test_analyses_a_run_that_has_only_traces(logdir):

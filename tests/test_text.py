@@ -18,6 +18,9 @@ HOSTILE_CHARS = {
     "arabic letter mark": "\u061c", "line separator": "\u2028", "paragraph separator": "\u2029",
     "right-to-left override": "\u202e", "left-to-right isolate": "\u2066", "zero-width space": "\u200b",
     "BOM": "\ufeff", "tag": "\U000e0041",
+    # Letters that draw nothing: a name of them looks blank (or like another one)
+    "Hangul filler": "\u3164", "Hangul choseong filler": "\u115f", "Hangul jungseong filler": "\u1160",
+    "halfwidth Hangul filler": "\uffa0",
 }
 
 
@@ -37,6 +40,17 @@ def test_safe_text_drops_or_spaces_each_hostile_character(name):
     char = HOSTILE_CHARS[name]
     assert char not in safe_text(f"gemm{char}[/x]{char}kernel")
     assert "[/x]" in safe_text(f"gemm{char}[/x]")  # markup-looking text stays text
+
+
+def test_combining_marks_stack_at_most_two_deep():
+    """Dozens of combining marks on one letter ("Zalgo" text) drew streaks over the lines above and
+    below in report.html and the console (issue #33): at most `MAX_COMBINING_MARKS` stay on a base."""
+    zalgo = "gemm" + "\u0301\u0316\u0334" * 30 + "_kernel"
+    shown = safe_text(zalgo)
+    assert shown == "gemm\u0301\u0316_kernel"
+    vietnamese = unicodedata.normalize("NFD", "Nguyễn Thị Kiều")  # two marks on a letter: kept
+    assert safe_text(vietnamese) == vietnamese
+    assert safe_text("a" + "\u0300" * 10**6, 50) == "a\u0300\u0300…"  # cut, then capped
 
 
 def test_line_breaks_become_spaces_and_text_is_one_line():

@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="processes that analyse a folder's traces, one trace each at a time "
                               "(default: one per core from 2 files on; from 4 off Linux; under "
                               "torchrun, per process, each taking its share of the node's cores)")
+    analyze.add_argument("--windows", type=_count, default=None, metavar="N",
+                         help="of a run folder, only the last N windows of each process (what a session "
+                              "with repeat=0 analysed; it prints the command)")
     analyze.add_argument("--debug", action="store_true",
                          help="on an internal error, show the Python traceback instead of one line")
     analyze.add_argument("--quiet", action="store_true",
@@ -65,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="read traces up to this size after gunzip (as for analyze)")
     report.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                         help="override a verdict threshold (repeatable), as for analyze")
+    report.add_argument("--windows", type=_count, default=None, metavar="N",
+                        help="of a run folder, only the last N windows of each process")
     report.add_argument("--debug", action="store_true",
                         help="on an internal error, show the Python traceback instead of one line")
     report.add_argument("--quiet", action="store_true", help="nothing on stderr but errors")
@@ -102,6 +107,12 @@ def _size(text: str) -> int:
     return size
 
 
+def _count(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a count (1, 2, ...)")
+    return int(text)
+
+
 def error(message: str) -> int:
     """Say what went wrong in one line on stderr (`trainprof: error: ...`); the exit status for it."""
     sys.stderr.write(f"trainprof: error: {safe_text(message, ERROR_CHARS).strip()}\n")
@@ -132,7 +143,7 @@ def note(message: str) -> None:
 
 def _load_and_analyze(
     path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False,
-    workers: int | None = None, job=None,
+    workers: int | None = None, job=None, windows: int | None = None,
 ):  # -> Analysis
     """`analyze(path)` (on rank 0 of a torchrun job, `job`: `job_analysis.analyze_in_job`), with a
     progress bar on `progress` when it is a terminal."""
@@ -141,10 +152,11 @@ def _load_and_analyze(
         if job is not None:
             from trainprof.job_analysis import analyze_in_job
 
-            return analyze_in_job(job, path, thresholds, workers, on_progress)
+            return analyze_in_job(job, path, thresholds, workers, on_progress, windows)
         from trainprof.analysis import analyze
 
-        return analyze(path, on_progress=on_progress, thresholds=thresholds, views=views, workers=workers)
+        return analyze(path, on_progress=on_progress, thresholds=thresholds, views=views, workers=workers,
+                       windows=windows)
 
     if progress is None or not progress.isatty():
         return run()
@@ -206,12 +218,14 @@ def run_analyze(
     thresholds: list[str] | None = None,
     quiet: bool = False,
     workers: int | None = None,
+    windows: int | None = None,
 ) -> int:
     """`trainprof analyze`: one JSON object (--json) or the console report on stdout.
 
     `thresholds`: `NAME=VALUE` overrides of `trainprof.analysis.thresholds` (a bad one: exit 2).
     `quiet`: nothing on stderr but errors.
     `workers`: processes for a folder's traces (`trainprof.analysis.folder`; below 1: exit 2).
+    `windows`: of a folder, the last N windows of each process only (`analyze(..., windows=N)`).
 
     Under torchrun (`job_analysis.job_place`) every process analyses its share of the folder and rank 0
     prints the report one process would print; the other ranks print nothing and exit 0 once their
@@ -228,13 +242,12 @@ def run_analyze(
         return error(str(exc))
     if workers is not None and workers < 1:
         return error(f"--workers {workers}: needs at least 1")
-    return guarded(
-        path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet, workers)
-    )
+    return guarded(path, debug, lambda: _analyze_and_print(path, as_json, max_trace_bytes, overrides, quiet,
+                                                           workers, windows))
 
 
 def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, thresholds: dict,
-                       quiet: bool, workers: int | None = None) -> int:
+                       quiet: bool, workers: int | None = None, windows: int | None = None) -> int:
     from trainprof.job_analysis import JobError, job_place, send_share
     from trainprof.trace import trace_size_limit
 
@@ -242,14 +255,15 @@ def _analyze_and_print(path: str, as_json: bool, max_trace_bytes: int | None, th
     try:
         if job is not None and job.rank != 0:  # its share to rank 0, which reports for every rank
             with trace_size_limit(max_trace_bytes):
-                send_share(job, path, thresholds, workers)
+                send_share(job, path, thresholds, workers, windows)
             return 0
         if not Path(path).exists():
             return error(f"{path}: no such file or directory")
         _which_run(path, quiet)
-        with trace_size_limit(max_trace_bytes):
+        with trace_size_limit(max_trace_bytes), silenced() if quiet else contextlib.nullcontext():
             progress = None if quiet else sys.stderr
-            analysis = _load_and_analyze(path, progress, thresholds, workers=workers, job=job)
+            analysis = _load_and_analyze(path, progress, thresholds, workers=workers, job=job,
+                                         windows=windows)
     except JobError as exc:
         return error(str(exc))
     if as_json:
@@ -270,9 +284,12 @@ def run_report(
     max_trace_bytes: int | None = None,
     thresholds: list[str] | None = None,
     quiet: bool = False,
+    windows: int | None = None,
 ) -> int:
     """`trainprof report PATH --html OUT.html`: analyse PATH with its views and write report.html
-    (default: `report.html` in the run folder, or beside the trace file). Failures as for analyze."""
+    (default: `report.html` in the run folder, or beside the trace file; a device, FIFO or link
+    named there is written through, `trainprof.files.write_atomically`). Failures and `windows` as
+    for analyze."""
     from trainprof.analysis.thresholds import parse_threshold_args
 
     try:
@@ -280,12 +297,13 @@ def run_report(
     except ValueError as exc:
         return error(str(exc))
     return guarded(
-        path, debug, lambda: _write_html_report(path, html_path, max_trace_bytes, overrides, quiet)
+        path, debug, lambda: _write_html_report(path, html_path, max_trace_bytes, overrides, quiet, windows)
     )
 
 
 def _write_html_report(
-    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict, quiet: bool
+    path: str, html_path: str | None, max_trace_bytes: int | None, thresholds: dict, quiet: bool,
+    windows: int | None = None,
 ) -> int:
     from trainprof.report.html import write_html
     from trainprof.trace import trace_size_limit
@@ -293,16 +311,19 @@ def _write_html_report(
     if not Path(path).exists():
         return error(f"{path}: no such file or directory")
     run = _which_run(path, quiet)
+    named_by_user = html_path is not None
     if html_path is None:
         html_path = str(run / "report.html" if run.is_dir() else run.with_name("report.html"))
-    with trace_size_limit(max_trace_bytes):
-        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True)
+    with trace_size_limit(max_trace_bytes), silenced() if quiet else contextlib.nullcontext():
+        analysis = _load_and_analyze(path, None if quiet else sys.stderr, thresholds, views=True,
+                                     windows=windows)
     try:
         Path(html_path).parent.mkdir(parents=True, exist_ok=True)
-        written = write_html(analysis, html_path)
+        written = write_html(analysis, html_path, named_by_user=named_by_user)
     except OSError as exc:
         return error(f"{html_path}: cannot write it ({exc.strerror or exc})")
-    if not quiet:  # the command's output: where the page went
+    if not quiet and written.is_file() and not written.is_symlink():  # where the page went (not when
+        # it went to a device or through a link: /dev/stdout would get the line after the page)
         size_kib = written.stat().st_size / 1024
         sys.stdout.write(safe_text(f"trainprof: wrote {written} ({size_kib:,.0f} KiB)", ERROR_CHARS) + "\n")
     return 0
@@ -405,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             thresholds=args.threshold,
             quiet=args.quiet,
             workers=args.workers,
+            windows=args.windows,
         )
     if args.command == "report":
         return run_report(
@@ -414,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             max_trace_bytes=args.max_trace_bytes,
             thresholds=args.threshold,
             quiet=args.quiet,
+            windows=args.windows,
         )
     if args.command == "demo":
         return run_demo(args.steps, args.log_dir, args.device, quiet=args.quiet)

@@ -138,7 +138,9 @@ def _write_outputs(
     """`markdown(result)` to the --markdown file when given; `result` as JSON on stdout with --json,
     else `console`'s tables."""
     if args.markdown:
-        Path(args.markdown).write_text(markdown(result), encoding="utf-8")
+        from trainprof.files import write_text_atomically
+
+        write_text_atomically(args.markdown, markdown(result), named_by_user=True)
     if args.json:
         from trainprof.report.json import write_json_to
 

@@ -107,10 +107,11 @@ def analyze_in_job(
     thresholds: Mapping[str, float] | None = None,
     workers: int | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    windows: int | None = None,
 ) -> Analysis:
     """Rank 0's part: its own share and every other rank's, composed into the `Analysis` that
-    `analyze(path, thresholds=..., workers=...)` returns. Raises what `analyze` raises on bad input
-    (the first in the folder's order, whichever rank read it); JobError when a rank cannot be heard
+    `analyze(path, thresholds=..., workers=..., windows=...)` returns. Raises what `analyze` raises on
+    bad input (the first in the folder's order, whichever rank read it); JobError when a rank cannot be heard
     from, could not list the folder or listed other files. `on_progress` as `analyze`'s, for this
     rank's share, then the ranks still awaited."""
     from trainprof.analysis.core import compose
@@ -121,7 +122,7 @@ def analyze_in_job(
     report = on_progress or _quiet
     store = _connect(job)
     _await_ranks(store, job.world_size, JOIN_TIMEOUT_S)
-    files, own = _own_share(job, path, limits, workers, report)
+    files, own = _own_share(job, path, limits, workers, report, windows)
     if own.error is not None:  # the folder cannot be listed: what one process says
         raise own.error
     outcomes = list(own.outcomes)
@@ -141,7 +142,11 @@ def analyze_in_job(
 
 
 def send_share(
-    job: JobPlace, path: str | Path, thresholds: Mapping[str, float] | None = None, workers: int | None = None
+    job: JobPlace,
+    path: str | Path,
+    thresholds: Mapping[str, float] | None = None,
+    workers: int | None = None,
+    windows: int | None = None,
 ) -> None:
     """A rank other than 0: analyse its share and hand it to rank 0 through the job's store. Bad
     input travels in the share, for rank 0 to report; JobError when the store cannot be reached."""
@@ -154,7 +159,7 @@ def send_share(
     def heartbeat(what: str, done: int, total: int) -> None:
         store.add(progress, 1)  # rank 0 waits as long as this moves (SILENCE_TIMEOUT_S)
 
-    _, share = _own_share(job, path, limits, workers, heartbeat)
+    _, share = _own_share(job, path, limits, workers, heartbeat, windows)
     try:
         _put(store, job.rank, _packed(share))
     except Exception as error:
@@ -164,14 +169,17 @@ def send_share(
 
 def _own_share(
     job: JobPlace, path: str | Path, limits: Thresholds, workers: int | None,
-    report: Callable[[str, int, int], None],
+    report: Callable[[str, int, int], None], windows: int | None = None,
 ) -> tuple[list[Path], Share]:
-    """The folder's files and this rank's `Share` of them (module docstring)."""
+    """The folder's files (each process's last `windows` of them, as `analyze`'s) and this rank's
+    `Share` of them (module docstring)."""
     from trainprof.analysis.folder import file_outcomes
-    from trainprof.trace.load import trace_paths
+    from trainprof.trace.load import last_windows, trace_paths
 
     try:
         files = trace_paths(path)
+        if windows is not None:
+            files = last_windows(files, windows)
         mine = range(job.rank, len(files), job.world_size)
         alone = len(files) == 1 or not Path(path).is_dir()  # as `core.analyze`: every file must be a trace
         cores = max((os.cpu_count() or 1) // job.local_world_size, 1)

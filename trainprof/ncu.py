@@ -254,6 +254,8 @@ def profile(
     """Run ``command`` under ncu and return its details page as CSV (also saved as OUT/ncu.csv)."""
     import subprocess
 
+    from trainprof.files import write_text_atomically
+
     executable = shutil.which(ncu)
     if executable is None:
         raise NcuError(f"{ncu!r} is not on PATH (Nsight Compute's command line; or pass --ncu PATH)")
@@ -264,14 +266,14 @@ def profile(
         capture_output=True,
         text=True,
     )
-    (out_dir / "ncu.log").write_text(profiled.stdout + profiled.stderr, encoding="utf-8")
+    write_text_atomically(out_dir / "ncu.log", profiled.stdout + profiled.stderr)
     if not (out_dir / "ncu.ncu-rep").exists():
         tail = " ".join((profiled.stdout + profiled.stderr).split()[-40:])
         raise NcuError(f"ncu wrote no report (exit {profiled.returncode}); its last words: {tail}")
     page = subprocess.run(import_command(out_dir / "ncu.ncu-rep", executable), capture_output=True, text=True)
     if page.returncode != 0:
         raise NcuError(f"ncu --import failed (exit {page.returncode}): {page.stderr.strip()[:300]}")
-    (out_dir / "ncu.csv").write_text(page.stdout, encoding="utf-8")
+    write_text_atomically(out_dir / "ncu.csv", page.stdout)
     return page.stdout
 
 

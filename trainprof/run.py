@@ -6,8 +6,8 @@
 The script runs as `python script.py args` would run it (the way `nsys profile python train.py`
 wraps a program): `sys.argv` is `[script, *args]`, the script's folder is `sys.path[0]`, its code
 runs as `__main__`, its exit code is kept, and an exception it raises is printed with the script's
-own traceback (trainprof's frames left out) and exits with 1. Steps are the script's
-`optimizer.step()` calls, as in any session.
+own traceback (trainprof's frames left out) and exits with 1 (Ctrl-C: `EXIT_INTERRUPTED`, 130).
+Steps are the script's `optimizer.step()` calls, as in any session.
 
 Under a launcher, every rank's session writes into one run folder without any communication: the
 folder's name comes from `TRAINPROF_RUN_NAME`, else from torchrun's run id (`TORCHELASTIC_RUN_ID`,
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.session import Session
 
+EXIT_INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT, as shells report a program that SIGINT ended)."""
 RUN_NAME_VARIABLE = "TRAINPROF_RUN_NAME"
 """An environment variable that names the run folder for every process that reads it."""
 
@@ -68,9 +70,9 @@ def run_script(
     """Run `script` with `args` as `__main__` inside `trainprof.session(**options)`.
 
     Returns the script's exit code (0 when it ends normally, else its `SystemExit` code; 1 after an
-    exception, whose traceback is printed to stderr as Python prints an uncaught one) and the
-    finished session. `KeyboardInterrupt` propagates. Unless given, `run_name` comes from
-    `shared_run_name()`. Raises FileNotFoundError when `script` is not a file.
+    exception, `EXIT_INTERRUPTED` after Ctrl-C, whose traceback is printed to stderr as Python prints
+    an uncaught one, from the script's frames) and the finished session. Unless given, `run_name`
+    comes from `shared_run_name()`. Raises FileNotFoundError when `script` is not a file.
     """
     from trainprof.session import session
 
@@ -92,11 +94,14 @@ def run_script(
                 # A script that exits (with any code) ended its work; its steps are reported.
                 return _exit_code(stop.code), sess
         return 0, sess
-    except Exception as error:  # the script's own error: the session stopped without a report
+    except (Exception, KeyboardInterrupt) as error:  # the script's own: the session stopped, no report
         # Python prints an exception with its own __traceback__: shorten it to the script's frames.
-        error = error.with_traceback(_script_frames(error.__traceback__, path))
+        frames = _script_frames(error.__traceback__, path)
+        if frames is None and not isinstance(error, KeyboardInterrupt):
+            frames = error.__traceback__  # raised before the script ran (a syntax error): all of it
+        error = error.with_traceback(frames)  # (Ctrl-C after the script, in the session: no frame)
         sys.excepthook(type(error), error, error.__traceback__)
-        return 1, sess
+        return (EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else 1), sess
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
@@ -112,14 +117,15 @@ def _exit_code(code: Any) -> int:
 
 
 def _script_frames(tb: types.TracebackType | None, script: Path) -> types.TracebackType | None:
-    """The traceback from the script's first frame on (trainprof's and runpy's frames dropped)."""
+    """The traceback from the script's first frame on (trainprof's and runpy's frames dropped);
+    None when no frame is the script's."""
     target = os.path.realpath(script)
     entry = tb
     while entry is not None:
         if os.path.realpath(entry.tb_frame.f_code.co_filename) == target:
             return entry
         entry = entry.tb_next
-    return tb  # the error came before the script ran (e.g. a syntax error): keep everything
+    return None
 
 
 def add_run_parser(commands: Any) -> None:

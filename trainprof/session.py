@@ -3,14 +3,17 @@
     with trainprof.session():
         train()
 
-Steps are found by themselves: every `optimizer.step()` ends one (torch's global optimizer step
-hook). `Session.step()` is for loops without an optimizer; once it is called, the session steps
-manually only, and a first manual call right after an optimizer-ended step closes that same step,
-so a loop calling both `opt.step(); sess.step()` (either order) counts each step once.
+Steps are found by themselves: an `optimizer.step()` ends one (torch's global optimizer step
+hook): the first optimizer to step after a step's end ends the next, other optimizers stepping
+before it steps again are the same iteration, and an optimizer built mid-run ends steps once the
+one before it is gone or it steps a second time (`_on_optimizer_step`). `Session.step()` is for
+loops without an optimizer; once it is called, the session steps manually only, and a first manual
+call right after an optimizer-ended step closes that same step, so a loop calling both
+`opt.step(); sess.step()` (either order) counts each step once.
 
 Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
 - `W.<time_ns>.pt.trace.json.gz`: each recorded window, for TensorBoard's PyTorch Profiler tab
-  (checked after export; a failed or truncated export is removed, never left as a trace);
+  (written whole or not at all: a failed, cut or interrupted export is never left as a trace);
 - `W.syncsites.json`: the captured call sites of synchronizing calls (DEVELOPING.md), and at exit
   the time of the steps the profiler did not touch after its first window began
   (`unprofiled_step_ms`), against which the analysis weighs the recorded ones: as the GPU ran
@@ -25,7 +28,8 @@ Files (run dir = `log_dir/run_name/`, worker W = `[rankR_]host_pid`):
   process has a rank, so ranks sharing a run folder never overwrite each other), TensorBoard scalars;
   with a process group of several ranks, rank 0 also writes the cross-rank report from every rank's
   gathered summary (`summary.ranks.json`, `report.ranks.md`; `trainprof.gather`).
-  Every file is written to a temporary name and renamed: a full disk leaves no half-written file.
+  Every file is written to a new temporary name and renamed (`trainprof.files.write_atomically`): a
+  full disk leaves no half-written file, and a link planted in the run folder is never followed.
 
 A loop that raises ends the session unreported, except on an out-of-memory error: the session then
 records what the allocator held and where the error was raised (`trainprof.capture.memory`), writes
@@ -70,7 +74,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprof.config import SessionConfig
-from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, TRACE_SUFFIX
+from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, write_text_atomically
 from trainprof.gather import GroupHandle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -231,7 +235,8 @@ class Session:
         """The thread that started the session: only its optimizer steps end steps."""
         self._pid: int | None = None
         """The process that started the session: a child forked inside a window records nothing."""
-        self._primary_optimizer: weakref.ref[Any] | None = None
+        self._primary_optimizer: weakref.ref[Any] | None = None  # the optimizer that ended the last step
+        self._same_iteration: weakref.WeakSet[Any] = weakref.WeakSet()  # others that stepped since
         self._manual = False
         self._last_step_by_optimizer = False
         self._running = False
@@ -239,7 +244,7 @@ class Session:
         self._failure: tuple[str, BaseException] | None = None
         self._user_error = False
         self._cycle_filter: Any = None
-        self._canary: Any = None  # a torch_noise.NoiseCanary until memory profiling starts
+        self._canary: Any = None  # a torch_noise.NoiseCanary when memory is profiled
         self._unwatch: Any = None
         self._nvtx: Any = None
         self._nvtx_depth = 0
@@ -262,7 +267,13 @@ class Session:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self.stop(user_error=exc_type is not None, error=exc)
+        try:
+            self.stop(user_error=exc_type is not None, error=exc)
+        except KeyboardInterrupt:  # Ctrl-C while the session stops: the user's, not a trainprof error
+            self.summary = _not_profiled("interrupted (Ctrl-C) while the session stopped")
+            if exc_type is KeyboardInterrupt:
+                return False  # a second Ctrl-C: the first goes on, with the user's own traceback
+            raise KeyboardInterrupt from None  # shown from the `with` line, not trainprof's frames
         return False  # the user's exception, if any, propagates unchanged
 
     def start(self) -> Session:
@@ -280,7 +291,7 @@ class Session:
     def _start(self) -> None:
         global _ACTIVE
         import torch
-        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+        from torch.profiler import ProfilerActivity, profile
 
         with _ACTIVE_LOCK:  # two threads starting sessions at once: exactly one gets the profiler
             if _ACTIVE is not None and _ACTIVE._running and _ACTIVE._pid == os.getpid():
@@ -290,6 +301,9 @@ class Session:
                 raise ProfilerBusy("trainprof: a torch profiler is already running; the session steps aside "
                                    "so that it keeps recording (two at once crash torch), training goes on")
             _install_step_hook()
+            from trainprof.capture.fork_exit import exit_forked_children
+
+            exit_forked_children()  # a child forked from now on would hang at exit in Kineto
             self._running, self._pid, self._thread = True, os.getpid(), threading.get_ident()
             _ACTIVE = self
         config = self.config
@@ -302,8 +316,9 @@ class Session:
 
         self._forward_marks = ForwardMarks(UNPROFILED_STEPS_KEPT)
         from trainprof.capture import torch_noise
+        from trainprof.capture.export import export_window
 
-        self._export = tensorboard_trace_handler(str(self.run_dir), worker_name=self.worker, use_gzip=True)
+        self._export = lambda profiler: export_window(profiler, self.run_dir, self.worker)
         # torch warns that each cycle's events are cleared: the session exports every cycle itself,
         # so the warning would only puzzle the user. Filtered while the session runs.
         self._cycle_filter = torch_noise.ignore_cycle_warning()
@@ -563,11 +578,14 @@ class Session:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._manual or threading.get_ident() != self._thread:
             return  # another thread's loop (its own session stepped aside): not this session's steps
-        # With several optimizers, the first one to step defines the step.
-        if self._primary_optimizer is None:
-            self._primary_optimizer = weakref.ref(optimizer)
-        elif self._primary_optimizer() is not optimizer:
+        # The first optimizer to step after a step's end ends the next step; another that steps before
+        # it steps again is of the same iteration (a GAN's second). One stepping a second time since,
+        # or any once the step-ender is gone (replaced: stage-wise fine-tuning), ends a step.
+        ender = self._primary_optimizer() if self._primary_optimizer is not None else None
+        if ender is not None and optimizer is not ender and optimizer not in self._same_iteration:
+            self._same_iteration.add(optimizer)
             return
+        self._primary_optimizer, self._same_iteration = weakref.ref(optimizer), weakref.WeakSet()
         self._advance()
         self._last_step_by_optimizer = True
 
@@ -666,8 +684,9 @@ class Session:
                     self._profiler.step()  # may call _on_trace_ready
                     recording = self.config.action_at(self.steps_ended) in ("record", "save")
                     if self._canary is not None and recording:
-                        self._canary.release()
-                        self._canary = None
+                        self._canary.release()  # c10's allocator line, inside this filter
+                    elif self._canary is not None:
+                        self._canary.arm()  # memory profiling is off again: blocks for the next window
             else:
                 self._profiler.step()
             if self._failure is None:
@@ -735,7 +754,7 @@ class Session:
     # -- outputs -----------------------------------------------------------------------------
 
     def _on_trace_ready(self, profiler: Any) -> None:
-        """Export the window's trace, check it, and write the sync sites beside it.
+        """Export the window's trace and write the sync sites beside it.
 
         Runs inside torch's `profiler.step()`/`stop()`: it never raises into torch; a failure is
         kept and handled (one warning, step aside) once torch is done. No analysis here: it runs once
@@ -743,18 +762,8 @@ class Session:
         """
         if self._failure is not None or self._discard:
             return
-        written: list[Path] = []
         try:
-            before = set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}"))
-            try:
-                self._export(profiler)
-            finally:
-                written = sorted(set(self.run_dir.glob(f"{self.worker}.*{TRACE_SUFFIX}")) - before)
-            if not written:
-                raise RuntimeError(f"no trace file appeared in {self.run_dir}")
-            trace_path = written[-1]
-            _check_trace_file(trace_path)
-            written.clear()
+            trace_path = self._export(profiler)  # whole, or nothing under a trace's name (capture.export)
             sites: list[dict[str, Any]] = []
             if self._capture is not None:
                 self._capture.deactivate()  # the window is over; nothing may be recorded past it
@@ -769,9 +778,7 @@ class Session:
             if self._capture is not None or self._compile_counters:
                 self._write_sync_sites()
         except BaseException as exc:
-            for partial in written:  # a failed, truncated or interrupted export is not left as a trace
-                partial.unlink(missing_ok=True)
-            if not isinstance(exc, _OURS):  # Ctrl-C: the user's, raised on once the file is gone
+            if not isinstance(exc, _OURS):  # Ctrl-C: the user's, raised on (no cut file is left)
                 self._discard = True
                 raise
             self._failure = ("exporting the trace", exc)
@@ -796,12 +803,7 @@ class Session:
             payload["unprofiled_timing"] = self.unprofiled_timing
         if self.unprofiled_pre_forward_ms:
             payload["unprofiled_pre_forward_ms"] = [round(ms, 3) for ms in self.unprofiled_pre_forward_ms]
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(payload, indent=1))
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomically(path, json.dumps(payload, indent=1))
 
     def _write_peaks(self) -> None:
         """The device's measured matmul and copy rates beside the traces (`trainprof.capture.peaks`):
@@ -930,7 +932,7 @@ class Session:
         if self.config.console:
             from trainprof.report.console import print_written
 
-            self._print(print_written, self.run_dir, names, self.windows_written)
+            self._print(print_written, self.run_dir, names, self.windows_written, len(self._windows))
         logger.info("trainprof: wrote %s: %s", self.run_dir, ", ".join(names))
 
     def _print(self, printer: Any, *args: Any) -> None:
@@ -977,23 +979,6 @@ class _TorchSchedule:
 
     def __call__(self, step: int) -> Any:
         return self._actions[self._config.action_at(step)]
-
-
-def _check_trace_file(path: Path) -> None:
-    """Raise unless `path` is a whole gzipped JSON object (a full TMPDIR or disk cuts exports short)."""
-    import gzip
-    import zlib
-
-    try:
-        with gzip.open(path, "rb") as f:
-            head = f.read(64).lstrip()
-            end = f.seek(0, os.SEEK_END)  # inflates to the end: a truncated stream raises here
-            f.seek(max(end - 64, 0))
-            tail = f.read().rstrip()
-    except (OSError, EOFError, zlib.error) as exc:
-        raise RuntimeError(f"{path.name} is not a whole gzip file ({exc})") from exc
-    if not (head.startswith(b"{") and tail.endswith(b"}")):
-        raise RuntimeError(f"{path.name} is not a whole trace (empty or cut short)")
 
 
 def _nvtx_module() -> Any:

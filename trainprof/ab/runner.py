@@ -377,18 +377,21 @@ def _profile_step(run: VariantRun, trace_dir: Path, device: torch.device) -> Non
     its host window, which for a GPU-bound step ends before the GPU has run its work (counted by
     launch); ``ABResult``'s ms/step is the measured time.
     """
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from trainprof.capture.export import export_window
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.is_cuda(device) else [])
     trace_dir.mkdir(parents=True, exist_ok=True)
     for old in trace_dir.glob("*.pt.trace.json*"):
         old.unlink()
-    handler = tensorboard_trace_handler(str(trace_dir), worker_name=trace_dir.name.strip("_"), use_gzip=True)
+    worker = trace_dir.name.strip("_")
     cycle_filter = torch_noise.ignore_cycle_warning()
     try:
         # trainprof's own two steps: torch's start/stop lines are filtered (trainprof.capture.torch_noise)
         with torch_noise.quiet_torch_stderr(), profile(
-            activities=activities, schedule=schedule(wait=0, warmup=1, active=1), on_trace_ready=handler
+            activities=activities, schedule=schedule(wait=0, warmup=1, active=1),
+            on_trace_ready=lambda profiler: export_window(profiler, trace_dir, worker),
         ) as prof:
             run_steps(run, 1)
             bench.synchronize(device)

@@ -293,7 +293,9 @@ def collectives(timeline: Timeline, compute: Coverage) -> list[Collective]:
         step = timeline.kernel_step[spans.kernel]
         call = timeline.kernel_call[spans.kernel]
         calls = timeline.calls
-        launched_at = np.where(call >= 0, calls.start_us[np.clip(call, 0, None)], spans.start_us)
+        launched = call >= 0  # a kernel without its host launch (a CUDA-only trace): its own start
+        launched_at = spans.start_us.copy()
+        launched_at[launched] = calls.start_us[call[launched]]
         records = _records_of_launches(trace, calls, call)
     rocm = _is_rocm(trace)
     order = np.lexsort((launched_at, step))

@@ -74,7 +74,13 @@ from trainprof.analysis.tokens import step_tokens
 from trainprof.analysis.verdict import WAIT_VERDICT, Verdict, verdict
 from trainprof.analysis.workload import is_inference, recorded_by_session
 from trainprof.trace import Trace
-from trainprof.trace.load import first_event_us, gc_paused, memory_files_without_trace, trace_paths
+from trainprof.trace.load import (
+    first_event_us,
+    gc_paused,
+    last_windows,
+    memory_files_without_trace,
+    trace_paths,
+)
 from trainprof.trace.memory_file import MemoryFile
 
 
@@ -85,6 +91,7 @@ def analyze(
     thresholds: Mapping[str, float] | None = None,
     workers: int | None = None,
     views: bool = False,
+    windows: int | None = None,
 ) -> Analysis:
     """Answer why the profiled steps are slow.
 
@@ -101,6 +108,8 @@ def analyze(
     kernel tables, flame graph; the memory chart is `TraceInfo.memory`).
     A folder whose session ran out of GPU memory before it recorded a window (only its
     `<worker>.memory.json`) gives the `out_of_memory` findings alone (`without_window`).
+    `windows`: of a folder, only the last this many windows of each process (`load.last_windows`):
+    what a session with `repeat=0` analysed (it kept the last `session.MAX_WINDOWS`).
     Raises `trainprof.trace.TraceLoadError` on unreadable input.
     """
     limits = Thresholds(thresholds)
@@ -110,6 +119,8 @@ def analyze(
         if errors:
             return without_window(errors, limits)
         files = trace_paths(path_or_traces)
+        if windows is not None:
+            files = last_windows(files, windows)
         in_folder = Path(path_or_traces).is_dir()
         results = analyze_files(files, in_folder, sync_sites, limits, workers, report, views)
     else:

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainprof.trace.load import (
-    NoFinishedStep,
+    Skipped,
+    TraceLoadError,
     load_candidate,
     max_trace_bytes,
     no_trace_in,
+    say_skipped,
     trace_size_limit,
     window_numbers,
 )
@@ -66,10 +68,10 @@ def analyze_files(
     return folder_results(outcomes, files[0].parent)
 
 
-Outcome = tuple[int, "TraceResult | NoFinishedStep | None", "Exception | None"]
-"""What became of one file: its index in the folder's list, its result (a `NoFinishedStep` for a window
-with no finished step, None for a file that is not a trace) and the error reading it raised (None if
-none; then the result is None)."""
+Outcome = tuple[int, "TraceResult | Skipped | None", "Exception | None"]
+"""What became of one file: its index in the folder's list, its result (`Skipped`: a window with no
+finished step, or cut short; None for a file that is not a trace) and the error reading it raised
+(None if none; then the result is None)."""
 
 
 def file_outcomes(
@@ -109,10 +111,11 @@ def folder_results(outcomes: list[Outcome], folder: Path) -> list[TraceResult]:
         if error is not None:
             raise error
     results = [result for _, result, _ in ordered if result is not None]
-    unfinished = [result for result in results if isinstance(result, NoFinishedStep)]
-    kept = [result for result in results if not isinstance(result, NoFinishedStep)]
+    skipped = [result for result in results if isinstance(result, TraceLoadError)]
+    kept = [result for result in results if not isinstance(result, TraceLoadError)]
     if not kept:
-        raise no_trace_in(folder, unfinished)
+        raise no_trace_in(folder, skipped)
+    say_skipped(skipped)
     kept.sort(key=_order)
     _number_windows(kept)
     return kept
@@ -152,12 +155,12 @@ def _order(result: TraceResult) -> tuple:
 def _serial(
     file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     report: Callable[[str, int, int], None], views: bool,
-) -> TraceResult | NoFinishedStep | None:
+) -> TraceResult | Skipped | None:
     from trainprof.analysis.core import analyze_trace
 
     report(f"loading {file.name}", 2 * index, 2 * count)
     trace = load_candidate(file, alone)
-    if trace is None or isinstance(trace, NoFinishedStep):
+    if trace is None or isinstance(trace, TraceLoadError):
         return trace
     report(f"analysing {file.name}", 2 * index + 1, 2 * count)
     return analyze_trace(trace, sync_sites, limits, views)
@@ -266,13 +269,13 @@ def _quiet(what: str, done: int, total: int) -> None:
 def _analyze_file(
     file: str, alone: bool, sync_sites: list[dict] | None, overrides: dict[str, float], limit: int,
     views: bool,
-) -> TraceResult | NoFinishedStep | None:
+) -> TraceResult | Skipped | None:
     """In a worker: load one file, analyse it, return its result (the trace is dropped here)."""
     from trainprof.analysis.core import analyze_trace
     from trainprof.analysis.thresholds import Thresholds
 
     with trace_size_limit(limit):
         trace = load_candidate(Path(file), alone)
-    if trace is None or isinstance(trace, NoFinishedStep):
+    if trace is None or isinstance(trace, TraceLoadError):
         return trace
     return analyze_trace(trace, sync_sites, Thresholds(overrides), views)

@@ -169,11 +169,8 @@ def _read_cache() -> dict[str, Any]:
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    """Write atomically (a temporary name, then a rename): a full disk leaves no half-written file."""
+    """Write atomically (`trainprof.files.write_atomically`): a full disk leaves no half-written file."""
+    from trainprof.files import write_text_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(document, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomically(path, json.dumps(document, indent=1))

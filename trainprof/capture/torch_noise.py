@@ -3,16 +3,17 @@
 torch writes three things to stderr while a profiler starts and stops, none of which the user can
 act on: Kineto's `USDT: ... profiler_start` / `profiler_stop` lines (C++, straight to fd 2, at every
 window), c10's `[W... CPUAllocator.cpp:...] Memory block of unknown size was allocated before the
-profiling started ...` (once per process, at the first free of a block allocated before memory
-profiling began), and the Python warning `Profiler clears events at the end of each cycle` (at a
-second window).
+profiling started ...` (at the 1st, 1,001st, 2,001st... free, counted per process, of a block
+allocated while memory profiling was off), and the Python warning `Profiler clears events at the
+end of each cycle` (at a second window).
 
 The C++ lines bypass Python, so `quiet_torch_stderr()` points fd 2 at a temporary file around the
 profiler calls that print them (start, a step that starts or ends a window, stop), then writes back
 every line but those. It is used only around those calls, never around the user's own steps: the
 user's output is delayed by at most one profiler call, and never dropped. The allocator's warning
-is printed once per process; `NoiseCanary` makes it fire inside such a call (by freeing a block
-allocated before memory profiling), so it is filtered there and never printed again.
+comes from c10's counter: `NoiseCanary` frees blocks of its own allocated before each window, one by
+one inside the call that starts the window, until c10 prints its line there (filtered); the count
+then starts again, and the user's next 999 such frees print nothing.
 """
 
 from __future__ import annotations
@@ -112,21 +113,36 @@ def restore(entry: Any) -> None:
         warnings.filters.remove(entry)
 
 
+C10_WARNING_EVERY = 1000
+"""c10 prints its "unknown size" line at every this-many-th free of such a block (CPUAllocator.cpp's
+`log_cnt_`, torch 2.13)."""
+
+
 class NoiseCanary:
-    """A small CPU block allocated before memory profiling starts, freed by `release()` inside
-    `quiet_torch_stderr()` once memory profiling runs: c10 then prints its once-per-process
-    "unknown size" warning where it is filtered."""
+    """Small CPU blocks allocated while memory profiling is off (`arm()`, between windows), freed by
+    `release()` inside `quiet_torch_stderr()` once a window records memory: one by one until c10's
+    "unknown size" line lands in the captured stderr, where it is filtered (module docstring)."""
 
     def __init__(self) -> None:
+        self._blocks: list[Any] = []
+        self.arm()
+
+    def arm(self) -> None:
+        """Hold `C10_WARNING_EVERY` blocks again (call it while memory profiling is off)."""
         import torch
 
-        self._block: Any = torch.empty(16)
-
-    @property
-    def pending(self) -> bool:
-        """Whether the block is still held."""
-        return self._block is not None
+        self._blocks += [torch.empty(1) for _ in range(C10_WARNING_EVERY - len(self._blocks))]
 
     def release(self) -> None:
-        """Free the block."""
-        self._block = None
+        """Free blocks until fd 2 grows (c10 printed its line into the capture), or every one: at most
+        `C10_WARNING_EVERY` frees reach c10's next line. Where fd 2 is no file (not captured) its
+        size never moves, and all are freed: c10's line is printed there once, as it would anyway."""
+        try:
+            before = os.fstat(STDERR).st_size
+        except OSError:
+            before = None
+        while self._blocks:
+            self._blocks.pop()
+            with contextlib.suppress(OSError):
+                if before is not None and os.fstat(STDERR).st_size != before:
+                    return

@@ -9,8 +9,6 @@ escaped for the format it lands in (Markdown/HTML in report.md; `\\uXXXX` in JSO
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,31 +29,6 @@ def output_names(rank: int | None) -> dict[str, str]:
         return {"summary": "summary.json", "report": "report.md", "html": "report.html"}
     return {"summary": f"summary.rank{rank}.json", "report": f"report.rank{rank}.md",
             "html": f"report.rank{rank}.html"}
-
-
-def write_text_atomically(path: str | Path, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` atomically (`write_atomically`)."""
-    return write_atomically(path, [text.encode("utf-8")])
-
-
-def write_atomically(path: str | Path, chunks: Iterable[bytes]) -> Path:
-    """Write `chunks` to a temporary file beside `path`, then rename it over `path`.
-
-    A failure (a full disk) removes the temporary file and raises: `path` is either the old file or
-    the whole new one, never empty or cut short.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def write_reports(

@@ -119,13 +119,17 @@ def write_lines(lines: list[tuple[str, bool]], file: IO[str]) -> None:
     file.write("".join(f"{line}\n" for line, _ in lines))
 
 
-def print_written(run_dir: str | Path, names: list[str], windows: int, file: IO[str] | None = None) -> None:
-    """Say where a session's files went: the run folder, what is in it, how to look at it again."""
+def print_written(run_dir: str | Path, names: list[str], windows: int, analysed: int | None = None,
+                  file: IO[str] | None = None) -> None:
+    """Say where a session's files went: the run folder, what is in it, how to look at it again.
+    `analysed`: the windows the session analysed (its last ones), when fewer than it wrote: the
+    command it prints analyses those."""
     file = file or sys.stdout
     run_dir = safe_text(str(run_dir), _format.TEXT_CHARS)
     parent = safe_text(str(Path(run_dir).parent), _format.TEXT_CHARS)
     listed = ", ".join(safe_text(name, _format.NAME_CHARS) for name in names)
+    last = f" --windows {analysed}" if analysed is not None and analysed < windows else ""
     file.write(
         f"trainprof: wrote {run_dir}/ ({windows} trace window(s); {listed})\n"
-        f"  browse: tensorboard --logdir {parent}   re-analyse: trainprof analyze {run_dir}\n"
+        f"  browse: tensorboard --logdir {parent}   re-analyse: trainprof analyze {run_dir}{last}\n"
     )

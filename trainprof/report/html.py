@@ -109,11 +109,12 @@ def render_html(analysis: Analysis) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_html(analysis: Analysis, path: str | Path) -> Path:
-    """Write report.html (atomically); returns its path."""
-    from trainprof.report import write_text_atomically
+def write_html(analysis: Analysis, path: str | Path, *, named_by_user: bool = False) -> Path:
+    """Write report.html (`trainprof.files.write_atomically`; `named_by_user`: a path the user typed,
+    written through when it is a device or a link); returns its path."""
+    from trainprof.files import write_text_atomically
 
-    return write_text_atomically(path, render_html(analysis))
+    return write_text_atomically(path, render_html(analysis), named_by_user=named_by_user)
 
 
 def _subtitle(analysis: Analysis) -> str:

@@ -155,7 +155,7 @@ def _chunks(parts: Iterator[bytes]) -> Iterator[bytes]:
 
 def write_json(analysis: Analysis, path: str | Path) -> Path:
     """Write summary.json (atomically: a full disk leaves no half-written file); returns its path."""
-    from trainprof.report import write_atomically
+    from trainprof.files import write_atomically
 
     return write_atomically(path, _chunks(_with_newline(pieces(analysis, indent=True))))
 

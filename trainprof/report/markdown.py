@@ -77,6 +77,6 @@ def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) 
 
 def write_markdown(analysis: Analysis, path: str | Path) -> Path:
     """Write report.md; returns its path."""
-    from trainprof.report import write_text_atomically
+    from trainprof.files import write_text_atomically
 
     return write_text_atomically(path, render_markdown(analysis))

@@ -174,7 +174,7 @@ def write_cross_rank(
 ) -> dict[str, Path]:
     """Write `summary.ranks.json` and `report.ranks.md` into `run_dir`; returns their paths."""
     from trainprof.analysis.result import SCHEMA_VERSION
-    from trainprof.report import write_text_atomically
+    from trainprof.files import write_text_atomically
     from trainprof.report.json import dumps
 
     run_dir = Path(run_dir)

@@ -5,6 +5,7 @@ run's report.html, is `trainprof.report.tensorboard_plugin`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,7 +82,9 @@ def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0)
         return False
     from trainprof.report.markdown import render_markdown
 
-    writer = SummaryWriter(str(run_dir))
+    # A random suffix: the event file's name (time, host, pid) cannot be guessed and a link planted
+    # in the run folder at that name (which the writer would follow) never met.
+    writer = SummaryWriter(str(run_dir), filename_suffix=f".{os.urandom(8).hex()}")
     try:
         for step, busy in zip(analysis.steps, _busy_rows(analysis), strict=True):
             at = step.times.number + step_offset

@@ -6,18 +6,30 @@ the runs (`/runs`) and shows the chosen one's report in an inner iframe (`/repor
 folder that holds a `report*.html` (a session writes one per rank) or trace files: a run with traces
 but no report (older runs, `analyze=False`) is analysed when first asked for, and kept in memory.
 
-Only what `/runs` lists can be served: `/report` takes a run and a file name from that list, never
-a path. TensorBoard's responses carry a Content-Security-Policy that runs no inline script unless
-its hash is given: the report's own script is hashed here.
+The logdir is untrusted input (a team's, a cluster's group-writable folder): anyone who can write
+there can plant a link or a page. So:
+- only what `/runs` lists can be served: `/report` takes a run and a file name from that list,
+  never a path, and reads it only if its real path lies under the logdir's real path and it is a
+  regular file (`trainprof.files.reads_confined_to`; a link leading out answers 404). A run
+  analysed on demand is read under the same rule, trace, sync sites and peaks files alike;
+- a page is served with a policy of its own (`report_policy`): the one script it may run is
+  trainprof's `report.js`, by the hash of trainprof's own copy, never a hash taken from the served
+  file; nothing is fetched; and the page is sandboxed (`sandbox allow-scripts`, without
+  `allow-same-origin`: an opaque origin), as is the iframe the tab shows it in. A `report.html`
+  planted in a run folder runs no script of its own, and what a report's script does cannot reach
+  TensorBoard's pages or its data routes. A report written by another version of trainprof shows
+  without its drawings (its script is not this one's); open the file itself, or write it again.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import os
 import re
+import stat
 import threading
 from pathlib import Path
 
@@ -25,6 +37,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from trainprof.files import open_to_read, reads_confined_to
 from trainprof.report.html import asset
 
 logger = logging.getLogger("trainprof")
@@ -32,7 +45,6 @@ logger = logging.getLogger("trainprof")
 PLUGIN_NAME = "trainprof"
 _REPORT = re.compile(r"^report(\.rank\d+)?\.html$")
 _TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
-_INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.DOTALL)
 ANALYSED_KEPT = 8
 """Reports made on demand (runs without report.html) kept in memory, the most recent."""
 
@@ -71,9 +83,22 @@ def find_runs(logdir: str | os.PathLike[str]) -> list[Run]:
     return sorted(runs, key=lambda run: (run.name, run.label))
 
 
-def script_hashes(page: bytes) -> list[str]:
-    """The base64 SHA-256 of each inline script of a page, as a Content-Security-Policy names them."""
-    return [base64.b64encode(hashlib.sha256(body).digest()).decode() for body in _INLINE_SCRIPT.findall(page)]
+@functools.cache
+def report_policy() -> str:
+    """The Content-Security-Policy of a served report: trainprof's own `report.js` (by its hash) is the
+    only script, inline styles and `data:` images only, nothing fetched, and the page sandboxed in an
+    opaque origin (module docstring)."""
+    script = base64.b64encode(hashlib.sha256(asset("report.js").encode()).digest()).decode()
+    return "; ".join((
+        "default-src 'none'",
+        f"script-src 'sha256-{script}'",
+        "style-src 'unsafe-inline'",
+        "img-src data:",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'self'",
+        "sandbox allow-scripts",
+    ))
 
 
 class TrainprofPlugin(base_plugin.TBPlugin):
@@ -116,15 +141,26 @@ class TrainprofPlugin(base_plugin.TBPlugin):
         if run is None:
             return http_util.Respond(request, "no such trainprof run", "text/plain", code=404)
         try:
-            page = (run.folder / run.report).read_bytes() if run.report else self._analyse(run.folder)
+            with reads_confined_to(self._logdir):
+                if run.report is None:
+                    page = self._analyse(run.folder)
+                else:
+                    page = _read_regular_file(run.folder / run.report)
+        except (PermissionError, NotARegularFile):  # a link leading out of the logdir, a FIFO, ...
+            return http_util.Respond(request, "no such trainprof run", "text/plain", code=404)
         except Exception as exc:  # a bad run shows its error in the tab; TensorBoard goes on
             logger.warning("trainprof: cannot show %s", run.folder, exc_info=True)
             message = f"trainprof cannot show {run.label}: {type(exc).__name__}: {exc}"
             return http_util.Respond(request, message, "text/plain", code=500)
-        return http_util.Respond(request, page, "text/html", csp_scripts_sha256s=script_hashes(page))
+        return wrappers.Response(page, content_type="text/html; charset=utf-8", headers={
+            "Content-Security-Policy": report_policy(),
+            "X-Content-Type-Options": "nosniff",
+            "Cache-Control": "no-cache, must-revalidate",
+        })
 
     def _analyse(self, folder: Path) -> bytes:
-        """report.html of a run that has traces but none, made now and kept for the folder's traces."""
+        """report.html of a run that has traces but none, made now and kept for the folder's traces.
+        In this process (`workers=1`): the reads stay under `reads_confined_to`, which is per thread."""
         from trainprof.analysis import analyze
         from trainprof.report.html import render_html
 
@@ -132,7 +168,19 @@ class TrainprofPlugin(base_plugin.TBPlugin):
         key = (str(folder), *((path.name, path.stat().st_mtime_ns) for path in traces))
         with self._lock:
             if key not in self._analysed:
-                self._analysed[key] = render_html(analyze(folder, views=True)).encode()
+                self._analysed[key] = render_html(analyze(folder, views=True, workers=1)).encode()
                 while len(self._analysed) > ANALYSED_KEPT:
                     self._analysed.pop(next(iter(self._analysed)))
             return self._analysed[key]
+
+
+class NotARegularFile(OSError):
+    """A report name that is a FIFO, a device or a folder: never read (a FIFO would block)."""
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, opened by `open_to_read` (inside `reads_confined_to`: only under the logdir)."""
+    with os.fdopen(open_to_read(path), "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise NotARegularFile(f"{path}: not a regular file")
+        return file.read()

@@ -6,7 +6,8 @@ bidirectional overrides that reorder what a reader sees, or megabytes of text. E
 (console, report.md, `--json`, summary.json, HTML) passes such text through here:
 
 - `safe_text(value, max_chars)` for display: one line, unsafe characters removed, line and
-  paragraph breaks as spaces, cut to `max_chars` with a trailing `…`;
+  paragraph breaks as spaces, combining marks at most `MAX_COMBINING_MARKS` deep on a letter (dozens
+  stacked draw over the lines around them), cut to `max_chars` with a trailing `…`;
 - `escape_unsafe_json(text)` for JSON, which must keep the data: the same characters written as
   `\\uXXXX` escapes, so the value decodes unchanged but no raw control byte reaches a terminal
   that shows the file;
@@ -27,9 +28,10 @@ _BREAKS = "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"
 # Every other C0 and C1 control (ESC and the 8-bit CSI U+009B start terminal sequences), DEL, the
 # format characters (Unicode category Cf: bidirectional marks, embeddings, overrides and isolates,
 # U+061C, zero-width characters, the BOM, interlinear annotation, tags) and lone surrogates (no
-# UTF-8 form). tests/test_text.py checks this class against unicodedata's categories.
+# UTF-8 form), and the Hangul fillers (letters that draw nothing: a name of them looks blank).
+# tests/test_text.py checks this class against unicodedata's categories.
 _UNSAFE = (
-    "[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff"
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u115f\u1160\u3164\uffa0"
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
@@ -38,13 +40,20 @@ _UNSAFE = (
 # Characters JSON may carry raw but a terminal must not see: the unsafe class less C0 (which every
 # JSON encoder escapes already) and the surrogates (which no encoder writes).
 _UNSAFE_IN_JSON = (
-    "[\x7f-\x9f\u2028\u2029"
+    "[\x7f-\x9f\u2028\u2029\u115f\u1160\u3164\uffa0"
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0001\U000e0020-\U000e007f]"
 )
 _SURROGATES = "[\ud800-\udfff]"
+# The combining blocks marks are stacked from ("Zalgo" text): diacritical marks and their extension,
+# supplement, for symbols, half marks. A third one in a row and on is dropped.
+_COMBINING = "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]"
+MAX_COMBINING_MARKS = 2
+"""Combining marks kept on one letter: Vietnamese puts two on a vowel; more is decoration that
+draws over neighbouring lines."""
+_COMBINING_RUN = f"({_COMBINING}{{{MAX_COMBINING_MARKS}}}){_COMBINING}+"
 
 ELLIPSIS = "…"
 _WORD_BREAKS = ("/", "::", ".", "_", ",", "(", "<", "-", "=")
@@ -64,12 +73,15 @@ def safe_text(value: Any, max_chars: int | None = None) -> str:
     """
     text = value if isinstance(value, str) else str(value)
     if max_chars is not None and len(text) > 4 * max_chars:
-        text = re.sub(_UNSAFE, _replace, text[: 4 * max_chars])
-        return cut(text, max_chars, always=True)
+        return cut(_cleaned(text[: 4 * max_chars]), max_chars, always=True)
     if text.isascii() and text.isprintable():  # most names: nothing to remove (C0 and DEL fail this)
         return text if max_chars is None else cut(text, max_chars)
-    text = re.sub(_UNSAFE, _replace, text)
+    text = _cleaned(text)
     return text if max_chars is None else cut(text, max_chars)
+
+
+def _cleaned(text: str) -> str:
+    return re.sub(_COMBINING_RUN, r"\1", re.sub(_UNSAFE, _replace, text))
 
 
 def cut(text: str, max_chars: int, always: bool = False) -> str:

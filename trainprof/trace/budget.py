@@ -1,15 +1,16 @@
 """What reading a JSON file may cost in memory, and refusing a file before it is decoded.
 
 Decoding holds the text and then about one Python object per JSON object in it (an event and its
-`args`, a site, a frame): their cost follows the text's bytes or its objects, whichever is more.
-So a file counts as
+`args`, a site, a frame); analysing it holds rows per event and records per step. Their cost follows
+the text's bytes, its objects, its events or its steps, whichever is most. So a file counts as
 
-    counted size = max(JSON bytes, BYTES_PER_OBJECT x JSON objects)
+    counted size = max(JSON bytes, BYTES_PER_OBJECT x JSON objects, BYTES_PER_EVENT x events,
+                       BYTES_PER_STEP x step annotations)
 
-(objects are the `{` in the text: an upper bound, as a brace inside a string counts too; a torch
-trace has 150-190 bytes per `{`, so its counted size is its size). The size limit applies to the
-counted size, and the memory bound, stated in README.md and measured by `benchmarks/memory_bound.py`,
-is
+(objects are the `{` in the text, events its `"ph"` keys, step annotations its `ProfilerStep#`: upper
+bounds, as the same text inside a string counts too; a torch trace has 150-190 bytes per `{` and
+300-400 per event, so its counted size is its size). The size limit applies to the counted size,
+and the memory bound, stated in README.md and measured by `benchmarks/memory_bound.py`, is
 
     peak RSS above the loaded interpreter <= TRACE_MEMORY_FACTOR x counted size   (a trace)
                                            <= SIDECAR_MEMORY_FACTOR x counted size (a sync sites file)
@@ -38,6 +39,19 @@ BYTES_PER_OBJECT = 128
 """What one JSON object counts as. A decoded event (struct, its strings and numbers, its slot in
 the events list, its columns) costs 250-300 bytes: at 128 per object, a file of tiny objects (`{}`
 events, 3 bytes each) counts 43x its bytes, and so stays within the memory bound."""
+BYTES_PER_EVENT = 384
+"""What one event (`"ph"`) counts as: a kept event of the fewest bytes (a 65-byte cpu_op, no args)
+took 742 bytes of peak memory, one with a name of its own 967 (10^6 of them, 2-core CPU machine,
+2026-11-28): within 3x of 384 where 128 per object left them at 5.8x and 7.5x. A torch trace has
+300-400 bytes per event: it counts as its size, or up to ~1.2x."""
+BYTES_PER_STEP = 1536
+"""What one step annotation (`ProfilerStep#`) counts as: its `Step` record, its rows in every
+per-step table and its JSON; a trace of nothing but 10^5 step annotations took 2,549 bytes per step
+(2-core CPU machine, 2026-11-28), 21x its counted size when steps counted as their bytes."""
+_WEIGHTS = ((b"{", BYTES_PER_OBJECT, "JSON objects"), (b'"ph"', BYTES_PER_EVENT, "events"),
+            (b"ProfilerStep#", BYTES_PER_STEP, "step annotations"))
+_MOST_PER_BYTE = max(weight // len(token) for token, weight, _ in _WEIGHTS)
+"""The most a byte of text can count for (every byte part of the densest token)."""
 TRACE_MEMORY_FACTOR = 3
 """Peak RSS above the loaded interpreter, per counted byte of a trace (measured: 2.3x for a torch
 trace, 2.4x for compact events, under 1x for tiny objects; benchmarks/memory_bound.py)."""
@@ -68,14 +82,27 @@ class OutOfMemory(Exception):
 
 
 def counted_size(text: bytes | bytearray, limit: int, factor: int) -> int:
-    """`text`'s counted size (module docstring). The objects are counted (~1 ms per MB) only when
-    they could matter: when the most `text` could hold passes `limit` or the memory the process
-    may still allocate; otherwise its byte length stands in (a bound is all the checks need)."""
-    most = len(text) * BYTES_PER_OBJECT // 2  # every object takes at least 2 bytes: `{}`
+    """`text`'s counted size (module docstring). Objects, events and steps are counted (~2 ms per
+    MB) only when they could matter: when the most `text` could hold passes `limit` or the memory
+    the process may still allocate; otherwise its byte length stands in (a bound is all the checks
+    need)."""
+    most = len(text) * _MOST_PER_BYTE
     available = available_memory()
     if most <= limit and (available is None or factor * most <= available + len(text)):
         return len(text)
-    return max(len(text), BYTES_PER_OBJECT * text.count(b"{"))
+    return counted(text)[0]
+
+
+def counted(text: bytes | bytearray) -> tuple[int, str]:
+    """`text`'s counted size, and what made it that (for a message)."""
+    size, why = len(text), f"{len(text):,} bytes of JSON"
+    for token, weight, what in _WEIGHTS:
+        number = text.count(token)
+        if weight * number > size:
+            size = weight * number
+            why = (f"{number:,} {what} in {len(text):,} bytes count as {size:,} bytes ({weight} each: what "
+                   "analysing them costs)")
+    return size, why
 
 
 def check_memory(counted: int, held: int, factor: int) -> None:

@@ -45,6 +45,8 @@ from trainprof.files import (
     SESSION_METADATA_KEY,
     SYNCSITES_SUFFIX,
     TRACE_SUFFIXES,
+    file_kind,
+    open_to_read,
 )
 from trainprof.trace import budget, memory_file
 from trainprof.trace.model import (
@@ -143,6 +145,27 @@ class NoFinishedStep(TraceLoadError):
     """A window the session flushed at its stop whose only recorded step never ended: nothing to analyse."""
 
 
+class CutShort(TraceLoadError):
+    """A trace file that is empty or ends early: a window whose export was killed, or one still being
+    written by a writer that does not rename (torch's own handler). In a folder with other windows it
+    is skipped with one warning (`say_skipped`); alone, it is the error."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"{path}: {what}")
+        self.path, self.what = Path(path), what
+
+    def __reduce__(self) -> tuple:  # back from a worker process whole
+        return CutShort, (self.path, self.what)
+
+
+class NotJSON(TraceLoadError):
+    """A trace file whose text is not JSON (before any repair: `_with_quotes_escaped`)."""
+
+
+Skipped = NoFinishedStep | CutShort
+"""What `load_candidate` returns for a folder's file that holds nothing to analyse."""
+
+
 def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | None = None) -> list[Trace]:
     """Load one trace file, or every trace in a folder (one per rank/worker), sorted by rank then name.
 
@@ -150,28 +173,37 @@ def load_traces(path: str | Path, on_file: Callable[[Path, int, int], None] | No
     """
     root = Path(path)
     files = trace_paths(root)
-    traces, unfinished = [], []
+    traces, skipped = [], []
     for index, file in enumerate(files):
         if on_file is not None:
             on_file(file, index, len(files))
         trace = load_candidate(file, alone=len(files) == 1 or not root.is_dir())
-        if isinstance(trace, NoFinishedStep):
-            unfinished.append(trace)
+        if isinstance(trace, TraceLoadError):
+            skipped.append(trace)
         elif trace is not None:
             traces.append(trace)
     if not traces:
-        raise no_trace_in(files[0].parent, unfinished)
+        raise no_trace_in(files[0].parent, skipped)
+    say_skipped(skipped)
     traces.sort(key=trace_order)
     _number_windows(traces)
     return traces
 
 
-def no_trace_in(folder: Path, unfinished: list[NoFinishedStep]) -> TraceLoadError:
+def no_trace_in(folder: Path, skipped: list[Skipped]) -> TraceLoadError:
     """The error for a folder none of whose candidate files is a trace with a finished step: the
-    first `unfinished` window's, else that it holds no trace."""
-    if unfinished:
-        return unfinished[0]
+    first `skipped` window's, else that it holds no trace."""
+    if skipped:
+        return skipped[0]
     return TraceLoadError(f"{folder}: folder holds no torch.profiler trace (*.pt.trace.json[.gz])")
+
+
+def say_skipped(skipped: list[Skipped]) -> None:
+    """One warning per cut window left out of a folder whose other windows are analysed."""
+    for cut in skipped:
+        if isinstance(cut, CutShort):  # repr: a name from a shared folder, its control characters escaped
+            logger.warning("trainprof: skipping %r: %s; the other windows are analysed",
+                           cut.path.name, cut.what)
 
 
 def trace_paths(path: str | Path) -> list[Path]:
@@ -189,20 +221,48 @@ def trace_paths(path: str | Path) -> list[Path]:
     return trace_files(root)
 
 
-def load_candidate(file: Path, alone: bool) -> Trace | NoFinishedStep | None:
+def load_candidate(file: Path, alone: bool) -> Trace | Skipped | None:
     """One of a folder's candidate files as a `Trace`; None for a file that is not a trace, unless
     it must be one (a `*.pt.trace.json[.gz]` file, or the only file: `alone`).
 
-    A window whose only step was cut short gives its `NoFinishedStep`, returned, not raised: the
-    folder's other windows may hold finished steps (`no_trace_in` raises it when none does)."""
+    A window whose only step was cut short gives its `NoFinishedStep`, and a file that is empty or
+    ends early (`CutShort`: a killed export, a window still being written) its error, returned, not
+    raised: the folder's other windows may hold finished steps (`no_trace_in` raises the first when
+    none does, else `say_skipped` warns). Alone, a cut file raises."""
     try:
         return load_trace(file)
     except NoFinishedStep as unfinished:
         return unfinished
+    except CutShort as cut:
+        if alone:
+            raise
+        return cut
     except TraceLoadError:
         if file.name.endswith(TRACE_SUFFIXES) or alone:
             raise
         return None
+
+
+def last_windows(files: list[Path], count: int) -> list[Path]:
+    """The last `count` of each worker's files, by the time in their names (`W.<time>.pt.trace.json[.gz]`,
+    as the session and torch's handler name windows; a name without one counts as the oldest), in
+    `files`' order: the windows a session with `repeat=0` analysed (`trainprof analyze --windows`).
+    ValueError when `count` is below 1."""
+    if count < 1:
+        raise ValueError(f"windows must be at least 1, got {count}")
+    by_worker: dict[str, list[Path]] = defaultdict(list)
+    for file in files:
+        by_worker[worker_of(file)].append(file)
+    kept = set()
+    for windows in by_worker.values():
+        windows.sort(key=_time_in_name)
+        kept.update(windows[-count:])
+    return [file for file in files if file in kept]
+
+
+def _time_in_name(path: Path) -> int:
+    match = _TIMESTAMP.search(_stem(path))
+    return int(match.group(0)[1:]) if match else -1
 
 
 def trace_order(trace: Trace) -> tuple:
@@ -275,12 +335,17 @@ def newest_run(folder: Path) -> tuple[Path | None, list[Path]]:
 
 def worker_of(path: Path) -> str:
     """The worker part of a trace file name: the name less the suffixes Kineto adds (module docstring)."""
+    name = _stem(path)
+    return _TIMESTAMP.sub("", name) or name
+
+
+def _stem(path: Path) -> str:
+    """A trace file's name less `.pt.trace.json[.gz]` (or `.json[.gz]`)."""
     name = path.name
     for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
         if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return _TIMESTAMP.sub("", name) or name
+            return name[: -len(suffix)]
+    return name
 
 
 def sync_sites_path(path: Path) -> Path:
@@ -566,13 +631,22 @@ def _parse(path: Path):
     columns = _scanned(path, text)
     if columns is not None:
         return columns
-    try:
-        document = _decode(path, text)
-    except UnicodeDecodeError:
-        # Kineto can cut a name inside a multi-byte character; read such bytes as U+FFFD. Only here
-        # (rare) is the text scanned a second time.
-        text = _with_replacement_characters(text)
-        document = _decode(path, text)
+    document, replaced, first_error = None, False, None
+    while document is None:  # at most one repair of each kind; only here (rare) is the text copied
+        try:
+            document = _decode(path, text)
+        except UnicodeDecodeError:
+            if replaced:  # pragma: no cover - the replaced text is UTF-8
+                raise
+            # Kineto can cut a name inside a multi-byte character; read such bytes as U+FFFD.
+            text, replaced = _with_replacement_characters(text), True
+        except NotJSON as error:
+            if first_error is not None:
+                raise first_error from None  # (its byte offsets are the file's own)
+            first_error = error
+            text = _with_quotes_escaped(text)  # rebound: the unrepaired text is freed before decoding
+            if text is None:
+                raise
     if isinstance(document, _Document):
         raw = {field: getattr(document, field) for field in _METADATA_FIELDS}
         events, metadata = document.traceEvents, _metadata(path, raw)
@@ -620,6 +694,33 @@ def _with_replacement_characters(text: bytes | bytearray) -> bytearray:
 
 _UTF8_PIECE = 2**20
 
+# torch writes names into the trace unescaped: a `"` in a record_function label, a module class or a
+# function name makes `"name": "label "quoted""`. In JSON a quote outside a string, and a string's
+# own quotes, always sit next to structure: after `{ [ , :` or before `, : } ]`. A quote with
+# neither (the whitespace before it aside), and no backslash before it, can only be such a name's.
+# On valid JSON the pattern matches nothing; a name holding `", ` stays unreadable.
+_QUOTE_IN_NAME = re.compile(rb'(?<=[^\s{\[,:\\])(\s*)"(?!\s*[,:}\]])')
+
+
+def _with_quotes_escaped(text: bytes | bytearray) -> bytearray | None:
+    """`text` with torch's unescaped quotes in names escaped (`_QUOTE_IN_NAME`); None when it has none,
+    or holds a NUL byte (UTF-16 or binary: not torch's JSON, and every quote in it would match).
+
+    Built match by match into one buffer: `re.sub` would hold ~100 bytes of pieces per match until
+    it joins them (an input of nothing but quotes took 20x its size)."""
+    if text.find(b"\0") >= 0:
+        return None
+    view, repaired, done = memoryview(text), bytearray(), 0
+    for match in _QUOTE_IN_NAME.finditer(text):
+        quote = match.end() - 1
+        repaired += view[done:quote]
+        repaired += b'\\"'
+        done = quote + 1
+    if not done:
+        return None
+    repaired += view[done:]
+    return repaired
+
 
 def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
     """Parse the JSON text into events; TraceLoadError when it is not a trace (UnicodeDecodeError passes)."""
@@ -629,9 +730,15 @@ def _decode(path: Path, text: bytes | bytearray) -> _Document | list:
         except msgspec.ValidationError:
             return _lenient_document(path, text)
     except msgspec.DecodeError as error:
-        raise TraceLoadError(f"{path}: not JSON ({_first_line(error)})") from None
+        if str(error) == _TRUNCATED:
+            raise CutShort(path, "cut short (the JSON ends early)") from None
+        raise NotJSON(f"{path}: not JSON ({_first_line(error)})") from None
     except RecursionError:
         raise TraceLoadError(f"{path}: JSON nested too deeply to be a profiler trace") from None
+
+
+_TRUNCATED = "Input data was truncated"
+"""msgspec's message for JSON that ends before its value does."""
 
 
 def _lenient_document(path: Path, text: bytes | bytearray) -> _Document | list:
@@ -681,8 +788,12 @@ class SyncSitesFile(NamedTuple):
 
 
 def _read_sync_sites_file(path: Path) -> SyncSitesFile:
-    """A sync sites file's parts (`SyncSitesFile`), decoded once."""
-    text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
+    """A sync sites file's parts (`SyncSitesFile`), decoded once. Empty, it is bad input like any
+    other (not `CutShort`: its trace is whole, and skipping it is not the fix)."""
+    try:
+        text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
+    except CutShort as cut:
+        raise TraceLoadError(str(cut)) from None
     try:
         document = msgspec.json.decode(text)
     except UnicodeDecodeError:
@@ -840,12 +951,11 @@ def _read_json(
     message from `too_large` for the size) past `limit` counted bytes, or when `factor` x its
     counted size does not fit in the memory the process may still allocate (trainprof.trace.budget)."""
     try:
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = open_to_read(path)  # non-blocking (a FIFO); under `reads_confined_to`, inside its folder only
         with os.fdopen(fd, "rb") as file:
             info = os.fstat(file.fileno())
             if not stat.S_ISREG(info.st_mode):
-                raise TraceLoadError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
+                raise TraceLoadError(f"{path}: not a regular file ({file_kind(info.st_mode)})")
             if info.st_size > limit:
                 raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
             budget.check_memory(info.st_size, 0, 1)
@@ -859,16 +969,13 @@ def _read_json(
     if len(text) > limit:
         raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON"))
     if not text:
-        raise TraceLoadError(f"{path}: empty file")
+        raise CutShort(path, "empty file")
     try:
-        if text[:2] == b"\x1f\x8b":
+        if text[:2] == b"\x1f\x8b" or text == b"\x1f":  # (a gzip file cut after its first byte)
             text = _gunzip(path, text, limit, too_large)
         counted = budget.counted_size(text, limit, factor)
         if counted > limit:
-            objects = counted // budget.BYTES_PER_OBJECT
-            raise TraceLoadError(too_large(path, (
-                f"{objects:,} JSON objects in {len(text):,} bytes count as {counted:,} bytes "
-                f"({budget.BYTES_PER_OBJECT} per object: what decoding them costs), more than {limit:,}")))
+            raise TraceLoadError(too_large(path, f"{budget.counted(text)[1]}, more than {limit:,}"))
         budget.check_memory(counted, len(text), factor)
     except budget.OutOfMemory as error:
         raise TraceLoadError(f"{path}: {error}") from None
@@ -884,26 +991,15 @@ def _pieces_up_to(file: Any, most: int) -> Iterator[bytes]:
 def _gunzip(path: Path, raw: bytes, limit: int, too_large: Callable[[Path, str], str]) -> bytes | bytearray:
     try:
         text = budget.gunzip(raw, limit, room=lambda size: budget.check_memory(size, 0, 1))
-    except (budget.InflateError, EOFError, OSError) as error:
-        raise TraceLoadError(f"{path}: truncated or corrupt gzip ({error})") from None
+    except EOFError:
+        raise CutShort(path, "cut short (the gzip stream ends early)") from None
+    except (budget.InflateError, OSError) as error:
+        raise TraceLoadError(f"{path}: corrupt gzip ({error})") from None
     except budget.TooLarge:
         raise TraceLoadError(too_large(path, f"more than {limit:,} bytes of JSON after gunzip")) from None
     if not text:
-        raise TraceLoadError(f"{path}: empty file (inside gzip)")
+        raise CutShort(path, "empty file (inside gzip)")
     return text
-
-
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a folder"),
-)
-
-
-def _file_kind(mode: int) -> str:
-    return next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
 
 
 # The C scanner's category codes: each kept category's index in KEPT_CATEGORIES, its aliases' too.

@@ -23,6 +23,8 @@ export async function render() {
   bar.append(title, picker, note);
   const frame = document.createElement("iframe");
   frame.title = "trainprof report";
+  // The report runs its script in an opaque origin: no reach into TensorBoard's pages or data.
+  frame.setAttribute("sandbox", "allow-scripts");
   document.body.append(bar, frame);
 
   let runs = [];
