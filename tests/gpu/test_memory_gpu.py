@@ -4,6 +4,7 @@ expandable segments and not with them (`benchmarks/memory_checks.py` has the lar
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -21,6 +22,16 @@ from trainprof.trace import memory_file
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _cache_given_back():
+    """After each test, the memory its tensors left in this process's cache goes back to the device: the
+    headroom test fills the GPU, and the fragmentation check's own process needs nearly all of it (H200,
+    2026-11-29: 136.75 GiB still cached here made that process run out of memory)."""
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 class _Greedy(torch.nn.Module):
