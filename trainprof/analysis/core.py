@@ -40,6 +40,7 @@ from trainprof.analysis.fragmentation import fragmentation, fragmentation_findin
 from trainprof.analysis.fsdp_host import fsdp_host_finding
 from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.headroom import headroom
+from trainprof.analysis.host_ahead import ahead_rejudged, bound_to_gpu_step
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.host_work import host_work
 from trainprof.analysis.idle import host_labels, idle_breakdown
@@ -347,6 +348,8 @@ def _analyze_one(
     # The recorded steps against the session's un-profiled ones: what the profiler's own cost did.
     cost = profiler_cost(trace, trace_verdict, steps, limits, busy)
     trace_verdict = rejudged(trace_verdict, cost, limits)
+    # A host that ran ahead of the GPU: its windows are not the steps; the GPU's step judges.
+    trace_verdict = ahead_rejudged(trace_verdict, busy, limits)
     # Without un-profiled steps to judge on, what the profiler's own host cost could have made.
     estimate = profiler_host_estimate(timeline, trace_verdict, limits) if cost is None and gpu_work else None
     findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits, inference)
@@ -399,6 +402,8 @@ def _analyze_one(
     # Ranks are compared on it (`distributed`): only a trace of a rank, or one that communicates.
     compared = rank_work(timeline, compute, gpu_work, labels) if trace.rank is not None or comm else None
     bound_findings(findings, cost, limits)
+    if cost is None or not cost.slowed:
+        bound_to_gpu_step(findings, trace_verdict, busy, limits)
     known_peaks = [p for p in peaks if p is not None]
     drawn = None
     if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
