@@ -459,8 +459,11 @@ def _timeline_section(traces: list[TraceInfo]) -> str:
         '<div id="timeline-chart" class="chart"></div>'
         f'<div class="legend">{legend}</div>{_legend()}'
         '<p class="hint">Hover for a kernel\'s name, op, module and duration; wheel to zoom, drag to pan, '
-        "double-click to see everything. Kernels closer together than a pixel at full view are joined "
-        "into one block (its hover says how many). For the raw timeline, open the trace file in "
+        "double-click to see everything. Every lane is drawn on one time scale: a pixel column is filled "
+        "where the kernels (or the idle runs) in it add up to half a pixel, what it leaves carried to the "
+        "next, so tiny gaps merge and the share drawn is the share measured; each lane's share of the "
+        "steps in view is printed beside its name. Kernels closer together than a pixel at full view are "
+        "joined into one block (its hover says how many). For the raw timeline, open the trace file in "
         "Perfetto (ui.perfetto.dev).</p>"
     )
 
