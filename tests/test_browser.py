@@ -275,7 +275,7 @@ IDLE_DRAWN_TOLERANCE_PCT = 5.0
 """Points by which the idle drawn may differ from the idle reported (issue #37: it was 17x)."""
 
 
-def test_the_timeline_draws_idle_true_to_scale_on_every_fixture(browser, fixtures_dir, tmp_path):
+def test_every_fixture_drawn_to_scale_with_kernel_classes_and_no_backtick(browser, fixtures_dir, tmp_path):
     page = browser.new_page(WIDTH, HEIGHT)
     checked = []
     for folder in _fixture_runs(fixtures_dir):
@@ -284,6 +284,10 @@ def test_the_timeline_draws_idle_true_to_scale_on_every_fixture(browser, fixture
         page.open(report.as_uri())
         page.wait_for(lambda: page.evaluate("!!document.querySelector('#timeline-chart canvas')"),
                       f"{folder.name}'s timeline")
+        # The console's "GPU time by kernel class" table is on the page; no Markdown backtick is.
+        assert page.evaluate("document.querySelectorAll('#classes table tbody tr').length") > 0, folder
+        text = page.evaluate("document.body.innerText")
+        assert "`" not in text, (folder, text[max(text.find("`") - 80, 0):text.find("`") + 80])
         for index, trace in enumerate(analysis.traces):
             if index:
                 page.evaluate(f"(() => {{ const s = document.getElementById('trace-select'); "

@@ -17,7 +17,7 @@ from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE
 from trainprof.cli import main
 from trainprof.report import output_names, ranks, write_reports
 from trainprof.report._format import headline
-from trainprof.report.html import DATA_ELEMENT, render_html
+from trainprof.report.html import DATA_ELEMENT, prose, render_html
 
 # The elements report.html is made of: a name from a trace becoming an element would show here.
 ALLOWED_TAGS = {
@@ -302,3 +302,22 @@ def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, 
     assert sess.summary.verdict == "cpu-only" and "drawings failed" in caplog.text
     page = (tmp_path / "run" / "report.html").read_text()
     assert "<script" not in page and '<section id="findings">' in page
+
+
+def test_pictures_and_tables_say_their_scale(pathologies_page):
+    """The memory chart has a y-axis in binary units; long kernel names are cut, whole on hover; the
+    kernel-class table is there; fixes' code spans are <code>, not Markdown (issue #37, item 3)."""
+    analysis, page = pathologies_page
+    axis = re.search(r'<div class="y-axis"[^>]*><span class="unit">(GiB|MiB)</span>(.*?)</div>', page)
+    assert axis is not None and axis.group(1) == "GiB"
+    labels = re.findall(r'<span style="top:[0-9.]+%">([0-9.]+)</span>', axis.group(2))
+    assert labels[:2] == ["0", "0.5"] and len(labels) >= 3  # peak 1.82 GiB: 0, 0.5, 1, 1.5
+    longest = max((row.name for row in analysis.traces[0].views.kernels), key=len)
+    assert len(longest) > 200
+    cut = re.search(r'<td class="name" title="([^"]*)">([^<]*)</td>', page)
+    assert cut is not None and len(html.unescape(cut.group(2))) <= 90 and cut.group(2).endswith("\u2026")
+    assert html.unescape(cut.group(1)).startswith(html.unescape(cut.group(2))[:-1])
+    assert '<section id="classes"><h2>GPU time by kernel class</h2>' in page
+    assert "`" not in re.sub(r"<(script|style).*?</\1>", "", page, flags=re.S)
+    assert prose("run `profile_memory=True` for <b>") == (
+        "run <code>profile_memory=True</code> for &lt;b&gt;")

@@ -18,6 +18,7 @@ and the script puts names on the page as text only (`textContent`, canvas text).
 from __future__ import annotations
 
 import html
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -44,6 +45,10 @@ HTML_FINDINGS = 30
 """Findings on the page, most severe and costly first (summary.json holds them all)."""
 TIME_DECIMALS = 2
 """Timeline times in the JSON block: µs to 10 ns, below what a pixel shows at any useful zoom."""
+TABLE_NAME_CHARS = 90
+"""Characters of a name shown in a table cell, at most (the whole name on hover)."""
+MEMORY_TICKS = 4
+"""Gridlines of the memory chart's y-axis, about (at round sizes)."""
 DATA_ELEMENT = "trainprof-data"
 """The id of the JSON block the script reads."""
 # JSON inside <script>: these characters as escapes, so the text cannot end the element or open a
@@ -55,6 +60,24 @@ _SCRIPT_SAFE = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
 def esc(text: Any) -> str:
     """Trace-derived text as HTML: one line, control characters dropped, markup escaped."""
     return html.escape(_format.clean(text), quote=True)
+
+
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def prose(text: Any) -> str:
+    """A finding's or verdict's words (title, why, fix) as HTML: `esc`, with each Markdown code span
+    (`` `profile_memory=True` ``) as <code> (the console and report.md keep the backticks)."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", esc(text))
+
+
+def _name_cell(text: Any) -> str:
+    """A name in a table cell, cut at `TABLE_NAME_CHARS` with the whole name on hover (a templated
+    kernel's name runs to a thousand characters and wrapped over 15 lines)."""
+    whole = _format.clean(text)
+    if len(whole) <= TABLE_NAME_CHARS:
+        return f'<td class="name">{esc(whole)}</td>'
+    return f'<td class="name" title="{esc(whole)}">{esc(whole[:TABLE_NAME_CHARS - 1])}…</td>'
 
 
 @cache
@@ -81,6 +104,11 @@ def render_html(analysis: Analysis) -> str:
         sections.append(("timeline", "GPU timeline", timeline))
         sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
         sections.append(("kernels", "Kernels", _per_trace(drawn, _kernel_table)))
+    classes = _format.kernel_class_tables(analysis)
+    if classes:
+        sections.append(("classes", "GPU time by kernel class", "".join(
+            (f"<h3>{esc(table.title)}</h3>" if len(classes) > 1 else "") + _shared_table(table)
+            for table in classes)))
     sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
     if drawn:
         sections.append(("memory", "Memory", _per_trace(drawn, _memory)))
@@ -138,7 +166,8 @@ def _summary(analysis: Analysis) -> str:
     )
     verdicts = {trace.verdict.why: trace.verdict for trace in analysis.traces}
     notes = "".join(
-        f'<p class="why">{esc(v.why)}</p>' + (f'<p class="why"><b>Fix:</b> {esc(v.fix)}</p>' if v.fix else "")
+        f'<p class="why">{prose(v.why)}</p>'
+        + (f'<p class="why"><b>Fix:</b> {prose(v.fix)}</p>' if v.fix else "")
         for v in list(verdicts.values())[:1]
     )
     return f'<div class="cards">{cards}</div>{notes}'
@@ -220,11 +249,17 @@ def _finding(finding: Finding, among: list[Finding] | None) -> str:
     facts.append(("seen", seen))
     if finding.fix:
         facts.append(("fix", finding.fix))
-    rows = "".join(f"<dt>{esc(label)}</dt><dd>{esc(value)}</dd>" for label, value in facts)
+    rows = "".join(f"<dt>{esc(label)}</dt><dd>{prose(value) if label in _PROSE_FACTS else esc(value)}</dd>"
+                   for label, value in facts)
     return (
         f'<div class="finding {severity}"><div class="title">'
-        f'<span class="sev {severity}">{esc(severity)}</span>{esc(finding.title)}</div><dl>{rows}</dl></div>'
+        f'<span class="sev {severity}">{esc(severity)}</span>{prose(finding.title)}</div>'
+        f"<dl>{rows}</dl></div>"
     )
+
+
+_PROSE_FACTS = frozenset({"fix", "cause"})
+"""A finding's facts written in words (code spans as <code>); the others are names from the trace."""
 
 
 NUM, NAME, TEXT = "num", "name", "text"
@@ -242,6 +277,8 @@ def _table(columns: tuple[tuple[str, str], ...], rows: list[tuple[Any, ...]], sc
             if kind == NUM:  # text from `_format.number` (digits, separators, units): no markup
                 text, value = cell
                 cells.append(f'<td class="num" data-v="{value}">{text}</td>')
+            elif kind == NAME:
+                cells.append(_name_cell(cell))
             else:
                 cells.append(f'<td class="{kind}">{esc(cell)}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
@@ -369,14 +406,16 @@ def _memory(trace: TraceInfo) -> str:
         below = (above, above_points)
     peak_x = (memory.peak_at_ms - start) / span * width
     peak = esc(_format.size(memory.peak_bytes))
+    grid, labels = _size_axis(top, height)
     chart = (
+        f'<div class="plot">{labels}'
         f'<svg class="memory" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" role="img" '
         f'aria-label="allocated GPU memory over the recorded window, by category">'
-        f"<title>allocated GPU memory; peak {peak}</title>"
+        f"<title>allocated GPU memory; peak {peak}</title>{grid}"
         + "".join(layers)
         + f'<polyline class="curve" points="{" ".join(points(total))}"/>'
         + (f'<polyline class="reserved" points="{" ".join(points(reserved))}"/>' if len(reserved) else "")
-        + f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
+        + f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg></div>'
         f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated, peak {peak} at '
         f"{memory.peak_at_ms:,.1f} ms (step {esc(memory.peak_step)})</span>"
         f"<span>{start + span:,.1f} ms</span></div>"
@@ -401,6 +440,23 @@ def _memory(trace: TraceInfo) -> str:
         scroll=False,
     )
     return chart + "<h3>Largest allocations alive at the peak</h3>" + table + history
+
+
+def _size_axis(top: float, height: float) -> tuple[str, str]:
+    """The y-axis of a memory chart whose top (`top` bytes) is `height - 10` above its foot: the SVG's
+    gridlines at about `MEMORY_TICKS` round sizes, and their labels (HTML beside the chart, as the
+    chart's drawing is stretched to the page's width)."""
+    unit, scale = next(((unit, 1024.0 ** power) for unit, power in (("GiB", 3), ("MiB", 2), ("KiB", 1))
+                        if top >= 1024.0 ** power), ("B", 1.0))
+    raw = top / scale / MEMORY_TICKS
+    power = 10.0 ** np.floor(np.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    grid, labels = [], [f'<span class="unit">{unit}</span>']
+    for k in range(int(top / scale / step) + 1):
+        y = height - k * step * scale / top * (height - 10)
+        grid.append(f'<line class="grid" x1="0" x2="1000" y1="{y:.1f}" y2="{y:.1f}"/>')
+        labels.append(f'<span style="top:{100 * y / height:.2f}%">{k * step:g}</span>')
+    return "".join(grid), f'<div class="y-axis" aria-hidden="true">{"".join(labels)}</div>'
 
 
 def _history(view: HistoryView) -> str:
@@ -428,14 +484,16 @@ def _history(view: HistoryView) -> str:
     if view.oom_at_ms is not None:
         lines += (f'<line class="peak" x1="{x(view.oom_at_ms):.1f}" x2="{x(view.oom_at_ms):.1f}" y1="0" '
                   f'y2="{height:.0f}"><title>out of memory</title></line>')
+    grid, labels = _size_axis(top, height)
     return (
         f"<h3>Allocator history ({view.entries:,} events; open {esc(view.file)} in "
         "PyTorch's memory viewer, https://pytorch.org/memory_viz)</h3>"
+        f'<div class="plot history">{labels}'
         f'<svg class="memory history" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" '
         'role="img" aria-label="allocated and reserved GPU memory over the recorded history">'
-        f"<title>allocator history; highest allocated {esc(_format.size(highest))}</title>{lines}"
+        f"<title>allocator history; highest allocated {esc(_format.size(highest))}</title>{grid}{lines}"
         f'<polyline class="curve" points="{curve(view.allocated_bytes)}"/>'
-        f'<polyline class="reserved" points="{curve(view.reserved_bytes)}"/></svg>'
+        f'<polyline class="reserved" points="{curve(view.reserved_bytes)}"/></svg></div>'
         f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated (solid), reserved (dashed); '
         f"a line where each step begins</span><span>{start + span:,.1f} ms</span></div>"
     )
