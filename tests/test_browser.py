@@ -169,6 +169,14 @@ def tensorboard(hostile_report, tmp_path_factory, fixtures_dir):
     traces_only.mkdir(exist_ok=True)
     for source in (fixtures_dir / "traces" / "gpt2_clean").glob("*.gz"):
         (traces_only / source.name).write_bytes(source.read_bytes())
+    ranks = logdir / "run-torchrun-ranks"  # a torchrun run: a report per rank
+    ranks.mkdir(exist_ok=True)
+    for rank in (0, 1):
+        (ranks / f"report.rank{rank}.html").write_bytes(hostile_report.read_bytes())
+    # Newest first in the tab: the traces-only run, the planted one, the hostile one, the ranks.
+    for age, folder in enumerate((traces_only, planted, hostile_report.parent, ranks)):
+        for path in folder.iterdir():
+            os.utime(path, (1.8e9 - 3600 * age, 1.8e9 - 3600 * age))
     port = _free_port()
     log = tmp_path_factory.mktemp("tensorboard") / "tensorboard.log"
     with open(log, "w") as output:
@@ -207,7 +215,7 @@ def _open_tab(browser, tensorboard: str):
     """A page on TensorBoard's trainprof tab, once its run picker lists the runs; (page, labels)."""
     page = browser.new_page(WIDTH, HEIGHT)
     page.open(f"{tensorboard}/#trainprof")
-    page.wait_for(lambda: page.evaluate(f"!!({_RUNS}) && ({_RUNS}).options.length === 3"), "the run picker")
+    page.wait_for(lambda: page.evaluate(f"!!({_RUNS}) && ({_RUNS}).options.length === 5"), "the run picker")
     return page, page.evaluate(f"[...({_RUNS}).options].map((o) => o.textContent)")
 
 
@@ -219,8 +227,13 @@ def _pick(page, index: int) -> None:
 
 def test_tensorboard_tab_in_chromium(browser, tensorboard, hostile_trace, tmp_path):
     page, labels = _open_tab(browser, tensorboard)
-    assert labels == ["run-hostile", "run-planted", "run-traces-only (analysed now)"]
-    _pick(page, 0)  # the newest run is shown first; pick the hostile one
+    assert labels == ["run-traces-only (analysed now)", "run-planted", "run-hostile", "rank 0", "rank 1"]
+    groups = page.evaluate(f"[...({_RUNS}).querySelectorAll('optgroup')]"
+                           ".map((g) => [g.label, g.children.length])")
+    assert groups == [["run-torchrun-ranks", 2]]  # one run's ranks together, under its name
+    assert "run=run-traces-only" in page.evaluate("document.querySelector('iframe').contentDocument"
+                                                  ".querySelector('iframe').src")  # opens on the newest
+    _pick(page, 2)  # pick the hostile one
     page.wait_for(lambda: _frame_evaluates(page, "document.title.includes('hostile')", REPORT_FRAME),
                   "the hostile run's report", FRAME_WAIT_S)
     assert page.evaluate("origin", frame=REPORT_FRAME) == "null"  # sandboxed: an opaque origin
