@@ -276,9 +276,24 @@ def test_cpu_only_run_draws_no_gpu_timeline(tmp_path, fixtures_dir):
     assert analysis.summary.verdict == "cpu-only"
     assert len(analysis.traces[0].views.timeline.idle.start_us) == 0  # no GPU to be idle
     page = render_html(analysis)
-    assert "No GPU work recorded." in page and 'id="timeline-chart"' not in page
-    assert page.count("no GPU work</span>") == len(analysis.steps)
+    assert 'id="timeline-chart"' not in page and 'id="kernels"' not in page
     assert 'id="flame-chart"' in page  # the host stacks are still there
+    # What a CPU run can say (issue #37, item 6): the loop's structure per step, host time by op and
+    # by module, the ops without GPU columns; no advice to turn on what the trace was recorded with.
+    assert analysis.traces[0].views.recorded_with == {"with_stack": True, "profile_memory": True,
+                                                      "record_shapes": True}
+    host = analysis.traces[0].views.host
+    assert [row.number for row in host.steps] == [s.times.number for s in analysis.steps]
+    for row in host.steps:
+        assert row.forward_ms > 0 and row.backward_ms > 0 and row.optimizer_ms > 0
+        assert row.forward_ms + row.backward_ms + row.optimizer_ms + row.other_ms == pytest.approx(
+            row.duration_ms, abs=1e-3)
+    assert page.count('<span class="phase-backward" style="width:') == len(analysis.steps)
+    assert '<section id="host-ops"><h2>Host time by op</h2>' in page
+    assert host.modules and host.modules[0].module in page and "host ms / step" in page
+    assert "GPU total ms" not in page and "GPU self ms" not in page
+    text = re.sub(r"<(script|style).*?</\1>", "", page, flags=re.S)
+    assert "with_stack=True" not in text and "profile_memory=True" not in text
 
 
 def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, caplog):

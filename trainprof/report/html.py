@@ -28,6 +28,7 @@ import numpy as np
 
 from trainprof.analysis.attribution import PHASES
 from trainprof.analysis.causes import CAUSES, Cause
+from trainprof.analysis.host_ops import CpuOnlyDetails
 from trainprof.analysis.memory import CATEGORIES as MEMORY_CATEGORIES
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.timeline_view import CATEGORIES, CATEGORY_LABELS
@@ -89,19 +90,28 @@ def asset(name: str) -> str:
 def render_html(analysis: Analysis) -> str:
     """An analysis as one HTML document (module docstring)."""
     drawn = [trace for trace in analysis.traces if trace.views is not None]
+    has_gpu = any(trace.views.timeline.lanes for trace in drawn)
+    on_host = [trace for trace in drawn if trace.views.host is not None]
+    if drawn and not has_gpu and on_host:  # a CPU run: the loop's own structure, step by step
+        steps = ("steps", "Where each step went (host)", _per_trace(on_host, _host_loop))
+    else:
+        steps = ("steps", "Where each step went", _step_bars(analysis))
     sections = [
         ("summary", "Summary", _summary(analysis)),
-        ("steps", "Where each step went", _step_bars(analysis)),
+        steps,
         ("findings", "Findings", _findings(analysis)),
     ]
     out_of_memory = _format.out_of_memory_tables(analysis)
     if out_of_memory:
         sections.append(("oom", "Out of memory", "".join(
             f"<h3>{esc(table.title)}</h3>{_shared_table(table)}" for table in out_of_memory)))
-    if drawn:
-        has_gpu = any(trace.views.timeline.lanes for trace in drawn)
-        timeline = _timeline_section(drawn) if has_gpu else '<p class="empty">No GPU work recorded.</p>'
-        sections.append(("timeline", "GPU timeline", timeline))
+    if drawn and not has_gpu:  # a CPU run: what the host did, by op and by module
+        sections.append(("host-ops", "Host time by op", _host_op_table(analysis)))
+        sections.append(("host-modules", "Host time by module (forward + backward)",
+                         _per_trace(on_host, _host_module_table) if on_host else ""))
+        sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
+    elif drawn:
+        sections.append(("timeline", "GPU timeline", _timeline_section(drawn)))
         sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
         sections.append(("kernels", "Kernels", _per_trace(drawn, _kernel_table)))
     classes = _format.kernel_class_tables(analysis)
@@ -109,10 +119,11 @@ def render_html(analysis: Analysis) -> str:
         sections.append(("classes", "GPU time by kernel class", "".join(
             (f"<h3>{esc(table.title)}</h3>" if len(classes) > 1 else "") + _shared_table(table)
             for table in classes)))
-    sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
+    if not drawn or has_gpu:
+        sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
     if drawn:
         sections.append(("memory", "Memory", _per_trace(drawn, _memory)))
-        sections.append(("flame", "Host stacks", _flame_section()))
+        sections.append(("flame", "Host stacks", _flame_section(drawn)))
     if analysis.cross_rank is not None:
         sections.append(("ranks", "Ranks", _cross_rank(analysis.cross_rank)))
     title = f"trainprof report: {esc(_format.trace_name(analysis))}"
@@ -317,9 +328,73 @@ def _op_table(trace: TraceInfo) -> str:
          _num(row.gpu_total_ms, 3), _num(row.gpu_self_ms, 3))
         for row in views.ops
     ]
+    if not views.timeline.lanes:  # no GPU work: its columns would be zeros that were never measured
+        return ('<p class="hint">Over all profiled steps, as <code>key_averages()</code>: self excludes '
+                "the ops an op called.</p>"
+                + _table(_OP_COLUMNS[:4], [row[:4] for row in rows]))
     return ('<p class="hint">Over all profiled steps, as <code>key_averages()</code>: self excludes the ops '
             "an op called; GPU time is that of the kernels and copies launched inside the op.</p>"
             + _table(_OP_COLUMNS, rows))
+
+
+_PHASE_PARTS = (("forward", "forward_ms"), ("backward", "backward_ms"), ("optimizer", "optimizer_ms"),
+                ("other", "other_ms"))
+"""A host step's parts (`host_ops.HostStepPhases`), in the loop's order: their bar's colours and words."""
+
+
+def _host_loop(trace: TraceInfo) -> str:
+    """A CPU run's steps as the loop ran them: host ms in forward, backward, the optimizer, and the
+    rest (Python between ops, ops of no phase), each as its share of the step."""
+    host = trace.views.host
+    if not host.steps:
+        return '<p class="empty">No profiled steps.</p>'
+    legend = "".join(f'<span><i class="phase-{key}"></i>{key}</span>' for key, _ in _PHASE_PARTS)
+    rows = []
+    for step in host.steps:
+        spans = "".join(
+            f'<span class="phase-{key}" style="width:{100 * ms / step.duration_ms:.3f}%" '
+            f'title="{key}: {ms:,.2f} ms ({100 * ms / step.duration_ms:.1f}%)"></span>'
+            for key, ms in ((key, getattr(step, field)) for key, field in _PHASE_PARTS)
+            if ms > 0 and step.duration_ms > 0
+        )
+        rows.append(f'<span>step {esc(step.number)}</span><div class="bar">{spans}</div>'
+                    f'<span class="num">{_format.number(step.duration_ms, 1)} ms</span>')
+    return (f'<div class="legend">{legend}</div><div class="bars">{"".join(rows)}</div>'
+            '<p class="hint">No GPU work was recorded: each step is host time, split by what the loop was '
+            "doing (the top-level ops of its forward, backward and optimizer step; other: ops of no phase "
+            "and Python between ops). Hover a part for its time.</p>")
+
+
+def _host_op_table(analysis: Analysis) -> str:
+    """The cpu-only finding's evidence: the top-level host ops by time (`host_ops.top_host_ops`)."""
+    found = [f for f in analysis.findings if isinstance(f.details, CpuOnlyDetails)]
+    if not found:
+        return '<p class="empty">No ops in the profiled steps.</p>'
+    parts = []
+    for finding in found:
+        detail = finding.details
+        assert isinstance(detail, CpuOnlyDetails)  # narrowed above
+        rows = [(row.op, _num(row.count, 0), _num(row.total_ms, 2), _num(row.pct_of_step, 1))
+                for row in detail.top_host_ops]
+        heading = f"<h3>rank {esc(finding.rank)}</h3>" if len(found) > 1 and finding.rank is not None else ""
+        parts.append(heading + _table((("op", NAME), ("calls", NUM), ("total ms", NUM), ("% of step", NUM)),
+                                      rows))
+    return ('<p class="hint">Top-level ops (none encloses them) over all profiled steps; a backward op is '
+            "the autograd node that ran.</p>" + "".join(parts))
+
+
+def _host_module_table(trace: TraceInfo) -> str:
+    """Host time by `nn.Module` (`host_ops.HostModuleTime`): the top-level ops it ran or whose
+    backward it owns."""
+    modules = trace.views.host.modules
+    if not modules:
+        if trace.views.recorded_with.get("with_stack") is False:
+            return ('<p class="empty">No <code>nn.Module</code> in the trace (run with '
+                    "<code>with_stack=True</code>).</p>")
+        return '<p class="empty">No top-level op ran inside an <code>nn.Module</code>.</p>'
+    rows = [(row.module, _num(row.instances, 0), _num(row.ms_per_step, 2), _num(row.pct_of_step, 1))
+            for row in modules]
+    return _table((("module", NAME), ("instances", NUM), ("host ms / step", NUM), ("% of step", NUM)), rows)
 
 
 _KERNEL_COLUMNS = (("kernel", NAME), ("category", TEXT), ("calls", NUM), ("total ms", NUM),
@@ -345,6 +420,9 @@ _MODULE_COLUMNS = (("module", NAME), ("phases", TEXT), ("instances", NUM), ("ker
 def _module_table(analysis: Analysis) -> str:
     findings = [f for f in analysis.findings if isinstance(f.details, ModuleCostsDetails)]
     if not findings:
+        drawn = [trace.views for trace in analysis.traces if trace.views is not None]
+        if drawn and all(views.recorded_with.get("with_stack") for views in drawn):
+            return '<p class="empty">No kernels owned by an <code>nn.Module</code>.</p>'
         return ('<p class="empty">No kernels owned by an <code>nn.Module</code> '
                 "(run with <code>with_stack=True</code>).</p>")
     parts = []
@@ -370,6 +448,10 @@ def _memory(trace: TraceInfo) -> str:
     history = _history(trace.memory_history) if trace.memory_history is not None else ""
     memory = trace.memory
     if memory is None or not memory.series.t_ms:
+        if not trace.views.timeline.lanes:
+            return '<p class="empty">No GPU memory: the run did no GPU work.</p>' + history
+        if trace.views.recorded_with.get("profile_memory"):
+            return '<p class="empty">No GPU memory recorded in the profiled steps.</p>' + history
         return ('<p class="empty">No GPU memory recorded (run with <code>profile_memory=True</code>).</p>'
                 + history)
     series = memory.series
@@ -526,14 +608,17 @@ def _timeline_section(traces: list[TraceInfo]) -> str:
     )
 
 
-def _flame_section() -> str:
+def _flame_section(traces: list[TraceInfo]) -> str:
+    gpu = any(trace.views.timeline.lanes for trace in traces)
+    stacks = all(trace.views.recorded_with.get("with_stack") for trace in traces)
     return (
         '<div class="toolbar"><button data-metric="host" class="on">host time</button>'
-        '<button data-metric="gpu">GPU time launched beneath</button>'
-        '<button id="flame-reset">reset zoom</button></div>'
+        + ('<button data-metric="gpu">GPU time launched beneath</button>' if gpu else "")
+        + '<button id="flame-reset">reset zoom</button></div>'
         '<div id="flame-chart" class="chart"></div>'
-        '<p class="hint">Callers above callees, merged by path over the profiled steps (Python frames need '
-        "<code>with_stack=True</code>). Click a frame to zoom into it.</p>"
+        '<p class="hint">Callers above callees, merged by path over the profiled steps'
+        + ("" if stacks else " (Python frames need <code>with_stack=True</code>)")
+        + ". Click a frame to zoom into it.</p>"
     )
 
 
