@@ -17,7 +17,7 @@ from trainprof.analysis.thresholds import TIMELINE_EVENTS_PER_LANE
 from trainprof.cli import main
 from trainprof.report import output_names, ranks, write_reports
 from trainprof.report._format import headline
-from trainprof.report.html import DATA_ELEMENT, render_html
+from trainprof.report.html import DATA_ELEMENT, prose, render_html
 
 # The elements report.html is made of: a name from a trace becoming an element would show here.
 ALLOWED_TAGS = {
@@ -276,9 +276,24 @@ def test_cpu_only_run_draws_no_gpu_timeline(tmp_path, fixtures_dir):
     assert analysis.summary.verdict == "cpu-only"
     assert len(analysis.traces[0].views.timeline.idle.start_us) == 0  # no GPU to be idle
     page = render_html(analysis)
-    assert "No GPU work recorded." in page and 'id="timeline-chart"' not in page
-    assert page.count("no GPU work</span>") == len(analysis.steps)
+    assert 'id="timeline-chart"' not in page and 'id="kernels"' not in page
     assert 'id="flame-chart"' in page  # the host stacks are still there
+    # What a CPU run can say (issue #37, item 6): the loop's structure per step, host time by op and
+    # by module, the ops without GPU columns; no advice to turn on what the trace was recorded with.
+    assert analysis.traces[0].views.recorded_with == {"with_stack": True, "profile_memory": True,
+                                                      "record_shapes": True}
+    host = analysis.traces[0].views.host
+    assert [row.number for row in host.steps] == [s.times.number for s in analysis.steps]
+    for row in host.steps:
+        assert row.forward_ms > 0 and row.backward_ms > 0 and row.optimizer_ms > 0
+        assert row.forward_ms + row.backward_ms + row.optimizer_ms + row.other_ms == pytest.approx(
+            row.duration_ms, abs=1e-3)
+    assert page.count('<span class="phase-backward" style="width:') == len(analysis.steps)
+    assert '<section id="host-ops"><h2>Host time by op</h2>' in page
+    assert host.modules and host.modules[0].module in page and "host ms / step" in page
+    assert "GPU total ms" not in page and "GPU self ms" not in page
+    text = re.sub(r"<(script|style).*?</\1>", "", page, flags=re.S)
+    assert "with_stack=True" not in text and "profile_memory=True" not in text
 
 
 def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, caplog):
@@ -302,3 +317,22 @@ def test_session_reports_without_drawings_when_they_fail(tmp_path, monkeypatch, 
     assert sess.summary.verdict == "cpu-only" and "drawings failed" in caplog.text
     page = (tmp_path / "run" / "report.html").read_text()
     assert "<script" not in page and '<section id="findings">' in page
+
+
+def test_pictures_and_tables_say_their_scale(pathologies_page):
+    """The memory chart has a y-axis in binary units; long kernel names are cut, whole on hover; the
+    kernel-class table is there; fixes' code spans are <code>, not Markdown (issue #37, item 3)."""
+    analysis, page = pathologies_page
+    axis = re.search(r'<div class="y-axis"[^>]*><span class="unit">(GiB|MiB)</span>(.*?)</div>', page)
+    assert axis is not None and axis.group(1) == "GiB"
+    labels = re.findall(r'<span style="top:[0-9.]+%">([0-9.]+)</span>', axis.group(2))
+    assert labels[:2] == ["0", "0.5"] and len(labels) >= 3  # peak 1.82 GiB: 0, 0.5, 1, 1.5
+    longest = max((row.name for row in analysis.traces[0].views.kernels), key=len)
+    assert len(longest) > 200
+    cut = re.search(r'<td class="name" title="([^"]*)">([^<]*)</td>', page)
+    assert cut is not None and len(html.unescape(cut.group(2))) <= 90 and cut.group(2).endswith("\u2026")
+    assert html.unescape(cut.group(1)).startswith(html.unescape(cut.group(2))[:-1])
+    assert '<section id="classes"><h2>GPU time by kernel class</h2>' in page
+    assert "`" not in re.sub(r"<(script|style).*?</\1>", "", page, flags=re.S)
+    assert prose("run `profile_memory=True` for <b>") == (
+        "run <code>profile_memory=True</code> for &lt;b&gt;")

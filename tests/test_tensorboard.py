@@ -50,6 +50,14 @@ def logdir(tmp_path_factory, fixtures_dir):
         (root / "run-c" / source.name).write_bytes(source.read_bytes())
     (root / "notes").mkdir()
     (root / "notes" / "readme.txt").write_text("not a run")
+    hidden = root / "ab" / "_prediction"  # trainprof ab's own traces: not a run of the user's
+    hidden.mkdir(parents=True)
+    for source in llama.iterdir():
+        (hidden / source.name).write_bytes(source.read_bytes())
+    # The newest run is run-b (a torchrun run, whose name sorts first), then run-c, then run-a.
+    for age, run in enumerate(("run-b", "run-c", "run-a")):
+        for path in (root / run).iterdir():
+            os.utime(path, (1.8e9 - 3600 * age, 1.8e9 - 3600 * age))
     return root
 
 
@@ -78,11 +86,11 @@ def test_registered_as_a_tensorboard_plugin():
 
 def test_lists_each_report_and_each_run_with_traces(logdir):
     runs = [run.to_dict() for run in find_runs(logdir)]
-    assert runs == [
-        {"run": "run-a", "file": "report.html", "label": "run-a"},
-        {"run": "run-b", "file": "report.rank0.html", "label": "run-b (rank 0)"},
-        {"run": "run-b", "file": "report.rank1.html", "label": "run-b (rank 1)"},
-        {"run": "run-c", "file": None, "label": "run-c"},
+    assert runs == [  # the newest first, a run's ranks together; ab/_prediction is no run
+        {"run": "run-b", "file": "report.rank0.html", "label": "run-b (rank 0)", "rank": 0},
+        {"run": "run-b", "file": "report.rank1.html", "label": "run-b (rank 1)", "rank": 1},
+        {"run": "run-c", "file": None, "label": "run-c", "rank": None},
+        {"run": "run-a", "file": "report.html", "label": "run-a", "rank": None},
     ]
     response = _app(logdir).get("/data/plugin/trainprof/runs")
     assert response.status_code == 200 and json.loads(response.data) == runs
@@ -203,6 +211,49 @@ def test_index_module_renders_the_tab(logdir):
     response = _app(logdir).get("/data/plugin/trainprof/index.js")
     assert response.status_code == 200 and b"export async function render()" in response.data
     assert b"http" not in response.data  # relative URLs only: ./runs, ./report
+
+
+def test_ranks_sort_by_number_and_a_run_folder_by_its_newest_file(tmp_path):
+    run = tmp_path / "run-torchrun-1"
+    run.mkdir()
+    for rank in (10, 2, 0):
+        (run / f"report.rank{rank}.html").write_text("<p>")
+    older = tmp_path / "run-20991231-000000"  # sorts after by name; older by its files
+    older.mkdir()
+    (older / "report.html").write_text("<p>")
+    os.utime(older / "report.html", (1e9, 1e9))
+    assert [(r.name, r.rank) for r in find_runs(tmp_path)] == [
+        ("run-torchrun-1", 0), ("run-torchrun-1", 2), ("run-torchrun-1", 10), ("run-20991231-000000", None)]
+
+
+def test_a_cpu_run_writes_no_scalar_it_did_not_measure(tmp_path, fixtures_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainprof.report.tensorboard import GPU_TAGS
+
+    analysis = analyze(_cpu_only_trace(fixtures_dir, tmp_path))
+    assert analysis.summary.verdict == "cpu-only"
+    assert write_scalars(analysis, tmp_path / "tb")
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert "trainprof/step_time_ms" in tags and not tags & GPU_TAGS
+    assert not any(tag.startswith(IDLE_TAG) for tag in tags)
+    for tag in tags:  # what is charted was measured: no flat line of zeros
+        assert any(event.value != 0 for event in events.Scalars(tag)), tag
+
+
+def _cpu_only_trace(fixtures_dir, tmp_path):
+    """A fixture trace with its GPU events removed: what a CPU run records."""
+    import gzip
+
+    source = next((fixtures_dir / "busy" / "llama_swap" / "bare").glob("*.pt.trace.json.gz"))
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    gpu = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime", "cuda_driver"}
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("cat") not in gpu]
+    path = tmp_path / "cpu.1.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(document).encode(), 1))
+    return path
 
 
 def test_session_scalars_and_text(tmp_path, fixtures_dir):

@@ -136,6 +136,30 @@ def silenced() -> Iterator[None]:
             warnings.filters.remove(entry)
 
 
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside the block a trainprof warning that no frame of the user's code called (the session's
+    exit under `trainprof run`: `user_code.WARNING_SOURCE`) shows as its message alone, without a
+    file, a line number or a category."""
+    from trainprof.user_code import WARNING_SOURCE
+
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if filename != WARNING_SOURCE:
+            return previous(message, category, filename, lineno, file, line)
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: as warnings itself does
+            (file or sys.stderr).write(f"{message}\n")
+        return None
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        if warnings.showwarning is show:
+            warnings.showwarning = previous
+
+
 def note(message: str) -> None:
     """One line for the user on stderr (file names in it made safe, `text.safe_text`)."""
     sys.stderr.write(f"trainprof: {safe_text(message, ERROR_CHARS).strip()}\n")
@@ -416,7 +440,23 @@ def missing_extra(exc: ModuleNotFoundError, command: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `trainprof` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a misspelled flag: the subcommand's usage, not the top level's
+        _subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    with one_line_warnings():
+        return _run_command(args)
+
+
+def _subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of `trainprof <command>`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]  # type: ignore[no-any-return]
+    return parser
+
+
+def _run_command(args: argparse.Namespace) -> int:
     if args.command == "analyze":
         return run_analyze(
             args.path,

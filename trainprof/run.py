@@ -82,6 +82,7 @@ def run_script(
     if options.get("run_name") is None:
         options["run_name"] = shared_run_name()
     sess = session(**options)
+    sess.started_by = "run"  # its advice names trainprof run's options, not a loop's code
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *(args or [])]
     # As `python script.py` does: the script's folder first on the import path.
@@ -97,8 +98,9 @@ def run_script(
     except (Exception, KeyboardInterrupt) as error:  # the script's own: the session stopped, no report
         # Python prints an exception with its own __traceback__: shorten it to the script's frames.
         frames = _script_frames(error.__traceback__, path)
-        if frames is None and not isinstance(error, KeyboardInterrupt):
-            frames = error.__traceback__  # raised before the script ran (a syntax error): all of it
+        if frames is None and not isinstance(error, (KeyboardInterrupt, SyntaxError)):
+            frames = error.__traceback__  # raised before the script ran, not by its code: all of it
+        # A syntax error in the script itself has no frame: Python shows it as its file and line.
         error = error.with_traceback(frames)  # (Ctrl-C after the script, in the session: no frame)
         sys.excepthook(type(error), error, error.__traceback__)
         return (EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else 1), sess

@@ -68,7 +68,6 @@ import re
 import socket
 import threading
 import time
-import warnings
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 from trainprof.config import SessionConfig
 from trainprof.files import SESSION_METADATA_KEY, SYNCSITES_SUFFIX, write_text_atomically
 from trainprof.gather import GroupHandle
+from trainprof.user_code import warn
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.distributed import CrossRank
@@ -95,18 +95,6 @@ UNPROFILED_STEPS_KEPT = 256
 # A rank as torchrun writes it: ASCII digits, at most 9 (str.isdigit() also accepts '²', and int()
 # refuses 5000 digits).
 _RANK_VALUE = re.compile(r"[0-9]{1,9}")
-
-
-def warn(message: str) -> None:
-    """Warn the user without ever raising into their loop.
-
-    Under `python -W error` (or a filter that turns RuntimeWarning into an error) `warnings.warn`
-    raises; the message is then logged on the `trainprof` logger instead.
-    """
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-    except Exception:
-        logger.warning("%s", message)
 
 
 def process_rank() -> int | None:
@@ -200,6 +188,9 @@ class Session:
         taken (decided at start)."""
         self.rank = process_rank()
         self.worker = _worker_name(self.rank)
+        self.started_by = "session"
+        """How the user started it, for advice that they can follow: `session` (their own `with`
+        block), `run` (`trainprof run`, set by `trainprof.run`), `callback` (a framework callback)."""
         self.analysis: Analysis | None = None
         self.findings: list[Finding] = []
         self.summary: Summary = _not_profiled("the session has not ended")
@@ -250,6 +241,7 @@ class Session:
         self._nvtx_depth = 0
         self._nvtx_phase: str | None = None
         self._group = GroupHandle.new()
+        self._made_run_dir = False  # whether start() made the run folder (an empty one goes at stop)
 
     @property
     def trace_files(self) -> list[Path]:
@@ -350,6 +342,7 @@ class Session:
     def _claim_run_dir(self) -> None:
         """Create the run folder; a default name that is taken becomes `<name>-2`, `-3`, ..."""
         if self._named_run:
+            self._made_run_dir = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
             return
         base = self.run_dir
@@ -360,6 +353,7 @@ class Session:
             except FileExistsError:
                 continue
             self.run_dir = candidate
+            self._made_run_dir = True
             return
 
     def stop(self, user_error: bool = False, error: BaseException | None = None) -> None:
@@ -379,6 +373,17 @@ class Session:
             self._stop_and_report(user_error, error)
         finally:
             self._across_ranks()
+            self._drop_empty_run_dir()
+
+    def _drop_empty_run_dir(self) -> None:
+        """A run that wrote nothing (the loop raised or ended early) leaves no empty folder behind;
+        under a launcher the folder is the job's, which another rank may still write into."""
+        if not self._made_run_dir or self.rank is not None:
+            return
+        try:
+            self.run_dir.rmdir()  # only an empty folder goes
+        except OSError:
+            pass
 
     def _stop_and_report(self, user_error: bool, error: BaseException | None = None) -> None:
         self._user_error = user_error
@@ -913,17 +918,16 @@ class Session:
         return True
 
     def _say_nothing_recorded(self) -> None:
-        """The loop ended before a recorded step ended: say so, and how to fix it."""
+        """The loop ended before a recorded step ended: say so, and how to fix it in the way the
+        session was started (`started_by`)."""
         config = self.config
         first = config.skip_first + config.wait + config.warmup
         if self.steps_ended == 0:
-            reason = ("no step ended inside the session, so nothing was profiled: steps end at each "
-                      "optimizer.step() of a torch.optim optimizer; a loop without one calls sess.step() "
-                      "once per iteration")
+            reason = f"no step ended inside the session, so nothing was profiled: {_NO_STEP[self.started_by]}"
         else:
             reason = (f"the loop ended after {self.steps_ended} step(s), before a recorded step ended "
                       f"(recording starts after skip_first + wait + warmup = {first} steps and needs one "
-                      "step to end): nothing was profiled; run more steps or lower wait/warmup")
+                      f"step to end): nothing was profiled; {_FEWER_STEPS[self.started_by]}")
         self.summary = _not_profiled(reason)
         warn(f"trainprof: {reason}")
 
@@ -1016,6 +1020,24 @@ def _watch_other_profilers(owner: Session) -> Any:
             cls._prepare_trace = original
 
     return undo
+
+
+_NO_STEP = {
+    "session": "steps end at each optimizer.step() of a torch.optim optimizer; a loop without one "
+               "calls sess.step() once per iteration",
+    "run": "steps end at each optimizer.step() of a torch.optim optimizer; a script without one "
+           "cannot be profiled by `trainprof run`: wrap its loop in `with trainprof.session() as sess:` "
+           "and call sess.step() once per iteration",
+    "callback": "the callback ends a step at each of the framework's optimizer steps, and training "
+                "ended before the first one",
+}
+"""Why no step ended, and what to do, by `Session.started_by`."""
+_FEWER_STEPS = {
+    "session": "run more steps or lower wait/warmup",
+    "run": "run more steps or lower --wait/--warmup",
+    "callback": "train more steps or lower the callback's wait/warmup",
+}
+"""What to do when the loop ended before a recorded step ended, by `Session.started_by`."""
 
 
 def session(

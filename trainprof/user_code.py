@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import re
 import sys
 import sysconfig
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,3 +361,42 @@ def library_of(file: str, layout: CodeLayout | None = None) -> str | None:
         return best.rstrip("/").rsplit("/", 1)[-1]
     top = _top_level(path)
     return "python" if top in _STDLIB_MODULES else top
+
+
+WARNING_SOURCE = "trainprof"
+"""The file name of a trainprof warning that no frame of the user's code called into: the command
+line shows such a warning as its message alone (`trainprof.cli.one_line_warnings`)."""
+
+
+def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """Warn the user from the innermost frame of their own code (`is_user_file`), never raising into it.
+
+    `warnings.warn`'s fixed `stacklevel` would point at trainprof's (or torch's) frame and show
+    trainprof's source line; where no frame of the stack is the user's (`trainprof run`, once the
+    script has ended) the warning names `WARNING_SOURCE`, which has no source line. Under `python
+    -W error` (or a filter that turns the warning into an error) the message is logged on the
+    `trainprof` logger instead.
+    """
+    level = _user_stacklevel(sys._getframe(1))
+    try:
+        if level is not None:
+            warnings.warn(message, category, stacklevel=level)
+        else:
+            warnings.warn_explicit(message, category, WARNING_SOURCE, 0, module=WARNING_SOURCE)
+    except Exception:
+        logging.getLogger("trainprof").warning("%s", message)
+
+
+def _user_stacklevel(frame: Any) -> int | None:
+    """The `stacklevel` that makes `warnings.warn`, called by `frame`'s callee, point at the innermost
+    frame of the user's code from `frame` outward; None when none is."""
+    level = 2
+    while frame is not None:
+        file = frame.f_code.co_filename
+        # warnings.warn counts no frame of importlib's (`_next_external_frame`)
+        if not ("importlib" in file and "_bootstrap" in file):
+            if is_user_file(file):
+                return level
+            level += 1
+        frame = frame.f_back
+    return None

@@ -298,14 +298,14 @@ def _analyze_one(
     matched_sites = join_sync_sites(points, sites, trace.code_layout) if sites else 0
     syncs = step_syncs(points, [t.number for t in times])
 
-    sites = AttributionIndex(trace)  # nested once for the kernels' owners and the allocations'
-    owners = attribute_kernels(timeline, sites)
+    attribution = AttributionIndex(trace)  # nested once for the kernels' owners and the allocations'
+    owners = attribute_kernels(timeline, attribution)
     costs = owner_costs(timeline, owners, tiny_kernels(timeline))
     launch_per_step, launch_totals = launch_stats(timeline, costs)
     labels = host_labels(timeline, limits)
     idle = idle_breakdown(timeline, limits, labels)
     peaks = peak_memory_per_step(timeline)
-    memory = memory_profile(timeline, sites)
+    memory = memory_profile(timeline, attribution)
     device = trace.device_properties[0] if trace.device_properties else {}
     device_memory = device.get("totalGlobalMem") if isinstance(device.get("totalGlobalMem"), int) else None
     saved = trace.memory_file  # the allocator's state the session captured (trace.memory_file)
@@ -409,7 +409,8 @@ def _analyze_one(
     if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
         from trainprof.analysis.views import trace_views
 
-        drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work)
+        drawn = trace_views(timeline, owners, idle.pieces if gpu_work else None, points, work,
+                            host_index=None if gpu_work else attribution)
     info = TraceInfo(
         file=str(trace.path),
         worker=trace.worker,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprof.user_code import CodeLayout, current_layout, is_user_file
+from trainprof.user_code import CodeLayout, current_layout, is_user_file, warn
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +162,7 @@ class SyncCapture:
             f"trainprof: capturing sync call sites failed ({type(exc).__name__}: {exc}); "
             "sync lines are not recorded from here on, training goes on"
         )
-        try:
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-        except Exception:  # e.g. `python -W error`: the warning must not end the user's call
-            logger.warning(message)
+        warn(message)  # from the user's frame; never raises (`python -W error`: logged)
 
     def _explicit_wrapper(self, call: str, original: Callable[..., Any]) -> Callable[..., Any]:
         capture = self

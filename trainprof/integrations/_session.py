@@ -27,16 +27,21 @@ class TrainingSession:
         if self._options.get("run_name") is None:
             # Ranks of one launch share the run folder (each writes its own files into it).
             self._options["run_name"] = shared_run_name()
-        self.session: Session = session(**self._options)  # checks the options now, not at train time
+        self.session: Session = self._new_session()  # checks the options now, not at train time
         self._begun = False
 
     def begin(self) -> Session:
         """Start profiling a training run; a second run gets a fresh session (and run folder)."""
         if self._begun:
             self.session.stop()
-            self.session = session(**self._options)
+            self.session = self._new_session()
         self._begun = True
         return self.session.start()
+
+    def _new_session(self) -> Session:
+        made = session(**self._options)
+        made.started_by = "callback"  # its advice speaks of the framework's steps, not sess.step()
+        return made
 
     def step(self) -> None:
         """End one optimizer step."""

@@ -27,13 +27,16 @@ MIN_WIDTH = 40
 
 
 def terminal_width(file: IO[str], width: int | None = None) -> int:
-    """The width to lay out at: `width` if given; the terminal's when `file` is one; else `PIPE_WIDTH`
-    (logs and pipes: long paths and fixes stay on one line)."""
+    """The width to lay out at: `width` if given; the terminal's when `file` is one; else `$COLUMNS`
+    when set (`COLUMNS=80 trainprof analyze ... | less`), else `PIPE_WIDTH` (logs and pipes: long
+    paths and fixes stay on one line)."""
     if width is None:
         if hasattr(file, "isatty") and file.isatty():
             width = shutil.get_terminal_size((_format.PLAIN_TEXT_WIDTH, 24)).columns
         else:
-            width = _format.PIPE_WIDTH
+            columns = os.environ.get("COLUMNS", "").strip()
+            width = int(columns) if columns.isascii() and columns.isdigit() and len(columns) < 6 \
+                else _format.PIPE_WIDTH
     return max(width, MIN_WIDTH)
 
 

@@ -18,6 +18,7 @@ and the script puts names on the page as text only (`textContent`, canvas text).
 from __future__ import annotations
 
 import html
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 
 from trainprof.analysis.attribution import PHASES
 from trainprof.analysis.causes import CAUSES, Cause
+from trainprof.analysis.host_ops import CpuOnlyDetails
 from trainprof.analysis.memory import CATEGORIES as MEMORY_CATEGORIES
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.timeline_view import CATEGORIES, CATEGORY_LABELS
@@ -44,6 +46,10 @@ HTML_FINDINGS = 30
 """Findings on the page, most severe and costly first (summary.json holds them all)."""
 TIME_DECIMALS = 2
 """Timeline times in the JSON block: µs to 10 ns, below what a pixel shows at any useful zoom."""
+TABLE_NAME_CHARS = 90
+"""Characters of a name shown in a table cell, at most (the whole name on hover)."""
+MEMORY_TICKS = 4
+"""Gridlines of the memory chart's y-axis, about (at round sizes)."""
 DATA_ELEMENT = "trainprof-data"
 """The id of the JSON block the script reads."""
 # JSON inside <script>: these characters as escapes, so the text cannot end the element or open a
@@ -57,6 +63,24 @@ def esc(text: Any) -> str:
     return html.escape(_format.clean(text), quote=True)
 
 
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def prose(text: Any) -> str:
+    """A finding's or verdict's words (title, why, fix) as HTML: `esc`, with each Markdown code span
+    (`` `profile_memory=True` ``) as <code> (the console and report.md keep the backticks)."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", esc(text))
+
+
+def _name_cell(text: Any) -> str:
+    """A name in a table cell, cut at `TABLE_NAME_CHARS` with the whole name on hover (a templated
+    kernel's name runs to a thousand characters and wrapped over 15 lines)."""
+    whole = _format.clean(text)
+    if len(whole) <= TABLE_NAME_CHARS:
+        return f'<td class="name">{esc(whole)}</td>'
+    return f'<td class="name" title="{esc(whole)}">{esc(whole[:TABLE_NAME_CHARS - 1])}…</td>'
+
+
 @cache
 def asset(name: str) -> str:
     """The text of one of the report's own files (`trainprof/report/assets/`)."""
@@ -66,25 +90,40 @@ def asset(name: str) -> str:
 def render_html(analysis: Analysis) -> str:
     """An analysis as one HTML document (module docstring)."""
     drawn = [trace for trace in analysis.traces if trace.views is not None]
+    has_gpu = any(trace.views.timeline.lanes for trace in drawn)
+    on_host = [trace for trace in drawn if trace.views.host is not None]
+    if drawn and not has_gpu and on_host:  # a CPU run: the loop's own structure, step by step
+        steps = ("steps", "Where each step went (host)", _per_trace(on_host, _host_loop))
+    else:
+        steps = ("steps", "Where each step went", _step_bars(analysis))
     sections = [
         ("summary", "Summary", _summary(analysis)),
-        ("steps", "Where each step went", _step_bars(analysis)),
+        steps,
         ("findings", "Findings", _findings(analysis)),
     ]
     out_of_memory = _format.out_of_memory_tables(analysis)
     if out_of_memory:
         sections.append(("oom", "Out of memory", "".join(
             f"<h3>{esc(table.title)}</h3>{_shared_table(table)}" for table in out_of_memory)))
-    if drawn:
-        has_gpu = any(trace.views.timeline.lanes for trace in drawn)
-        timeline = _timeline_section(drawn) if has_gpu else '<p class="empty">No GPU work recorded.</p>'
-        sections.append(("timeline", "GPU timeline", timeline))
+    if drawn and not has_gpu:  # a CPU run: what the host did, by op and by module
+        sections.append(("host-ops", "Host time by op", _host_op_table(analysis)))
+        sections.append(("host-modules", "Host time by module (forward + backward)",
+                         _per_trace(on_host, _host_module_table) if on_host else ""))
+        sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
+    elif drawn:
+        sections.append(("timeline", "GPU timeline", _timeline_section(drawn)))
         sections.append(("ops", "Ops", _per_trace(drawn, _op_table)))
         sections.append(("kernels", "Kernels", _per_trace(drawn, _kernel_table)))
-    sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
+    classes = _format.kernel_class_tables(analysis)
+    if classes:
+        sections.append(("classes", "GPU time by kernel class", "".join(
+            (f"<h3>{esc(table.title)}</h3>" if len(classes) > 1 else "") + _shared_table(table)
+            for table in classes)))
+    if not drawn or has_gpu:
+        sections.append(("modules", "GPU time by module (forward + backward)", _module_table(analysis)))
     if drawn:
         sections.append(("memory", "Memory", _per_trace(drawn, _memory)))
-        sections.append(("flame", "Host stacks", _flame_section()))
+        sections.append(("flame", "Host stacks", _flame_section(drawn)))
     if analysis.cross_rank is not None:
         sections.append(("ranks", "Ranks", _cross_rank(analysis.cross_rank)))
     title = f"trainprof report: {esc(_format.trace_name(analysis))}"
@@ -138,7 +177,8 @@ def _summary(analysis: Analysis) -> str:
     )
     verdicts = {trace.verdict.why: trace.verdict for trace in analysis.traces}
     notes = "".join(
-        f'<p class="why">{esc(v.why)}</p>' + (f'<p class="why"><b>Fix:</b> {esc(v.fix)}</p>' if v.fix else "")
+        f'<p class="why">{prose(v.why)}</p>'
+        + (f'<p class="why"><b>Fix:</b> {prose(v.fix)}</p>' if v.fix else "")
         for v in list(verdicts.values())[:1]
     )
     return f'<div class="cards">{cards}</div>{notes}'
@@ -220,11 +260,17 @@ def _finding(finding: Finding, among: list[Finding] | None) -> str:
     facts.append(("seen", seen))
     if finding.fix:
         facts.append(("fix", finding.fix))
-    rows = "".join(f"<dt>{esc(label)}</dt><dd>{esc(value)}</dd>" for label, value in facts)
+    rows = "".join(f"<dt>{esc(label)}</dt><dd>{prose(value) if label in _PROSE_FACTS else esc(value)}</dd>"
+                   for label, value in facts)
     return (
         f'<div class="finding {severity}"><div class="title">'
-        f'<span class="sev {severity}">{esc(severity)}</span>{esc(finding.title)}</div><dl>{rows}</dl></div>'
+        f'<span class="sev {severity}">{esc(severity)}</span>{prose(finding.title)}</div>'
+        f"<dl>{rows}</dl></div>"
     )
+
+
+_PROSE_FACTS = frozenset({"fix", "cause"})
+"""A finding's facts written in words (code spans as <code>); the others are names from the trace."""
 
 
 NUM, NAME, TEXT = "num", "name", "text"
@@ -242,6 +288,8 @@ def _table(columns: tuple[tuple[str, str], ...], rows: list[tuple[Any, ...]], sc
             if kind == NUM:  # text from `_format.number` (digits, separators, units): no markup
                 text, value = cell
                 cells.append(f'<td class="num" data-v="{value}">{text}</td>')
+            elif kind == NAME:
+                cells.append(_name_cell(cell))
             else:
                 cells.append(f'<td class="{kind}">{esc(cell)}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
@@ -280,9 +328,73 @@ def _op_table(trace: TraceInfo) -> str:
          _num(row.gpu_total_ms, 3), _num(row.gpu_self_ms, 3))
         for row in views.ops
     ]
+    if not views.timeline.lanes:  # no GPU work: its columns would be zeros that were never measured
+        return ('<p class="hint">Over all profiled steps, as <code>key_averages()</code>: self excludes '
+                "the ops an op called.</p>"
+                + _table(_OP_COLUMNS[:4], [row[:4] for row in rows]))
     return ('<p class="hint">Over all profiled steps, as <code>key_averages()</code>: self excludes the ops '
             "an op called; GPU time is that of the kernels and copies launched inside the op.</p>"
             + _table(_OP_COLUMNS, rows))
+
+
+_PHASE_PARTS = (("forward", "forward_ms"), ("backward", "backward_ms"), ("optimizer", "optimizer_ms"),
+                ("other", "other_ms"))
+"""A host step's parts (`host_ops.HostStepPhases`), in the loop's order: their bar's colours and words."""
+
+
+def _host_loop(trace: TraceInfo) -> str:
+    """A CPU run's steps as the loop ran them: host ms in forward, backward, the optimizer, and the
+    rest (Python between ops, ops of no phase), each as its share of the step."""
+    host = trace.views.host
+    if not host.steps:
+        return '<p class="empty">No profiled steps.</p>'
+    legend = "".join(f'<span><i class="phase-{key}"></i>{key}</span>' for key, _ in _PHASE_PARTS)
+    rows = []
+    for step in host.steps:
+        spans = "".join(
+            f'<span class="phase-{key}" style="width:{100 * ms / step.duration_ms:.3f}%" '
+            f'title="{key}: {ms:,.2f} ms ({100 * ms / step.duration_ms:.1f}%)"></span>'
+            for key, ms in ((key, getattr(step, field)) for key, field in _PHASE_PARTS)
+            if ms > 0 and step.duration_ms > 0
+        )
+        rows.append(f'<span>step {esc(step.number)}</span><div class="bar">{spans}</div>'
+                    f'<span class="num">{_format.number(step.duration_ms, 1)} ms</span>')
+    return (f'<div class="legend">{legend}</div><div class="bars">{"".join(rows)}</div>'
+            '<p class="hint">No GPU work was recorded: each step is host time, split by what the loop was '
+            "doing (the top-level ops of its forward, backward and optimizer step; other: ops of no phase "
+            "and Python between ops). Hover a part for its time.</p>")
+
+
+def _host_op_table(analysis: Analysis) -> str:
+    """The cpu-only finding's evidence: the top-level host ops by time (`host_ops.top_host_ops`)."""
+    found = [f for f in analysis.findings if isinstance(f.details, CpuOnlyDetails)]
+    if not found:
+        return '<p class="empty">No ops in the profiled steps.</p>'
+    parts = []
+    for finding in found:
+        detail = finding.details
+        assert isinstance(detail, CpuOnlyDetails)  # narrowed above
+        rows = [(row.op, _num(row.count, 0), _num(row.total_ms, 2), _num(row.pct_of_step, 1))
+                for row in detail.top_host_ops]
+        heading = f"<h3>rank {esc(finding.rank)}</h3>" if len(found) > 1 and finding.rank is not None else ""
+        parts.append(heading + _table((("op", NAME), ("calls", NUM), ("total ms", NUM), ("% of step", NUM)),
+                                      rows))
+    return ('<p class="hint">Top-level ops (none encloses them) over all profiled steps; a backward op is '
+            "the autograd node that ran.</p>" + "".join(parts))
+
+
+def _host_module_table(trace: TraceInfo) -> str:
+    """Host time by `nn.Module` (`host_ops.HostModuleTime`): the top-level ops it ran or whose
+    backward it owns."""
+    modules = trace.views.host.modules
+    if not modules:
+        if trace.views.recorded_with.get("with_stack") is False:
+            return ('<p class="empty">No <code>nn.Module</code> in the trace (run with '
+                    "<code>with_stack=True</code>).</p>")
+        return '<p class="empty">No top-level op ran inside an <code>nn.Module</code>.</p>'
+    rows = [(row.module, _num(row.instances, 0), _num(row.ms_per_step, 2), _num(row.pct_of_step, 1))
+            for row in modules]
+    return _table((("module", NAME), ("instances", NUM), ("host ms / step", NUM), ("% of step", NUM)), rows)
 
 
 _KERNEL_COLUMNS = (("kernel", NAME), ("category", TEXT), ("calls", NUM), ("total ms", NUM),
@@ -308,6 +420,9 @@ _MODULE_COLUMNS = (("module", NAME), ("phases", TEXT), ("instances", NUM), ("ker
 def _module_table(analysis: Analysis) -> str:
     findings = [f for f in analysis.findings if isinstance(f.details, ModuleCostsDetails)]
     if not findings:
+        drawn = [trace.views for trace in analysis.traces if trace.views is not None]
+        if drawn and all(views.recorded_with.get("with_stack") for views in drawn):
+            return '<p class="empty">No kernels owned by an <code>nn.Module</code>.</p>'
         return ('<p class="empty">No kernels owned by an <code>nn.Module</code> '
                 "(run with <code>with_stack=True</code>).</p>")
     parts = []
@@ -333,6 +448,10 @@ def _memory(trace: TraceInfo) -> str:
     history = _history(trace.memory_history) if trace.memory_history is not None else ""
     memory = trace.memory
     if memory is None or not memory.series.t_ms:
+        if not trace.views.timeline.lanes:
+            return '<p class="empty">No GPU memory: the run did no GPU work.</p>' + history
+        if trace.views.recorded_with.get("profile_memory"):
+            return '<p class="empty">No GPU memory recorded in the profiled steps.</p>' + history
         return ('<p class="empty">No GPU memory recorded (run with <code>profile_memory=True</code>).</p>'
                 + history)
     series = memory.series
@@ -369,14 +488,16 @@ def _memory(trace: TraceInfo) -> str:
         below = (above, above_points)
     peak_x = (memory.peak_at_ms - start) / span * width
     peak = esc(_format.size(memory.peak_bytes))
+    grid, labels = _size_axis(top, height)
     chart = (
+        f'<div class="plot">{labels}'
         f'<svg class="memory" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" role="img" '
         f'aria-label="allocated GPU memory over the recorded window, by category">'
-        f"<title>allocated GPU memory; peak {peak}</title>"
+        f"<title>allocated GPU memory; peak {peak}</title>{grid}"
         + "".join(layers)
         + f'<polyline class="curve" points="{" ".join(points(total))}"/>'
         + (f'<polyline class="reserved" points="{" ".join(points(reserved))}"/>' if len(reserved) else "")
-        + f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg>'
+        + f'<line class="peak" x1="{peak_x:.1f}" x2="{peak_x:.1f}" y1="0" y2="{height:.0f}"/></svg></div>'
         f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated, peak {peak} at '
         f"{memory.peak_at_ms:,.1f} ms (step {esc(memory.peak_step)})</span>"
         f"<span>{start + span:,.1f} ms</span></div>"
@@ -401,6 +522,23 @@ def _memory(trace: TraceInfo) -> str:
         scroll=False,
     )
     return chart + "<h3>Largest allocations alive at the peak</h3>" + table + history
+
+
+def _size_axis(top: float, height: float) -> tuple[str, str]:
+    """The y-axis of a memory chart whose top (`top` bytes) is `height - 10` above its foot: the SVG's
+    gridlines at about `MEMORY_TICKS` round sizes, and their labels (HTML beside the chart, as the
+    chart's drawing is stretched to the page's width)."""
+    unit, scale = next(((unit, 1024.0 ** power) for unit, power in (("GiB", 3), ("MiB", 2), ("KiB", 1))
+                        if top >= 1024.0 ** power), ("B", 1.0))
+    raw = top / scale / MEMORY_TICKS
+    power = 10.0 ** np.floor(np.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    grid, labels = [], [f'<span class="unit">{unit}</span>']
+    for k in range(int(top / scale / step) + 1):
+        y = height - k * step * scale / top * (height - 10)
+        grid.append(f'<line class="grid" x1="0" x2="1000" y1="{y:.1f}" y2="{y:.1f}"/>')
+        labels.append(f'<span style="top:{100 * y / height:.2f}%">{k * step:g}</span>')
+    return "".join(grid), f'<div class="y-axis" aria-hidden="true">{"".join(labels)}</div>'
 
 
 def _history(view: HistoryView) -> str:
@@ -428,14 +566,16 @@ def _history(view: HistoryView) -> str:
     if view.oom_at_ms is not None:
         lines += (f'<line class="peak" x1="{x(view.oom_at_ms):.1f}" x2="{x(view.oom_at_ms):.1f}" y1="0" '
                   f'y2="{height:.0f}"><title>out of memory</title></line>')
+    grid, labels = _size_axis(top, height)
     return (
         f"<h3>Allocator history ({view.entries:,} events; open {esc(view.file)} in "
         "PyTorch's memory viewer, https://pytorch.org/memory_viz)</h3>"
+        f'<div class="plot history">{labels}'
         f'<svg class="memory history" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" '
         'role="img" aria-label="allocated and reserved GPU memory over the recorded history">'
-        f"<title>allocator history; highest allocated {esc(_format.size(highest))}</title>{lines}"
+        f"<title>allocator history; highest allocated {esc(_format.size(highest))}</title>{grid}{lines}"
         f'<polyline class="curve" points="{curve(view.allocated_bytes)}"/>'
-        f'<polyline class="reserved" points="{curve(view.reserved_bytes)}"/></svg>'
+        f'<polyline class="reserved" points="{curve(view.reserved_bytes)}"/></svg></div>'
         f'<div class="axis"><span>{start:,.1f} ms</span><span>allocated (solid), reserved (dashed); '
         f"a line where each step begins</span><span>{start + span:,.1f} ms</span></div>"
     )
@@ -459,20 +599,26 @@ def _timeline_section(traces: list[TraceInfo]) -> str:
         '<div id="timeline-chart" class="chart"></div>'
         f'<div class="legend">{legend}</div>{_legend()}'
         '<p class="hint">Hover for a kernel\'s name, op, module and duration; wheel to zoom, drag to pan, '
-        "double-click to see everything. Kernels closer together than a pixel at full view are joined "
-        "into one block (its hover says how many). For the raw timeline, open the trace file in "
+        "double-click to see everything. Every lane is drawn on one time scale: a pixel column is filled "
+        "where the kernels (or the idle runs) in it add up to half a pixel, what it leaves carried to the "
+        "next, so tiny gaps merge and the share drawn is the share measured; each lane's share of the "
+        "steps in view is printed beside its name. Kernels closer together than a pixel at full view are "
+        "joined into one block (its hover says how many). For the raw timeline, open the trace file in "
         "Perfetto (ui.perfetto.dev).</p>"
     )
 
 
-def _flame_section() -> str:
+def _flame_section(traces: list[TraceInfo]) -> str:
+    gpu = any(trace.views.timeline.lanes for trace in traces)
+    stacks = all(trace.views.recorded_with.get("with_stack") for trace in traces)
     return (
         '<div class="toolbar"><button data-metric="host" class="on">host time</button>'
-        '<button data-metric="gpu">GPU time launched beneath</button>'
-        '<button id="flame-reset">reset zoom</button></div>'
+        + ('<button data-metric="gpu">GPU time launched beneath</button>' if gpu else "")
+        + '<button id="flame-reset">reset zoom</button></div>'
         '<div id="flame-chart" class="chart"></div>'
-        '<p class="hint">Callers above callees, merged by path over the profiled steps (Python frames need '
-        "<code>with_stack=True</code>). Click a frame to zoom into it.</p>"
+        '<p class="hint">Callers above callees, merged by path over the profiled steps'
+        + ("" if stacks else " (Python frames need <code>with_stack=True</code>)")
+        + ". Click a frame to zoom into it.</p>"
     )
 
 

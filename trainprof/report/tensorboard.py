@@ -28,6 +28,9 @@ SCALARS: dict[str, Callable[[Step, StepBusy | None], float | None]] = {
     "trainprof/mfu_pct": lambda _, busy: busy.mfu_pct if busy is not None else None,  # datasheet peak
     "trainprof/mfu_achievable_pct": lambda _, busy: busy.mfu_achievable_pct if busy is not None else None,
 }
+GPU_TAGS = frozenset({"trainprof/gpu_busy_pct", "trainprof/syncs_per_step", "trainprof/kernels_per_step"})
+"""Tags measured only on a GPU: not written for a step of a trace without GPU work (a CPU run), where
+they would chart flat zero lines of what was never measured."""
 UNPROFILED_TAG = "trainprof/unprofiled_step_ms"
 """The session's un-profiled step (`Summary.unprofiled_step_ms`), one value at the last step."""
 IDLE_TAG = "trainprof/gpu_idle_ms/"
@@ -72,7 +75,8 @@ def findings_markdown(analysis: Analysis) -> str:
 
 
 def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0) -> bool:
-    """Write one scalar per step and tag (those of `SCALARS`, and GPU idle by cause), at the step's
+    """Write one scalar per step and tag (those of `SCALARS` that were measured, and GPU idle by
+    cause), at the step's
     number plus `step_offset` (a framework's own x-axis), and at the last step the un-profiled step
     (where the session timed it) and the findings and report.md as text; False when tensorboard is
     not installed."""
@@ -88,8 +92,9 @@ def write_scalars(analysis: Analysis, run_dir: str | Path, step_offset: int = 0)
     try:
         for step, busy in zip(analysis.steps, _busy_rows(analysis), strict=True):
             at = step.times.number + step_offset
+            on_gpu = step.idle is not None  # None: the trace has no GPU work
             for tag, value_of in SCALARS.items():
-                value = value_of(step, busy)
+                value = value_of(step, busy) if on_gpu or tag not in GPU_TAGS else None
                 if value is not None:
                     writer.add_scalar(tag, value, global_step=at)
             for tag, ms in idle_scalars(step).items():

@@ -57,30 +57,54 @@ class Run:
         self.report = report
         relative = folder.relative_to(logdir).as_posix()
         self.name = "." if relative == "." else relative
-        rank = re.search(r"rank(\d+)", report or "")
-        self.label = self.name + (f" (rank {rank.group(1)})" if rank else "")
+        rank = _RANK.search(report or "")
+        self.rank = int(rank.group(1)) if rank else None
+        """The rank whose report this is (`report.rank<N>.html`); None for a run's one report."""
+        self.label = self.name + (f" (rank {self.rank})" if rank else "")
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_dict(self) -> dict[str, str | int | None]:
         """What `/runs` says of it."""
-        return {"run": self.name, "file": self.report, "label": self.label}
+        return {"run": self.name, "file": self.report, "label": self.label, "rank": self.rank}
+
+
+_RANK = re.compile(r"rank(\d+)")
 
 
 def find_runs(logdir: str | os.PathLike[str]) -> list[Run]:
-    """The runs under `logdir`, by folder name; a folder's sub-folders are not searched once it is a
-    run. No logdir (TensorBoard started with `--logdir_spec`, or none): no runs."""
-    runs: list[Run] = []
+    """The runs under `logdir`, the newest first (by its newest report or trace file), a run's ranks
+    together and in rank order; a folder's sub-folders are not searched once it is a run, nor is a
+    folder whose name starts with `_` or `.` (trainprof's own, e.g. `ab/_prediction`, or hidden).
+    No logdir (TensorBoard started with `--logdir_spec`, or none): no runs."""
+    found: list[tuple[float, list[Run]]] = []
     if not logdir or not Path(logdir).is_dir():
-        return runs
+        return []
     root = Path(logdir)
     for folder, subfolders, files in os.walk(root):
-        reports = sorted(name for name in files if _REPORT.match(name))
-        has_traces = any(_TRACE.search(name) for name in files)
-        if reports or has_traces:
-            runs += [Run(root, Path(folder), name) for name in reports] or [Run(root, Path(folder), None)]
+        reports = [name for name in files if _REPORT.match(name)]
+        traces = [name for name in files if _TRACE.search(name)]
+        if reports or traces:
+            runs = [Run(root, Path(folder), name) for name in reports] or [Run(root, Path(folder), None)]
+            found.append((_newest(Path(folder), reports or traces), sorted(runs, key=_rank_order)))
             subfolders.clear()
         else:
-            subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-    return sorted(runs, key=lambda run: (run.name, run.label))
+            subfolders[:] = sorted(name for name in subfolders if not name.startswith((".", "_")))
+    found.sort(key=lambda entry: (-entry[0], entry[1][0].name))
+    return [run for _, runs in found for run in runs]
+
+
+def _rank_order(run: Run) -> tuple[int, str]:
+    return (-1 if run.rank is None else run.rank, run.report or "")
+
+
+def _newest(folder: Path, names: list[str]) -> float:
+    """The latest modification time among a run's files (0 where none can be read)."""
+    times = []
+    for name in names:
+        try:
+            times.append(os.lstat(folder / name).st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)
 
 
 @functools.cache

@@ -775,8 +775,8 @@ static int read_events(State *st, Cur *c) {
 }
 
 static const char *METADATA[] = {"deviceProperties", "distributedInfo", "schemaVersion", "traceName",
-                                 "trainprof"};
-#define N_METADATA 5
+                                 "trainprof", "with_stack", "profile_memory", "record_shapes"};
+#define N_METADATA 8
 
 static int is_metadata(const char *k, Py_ssize_t kn, int m) {
     return (Py_ssize_t)strlen(METADATA[m]) == kn && memcmp(k, METADATA[m], kn) == 0;

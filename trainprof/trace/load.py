@@ -605,6 +605,11 @@ class _Document(msgspec.Struct, Generic[EventT]):
     traceName: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # noqa: N815
     trainprof: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     """The session's mark on a window it flushed at its stop (trainprof.files.SESSION_METADATA_KEY)."""
+    # The profiler's options as torch writes them (1 or 0; absent from other tools' traces): what
+    # the report may advise turning on (`views.recorded_with`).
+    with_stack: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    profile_memory: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    record_shapes: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 _METADATA_FIELDS = tuple(field for field in _Document.__struct_fields__ if field != "traceEvents")

@@ -70,7 +70,7 @@
                name: lane.name, cat: lane.cat, op: lane.op, module: lane.module, phase: lane.phase,
                kind: "gpu" };
     });
-    this.lanes.push({ label: "GPU idle, by cause", start: cumsum(view.idle.start), dur: view.idle.dur,
+    this.lanes.push({ label: "GPU idle", start: cumsum(view.idle.start), dur: view.idle.dur,
                       idle: view.idle.idle, count: view.idle.count, cause: view.idle.cause,
                       oneoff: view.idle.one_off, kind: "idle" });
     this.lanes.push({ label: "sync points", start: Float64Array.from(view.syncs.at), dur: view.syncs.blocked,
@@ -119,36 +119,108 @@
     ctx.setLineDash([]);
     for (var l = 0; l < this.lanes.length; l++) this.drawLane(ctx, this.lanes[l], HEADER + l * (LANE + GAP));
   };
+  /* The kernels' (or the idle runs') time per pixel column of the view, on the one scale every lane
+     shares: a block adds its busy (idle) time to the columns it spans, in proportion. `amount[c]` is
+     the µs in column c, `top[c]` the block that gave it the most (its colour and hover). */
+  Timeline.prototype.columns = function (lane) {
+    var g = this.geo, t0 = this.t0, t1 = this.t1, n = Math.max(Math.ceil(g.width), 1);
+    var amount = new Float64Array(n), most = new Float64Array(n), top = new Int32Array(n).fill(-1);
+    var share = lane.kind === "gpu" ? lane.busy : lane.idle;
+    for (var i = 0; i < lane.start.length; i++) {
+      var s = lane.start[i], d = lane.dur[i];
+      if (s > t1 || s + d < t0) continue;
+      var a = Math.max((s - t0) * g.scale, 0), b = Math.min((s + d - t0) * g.scale, n);
+      var density = d > 0 ? share[i] / d : 0;  // µs of work (idle) per µs of the block
+      for (var c = Math.floor(a); c < b && c < n; c++) {
+        var part = (Math.min(b, c + 1) - Math.max(a, c)) / g.scale * density;
+        if (d <= 0) part = share[i];
+        amount[c] += part;
+        if (part > most[c]) { most[c] = part; top[c] = i; }
+      }
+    }
+    return { amount: amount, top: top };
+  };
+  /* Columns drawn so that the drawn share stays true to scale: a column is filled when the time
+     carried into it reaches half a column, and what it over- or under-draws carries to the next
+     (error diffusion). Tiny gaps and kernels merge into whole pixels; none is inflated to one. */
   Timeline.prototype.drawLane = function (ctx, lane, y) {
-    var g = this.geo, t0 = this.t0, t1 = this.t1;
+    var g = this.geo;
     ctx.fillStyle = "#f6f8fb";
     ctx.fillRect(g.left, y, g.width, LANE);
+    if (lane.kind === "sync") { this.drawSyncs(ctx, lane, y); this.label(ctx, lane, y, ""); return; }
+    var cols = this.columns(lane), usPerColumn = 1 / g.scale, carry = 0, total = 0;
+    var self = this, runColor = null, runStart = 0, runAlpha = 1;
+    var pad = lane.kind === "gpu" ? 2 : 4;
+    function flush(end) {
+      if (runColor !== null && end > runStart) {
+        ctx.globalAlpha = runAlpha; ctx.fillStyle = runColor;
+        ctx.fillRect(g.left + runStart, y + pad, end - runStart, LANE - 2 * pad);
+      }
+      runColor = null;
+    }
+    for (var c = 0; c < cols.amount.length; c++) {
+      var filled = Math.min(cols.amount[c] / usPerColumn, 1);
+      total += cols.amount[c];
+      carry += filled;
+      var color = null, alpha = 1;
+      if (carry >= 0.5 && cols.top[c] >= 0) {
+        carry -= 1;
+        var i = cols.top[c];
+        if (lane.kind === "gpu") { color = self.catColors[lane.cat[i]]; alpha = lane.count[i] > 1 ? 0.7 : 1; }
+        else { color = self.causeColors[lane.cause[i]]; alpha = lane.oneoff[i] ? 0.45 : 0.9; }
+      }
+      if (color !== runColor || alpha !== runAlpha) { flush(c); if (color !== null) { runColor = color; runAlpha = alpha; runStart = c; } }
+    }
+    flush(cols.amount.length);
+    ctx.globalAlpha = 1;
+    if (lane.kind === "gpu") this.drawNames(ctx, lane, y);
+    var inSteps = this.stepTimeInView();
+    var pct = inSteps > 0 ? Math.min(100 * total / inSteps, 100) : 0;
+    this.label(ctx, lane, y, (pct >= 10 ? pct.toFixed(0) : pct.toFixed(1)) + "% " + (lane.kind === "gpu" ? "busy" : "idle"));
+  };
+  /* The lane's name at the left, its share of the steps' time in view at the right of the label. */
+  Timeline.prototype.label = function (ctx, lane, y, share) {
+    var g = this.geo;
     ctx.fillStyle = "#1d2330";
-    clippedText(ctx, lane.label, 0, y + LANE / 2, g.left - 6);
+    var shareWidth = share ? ctx.measureText(share).width + 8 : 0;
+    clippedText(ctx, lane.label, 0, y + LANE / 2, g.left - 6 - shareWidth);
+    if (share) {
+      ctx.save(); ctx.font = "bold 11px system-ui, sans-serif"; ctx.textAlign = "right";
+      ctx.fillText(share, g.left - 8, y + LANE / 2); ctx.restore();
+    }
+  };
+  /* The µs of the profiled steps inside the view: what a lane's share is a share of. */
+  Timeline.prototype.stepTimeInView = function () {
+    var steps = this.view.steps, total = 0;
+    for (var s = 0; s < steps.length; s++) total += Math.max(Math.min(steps[s][2], this.t1) - Math.max(steps[s][1], this.t0), 0);
+    return total;
+  };
+  Timeline.prototype.drawNames = function (ctx, lane, y) {
+    var g = this.geo, t0 = this.t0, t1 = this.t1;
     ctx.save();
     ctx.beginPath(); ctx.rect(g.left, y, g.width, LANE); ctx.clip();
+    ctx.fillStyle = "#10141c";
+    for (var i = 0; i < lane.start.length; i++) {
+      var s = lane.start[i], d = lane.dur[i];
+      if (s > t1 || s + d < t0 || d * g.scale <= 40) continue;
+      clippedText(ctx, this.strings[lane.name[i]] || "", g.left + (s - t0) * g.scale, y + LANE / 2, d * g.scale);
+    }
+    ctx.restore();
+  };
+  Timeline.prototype.drawSyncs = function (ctx, lane, y) {
+    var g = this.geo, t0 = this.t0, t1 = this.t1;
+    ctx.save();
+    ctx.beginPath(); ctx.rect(g.left, y, g.width, LANE); ctx.clip();
+    ctx.fillStyle = "#b01c5b";
     for (var i = 0; i < lane.start.length; i++) {
       var s = lane.start[i], d = lane.dur[i];
       if (s > t1 || s + d < t0) continue;
       var x = g.left + (s - t0) * g.scale, w = Math.max(d * g.scale, 1);
-      if (lane.kind === "gpu") {
-        ctx.globalAlpha = lane.count[i] > 1 ? 0.7 : 1;
-        ctx.fillStyle = this.catColors[lane.cat[i]];
-        ctx.fillRect(x, y + 2, w, LANE - 4);
-        if (w > 40) { ctx.globalAlpha = 1; ctx.fillStyle = "#10141c"; clippedText(ctx, this.strings[lane.name[i]] || "", x, y + LANE / 2, w); }
-      } else if (lane.kind === "idle") {
-        ctx.globalAlpha = lane.oneoff[i] ? 0.45 : 0.9;
-        ctx.fillStyle = this.causeColors[lane.cause[i]];
-        ctx.fillRect(x, y + 4, w, LANE - 8);
-      } else {
-        ctx.globalAlpha = 0.35;
-        ctx.fillStyle = "#b01c5b";
-        ctx.fillRect(x, y + 3, w, LANE - 6);
-        ctx.globalAlpha = 1;
-        ctx.beginPath(); ctx.moveTo(x - 4, y + 2); ctx.lineTo(x + 4, y + 2); ctx.lineTo(x, y + 9); ctx.closePath(); ctx.fill();
-      }
+      ctx.globalAlpha = 0.35;
+      ctx.fillRect(x, y + 3, w, LANE - 6);
+      ctx.globalAlpha = 1;  // a marker where the host blocked: a point in time, not a share
+      ctx.beginPath(); ctx.moveTo(x - 4, y + 2); ctx.lineTo(x + 4, y + 2); ctx.lineTo(x, y + 9); ctx.closePath(); ctx.fill();
     }
-    ctx.globalAlpha = 1;
     ctx.restore();
   };
   Timeline.prototype.hit = function (event) {

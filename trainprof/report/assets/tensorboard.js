@@ -40,11 +40,21 @@ export async function render() {
     picker.hidden = true;
     return;
   }
+  // The runs come newest first, a run's ranks together: those in one group named by the run.
+  let group = null;
   runs.forEach((run, index) => {
     const option = document.createElement("option");
     option.value = String(index);
-    option.textContent = run.label + (run.file ? "" : " (analysed now)");
-    picker.appendChild(option);
+    const ranked = run.rank !== null && run.rank !== undefined;
+    if (ranked && (!group || group.label !== run.run)) {
+      group = document.createElement("optgroup");
+      group.label = run.run;
+      picker.appendChild(group);
+    } else if (!ranked) {
+      group = null;
+    }
+    option.textContent = (ranked ? "rank " + run.rank : run.label) + (run.file ? "" : " (analysed now)");
+    (ranked ? group : picker).appendChild(option);
   });
   const show = () => {
     const run = runs[Number(picker.value)];
@@ -53,7 +63,8 @@ export async function render() {
     frame.src = "./report?" + query.toString();
   };
   picker.addEventListener("change", show);
-  note.textContent = runs.length + " run" + (runs.length === 1 ? "" : "s") + " under --logdir";
-  picker.value = String(runs.length - 1);  // the newest by name (run-<time> folders sort by time)
+  const count = new Set(runs.map((run) => run.run)).size;
+  note.textContent = count + " run" + (count === 1 ? "" : "s") + " under --logdir, the newest first";
+  picker.value = "0";  // the newest run (its rank 0 under a launcher)
   show();
 }
