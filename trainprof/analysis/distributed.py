@@ -66,6 +66,9 @@ class RankSummary(msgspec.Struct, frozen=True):
     collectives: list[Collective]
     work: RankWork | None = None
     """What its steps did on the measures ranks are compared on (`rank_work`); None: not known."""
+    top_finding: str | None = None
+    """Its own costliest finding at `low` or above, as `[severity] title`, where its analysis is at
+    hand (a session's: `analysis_summary`); None: none, or not known."""
 
     def to_bytes(self) -> bytes:
         """The summary as msgpack bytes."""
@@ -97,8 +100,11 @@ def rank_summary(process: int | str, steps: list[Step], infos: list[TraceInfo]) 
 
 
 def analysis_summary(analysis: Analysis, rank: int | str) -> RankSummary:
-    """The `RankSummary` of one process's own analysis (a session's), as rank `rank`."""
-    return rank_summary(rank, analysis.steps, analysis.traces)
+    """The `RankSummary` of one process's own analysis (a session's), as rank `rank`, with its
+    costliest finding (`top_finding`)."""
+    summary = rank_summary(rank, analysis.steps, analysis.traces)
+    top = next((f for f in analysis.findings if f.severity != "info"), None)
+    return msgspec.structs.replace(summary, top_finding=f"[{top.severity}] {top.title}" if top else None)
 
 
 def _most_common(labels: list[str]) -> str:
@@ -151,6 +157,8 @@ class RankRow(Record, frozen=True):
     unprofiled_late_ms: float | None = None
     """How much later than the other ranks it reaches its first forward in un-profiled steps
     (`stragglers.Lateness.unprofiled_late_ms_per_step`); None where a session did not time them."""
+    top_finding: str | None = None
+    """Its own costliest finding (`RankSummary.top_finding`); None: none, or not known."""
 
 
 class CollectiveMatch(Record, frozen=True):
@@ -240,6 +248,7 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
                 exposed_wait_ms_per_step=round(exposed_wait_ms / n, 4),
                 compute_ms=summary.work.compute_ms_per_step if summary.work is not None else None,
                 unprofiled_late_ms=unprofiled_late(summary.rank, works),
+                top_finding=summary.top_finding,
             )
         )
     skew_ms, skew_pct = _skew(summaries)

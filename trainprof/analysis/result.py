@@ -21,7 +21,9 @@ trace: `files` (the trace files analysed), `traces` (one per file: one window of
 ranks measured across ranks: `rank-wait-bound` where they hold its step), `last_arrival_pct`,
 `waited_ms_per_step`, `exposed_wait_ms_per_step`, `compute_ms` (its compute per step, as
 traces[].work), `unprofiled_late_ms` (how much later than the other ranks it reaches its first
-forward in un-profiled steps; null without a session's timing); `distributed.RankRow`),
+forward in un-profiled steps; null without a session's timing), `top_finding` (its own costliest
+finding as `[severity] title`, from a session's rank: report.ranks.md lists them; else null);
+`distributed.RankRow`),
 `step_count` (distinct step numbers),
 `summary`, `cross_rank` (null with one rank).
 

@@ -159,7 +159,12 @@ def render_cross_rank(
     lines += [f"- **{label}**: {escape(value)}" for label, value in headline(cross)]
     lines += ["", "## Findings across ranks", ""]
     rows = [_format.finding_row(f) for f in findings]
-    lines += table(_format.FINDING_COLUMNS, rows) if rows else ["No findings."]
+    lines += table(_format.FINDING_COLUMNS, rows) if rows else ["No finding across ranks."]
+    own = [(_format.clean(row.rank), _format.clean(row.top_finding))
+           for row in cross.ranks if row.top_finding]
+    if own:  # each rank's own report holds the rest
+        lines += ["", "## Each rank's costliest finding of its own", "",
+                  *table((_format.Column("rank"), _format.Column("finding")), own)]
     for found in tables(cross):
         lines += ["", f"## {escape(found.title)}", "", *table(found.columns, found.rows)]
     return "\n".join(lines) + "\n"
