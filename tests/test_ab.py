@@ -150,6 +150,28 @@ def test_markdown_and_console_render(tiny_run):
     assert "bare -> fused: ops that changed" in out.getvalue()
 
 
+def test_a_cpu_run_prints_only_what_it_measured(tiny_run):
+    """`trainprof ab --device cpu` printed ~100 lines of zero GPU columns and three prediction lines
+    that said opposite things (issue #37, item 6); its fused variant ran torch code unsaid."""
+    import io
+
+    from trainprof.ab.variants import ON_CPU_NOTE
+    from trainprof.report.ab import print_ab
+
+    data = tiny_run[0].to_dict()
+    out = io.StringIO()
+    print_ab(data, out, width=160)
+    text = out.getvalue()
+    for unmeasured in ("GPU busy %", "kernel GPU ms", "kernels / step", "launches / step", "memcpys / step",
+                       "syncs / step", "GPU ms", "peak memory"):
+        assert unmeasured not in text, unmeasured
+    assert "host ms bare" in text and "cpu ops / step" in text
+    predictions = [line for line in text.splitlines() if "prediction" in line or line.startswith("model:")]
+    assert predictions == ["no fused prediction: " + data["prediction"]["reason"]]
+    assert ON_CPU_NOTE in data["variants"][1]["notes"]
+    assert "fused: on the CPU the swapped modules run fused_layers' plain torch versions" in text
+
+
 def test_user_step_function_api():
     def factory(variant: Variant):
         torch.manual_seed(0)

@@ -109,7 +109,7 @@ def _check_report(page, hostile_trace, frame: str | None = None) -> None:
         const lane = data.lanes[0], want = data.strings.indexOf({json.dumps(hostile_trace.kernel)});
         const holder = doc.getElementById('timeline-chart');
         const box = holder.querySelector('canvas').getBoundingClientRect();
-        const left = 150, width = box.width - left - 8;  // the lanes' labels, and a margin
+        const left = 190, width = box.width - left - 8;  // the lanes' labels, and a margin
         let at = 0, index = -1, x = 0;
         for (let i = 0; i < lane.start.length && index < 0; i++) {{
             at += lane.start[i];
@@ -270,7 +270,7 @@ _IDLE_DRAWN = """(() => {
   const data = JSON.parse(document.getElementById('trainprof-data').textContent);
   const view = data.traces[Number((document.getElementById('trace-select') || {value: 0}).value)].timeline;
   const ratio = canvas.width / canvas.getBoundingClientRect().width;
-  const left = 150, width = canvas.getBoundingClientRect().width - left - 8, scale = width / view.end;
+  const left = 190, width = canvas.getBoundingClientRect().width - left - 8, scale = width / view.end;
   const y = Math.round((26 + view.lanes.length * (22 + 4) + 11) * ratio);
   const row = canvas.getContext('2d').getImageData(0, y, canvas.width, 1).data;
   let columns = 0, drawn = 0;
@@ -309,4 +309,46 @@ def test_every_fixture_drawn_to_scale_with_kernel_classes_and_no_backtick(browse
             checked.append((folder.name, index, round(drawn, 1), round(reported, 1)))
     wrong = [row for row in checked if abs(row[2] - row[3]) > IDLE_DRAWN_TOLERANCE_PCT]
     assert len(checked) >= 29 and not wrong, wrong
+    assert page.errors == []
+
+
+DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "img"
+SCREENSHOT_FIXTURE = "traces/gpt2_pathologies"
+"""The fixture whose report.html the docs show (tests/fixtures/traces: launch-bound, with syncs)."""
+SCREENSHOTS = {"report-top.png": ("body", 1150), "report-timeline.png": ("#timeline", 430)}
+"""Each screenshot of docs/img: the element its top edge is at, and its height in pixels (1280 wide)."""
+SCREENSHOT_MAX_BYTES = 300_000
+UPDATE_SCREENSHOTS = "TRAINPROF_UPDATE_SCREENSHOTS"
+"""Set to 1 to write the screenshots (and docs/img/screenshots.json) into docs/img."""
+
+
+def test_screenshots_of_the_docs(browser, fixtures_dir, tmp_path):
+    """The pictures of report.html in docs/report.md, made from a fixture: each run takes them (and
+    checks their size); with TRAINPROF_UPDATE_SCREENSHOTS=1 they replace docs/img's, with the sections
+    the page had (test_html_report.py checks those are still the page's)."""
+    import base64
+    import re
+
+    report = write_html(analyze(fixtures_dir / SCREENSHOT_FIXTURE, views=True), tmp_path / "report.html")
+    page = browser.new_page(WIDTH, HEIGHT)
+    page.open(report.as_uri())
+    page.wait_for(lambda: page.evaluate("!!document.querySelector('#flame-chart canvas')"), "the drawings")
+    update = os.environ.get(UPDATE_SCREENSHOTS) == "1"
+    for name, (selector, height) in SCREENSHOTS.items():
+        top = page.evaluate(f"document.querySelector('{selector}').getBoundingClientRect().top + scrollY")
+        shot = page.send("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": top, "width": WIDTH, "height": height, "scale": 1},
+        })["data"]
+        path = tmp_path / name
+        path.write_bytes(base64.b64decode(shot))
+        assert 20_000 < path.stat().st_size < SCREENSHOT_MAX_BYTES, (name, path.stat().st_size)
+        if update:
+            DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, DOCS_IMAGES / name)
+    if update:
+        sections = re.findall(r'<section id="([^"]+)">', report.read_text())
+        manifest = {"fixture": SCREENSHOT_FIXTURE, "sections": sections, "files": sorted(SCREENSHOTS),
+                    "made_by": f"{UPDATE_SCREENSHOTS}=1 pytest tests/test_browser.py -k screenshots"}
+        (DOCS_IMAGES / "screenshots.json").write_text(json.dumps(manifest, indent=1) + "\n")
     assert page.errors == []

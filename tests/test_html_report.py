@@ -9,6 +9,7 @@ import json
 import logging
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
@@ -336,3 +337,18 @@ def test_pictures_and_tables_say_their_scale(pathologies_page):
     assert "`" not in re.sub(r"<(script|style).*?</\1>", "", page, flags=re.S)
     assert prose("run `profile_memory=True` for <b>") == (
         "run <code>profile_memory=True</code> for &lt;b&gt;")
+
+
+def test_the_docs_screenshots_are_of_the_page_as_it_is(fixtures_dir):
+    """docs/img's screenshots of report.html (taken by test_browser.py from a fixture, with
+    TRAINPROF_UPDATE_SCREENSHOTS=1) exist, are small, are shown by docs/report.md, and were taken
+    of a page with the sections report.html has now (a section added or gone: take them again)."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    manifest = json.loads((docs / "img" / "screenshots.json").read_text())
+    page = render_html(analyze(fixtures_dir / manifest["fixture"], views=True))
+    assert re.findall(r'<section id="([^"]+)">', page) == manifest["sections"], manifest["made_by"]
+    guide = (docs / "report.md").read_text()
+    for name in manifest["files"]:
+        image = (docs / "img" / name).read_bytes()
+        assert image.startswith(b"\x89PNG\r\n\x1a\n") and 20_000 < len(image) < 300_000, name
+        assert f"](img/{name})" in guide, name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -93,20 +94,25 @@ def _run_ab(args: argparse.Namespace, variants: list[str]) -> int:
     from trainprof.report import ab as render
 
     try:
-        result = run_model(
-            args.model,
-            variants,
-            steps=args.steps,
-            warmup=args.warmup,
-            block=args.block,
-            batch=args.batch,
-            seq=args.seq,
-            dtype=args.dtype,
-            autocast=args.autocast,
-            device=args.device,
-            log_dir=args.log_dir,
-            profile=not args.no_profile,
-        )
+        with warnings.catch_warnings():
+            # A fused variant on the CPU says so in its note (ab.variants.ON_CPU_NOTE), in place of
+            # fused_layers' warning with its source line.
+            warnings.filterwarnings("ignore", message=r"fused_layers: \w+ got tensors that are not on a CUDA",
+                                    category=RuntimeWarning)
+            result = run_model(
+                args.model,
+                variants,
+                steps=args.steps,
+                warmup=args.warmup,
+                block=args.block,
+                batch=args.batch,
+                seq=args.seq,
+                dtype=args.dtype,
+                autocast=args.autocast,
+                device=args.device,
+                log_dir=args.log_dir,
+                profile=not args.no_profile,
+            )
     except ValueError as exc:  # an unknown model (ModelNotFound), bad variants, steps, ...
         return error(str(exc))
     return _write_outputs(args, result.to_dict(), render.render_ab_markdown, render.print_ab)

@@ -18,6 +18,9 @@ import torch
 PARTS = ("fused", "liger", "liger-matched", "compile")
 DEFAULT_VARIANTS = ("bare", "fused", "compile", "fused+compile")
 _KERNEL_PARTS = ("fused", "liger", "liger-matched")  # one at most per variant
+ON_CPU_NOTE = ("on the CPU the swapped modules run fused_layers' plain torch versions (its Triton and CUDA "
+               "kernels need a CUDA device): this variant times torch code, not fused kernels")
+"""A fused variant's note when the model is not on a CUDA device (instead of fused_layers' warning)."""
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Variant:
             # measured now where the cache lacks it; the summary says which.
             record = fused_layers.swap(model, for_compile=self.compile)
             self.notes.append(f"fused_layers.swap: {record.summary(under_compile=self.compile)}")
+            if not any(p.is_cuda for p in model.parameters()):
+                self.notes.append(ON_CPU_NOTE)
         if self.liger:
             self.notes.append(f"liger: {apply_liger(model, matched=self.liger_matched)}")
         if self.compile:

@@ -74,7 +74,12 @@ def ab_tables(result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS) -> list
         )
     from trainprof.analysis.diff import TraceDiff  # the diffs come as JSON, inside the result
 
-    tables = [Table("Variants", _ab_columns(reference), rows)]
+    columns = _ab_columns(reference)
+    if not any(v.get("peak_memory_bytes") is not None for v in variants):  # not measured (a CPU run)
+        keep = [i for i, column in enumerate(columns) if column.name != "peak memory"]
+        columns = tuple(columns[i] for i in keep)
+        rows = [tuple(row[i] for i in keep) for row in rows]
+    tables = [Table("Variants", columns, rows)]
     for name, diff in (result.get("diffs") or {}).items():
         diff = TraceDiff.from_dict(diff)
         diff.a.name, diff.b.name = variants[0]["name"], name  # older results carry no names
@@ -93,10 +98,13 @@ def diff_tables(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> list[Table]:
     """The tables of a trace diff: headline, changed ops, changed kernels, findings; each figure of
     the two runs under the run's name, then the change and the ratio."""
     a, b = _name(diff.a.name or "a"), _name(diff.b.name or "b")
+    gpu = _has_gpu_work(diff)
     headline = [
         (row.metric, _value(row.metric, row.a), _value(row.metric, row.b), _change(row.metric, row.delta),
          _format.ratio(row.ratio))
         for row in diff.headline
+        # only what was measured: no GPU figure of two CPU runs, no row that neither run has
+        if (gpu or row.metric not in _GPU_METRICS) and (row.a is not None or row.b is not None)
     ]
     changed_ops = [r for r in diff.ops if r.status != "same"][:limit]
     ops = [
@@ -134,17 +142,21 @@ def diff_tables(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> list[Table]:
         )
         for title, c in zip(titles, diff.findings, strict=True)
     ]
+    op_columns = (
+        Column("op"), Column("status", drop=1),
+        Column(f"GPU ms {a}", numeric=True, drop=3), Column(f"GPU ms {b}", numeric=True, drop=3),
+        Column("GPU ms change", numeric=True), Column("GPU ms ratio", numeric=True, drop=2),
+        Column(f"host ms {a}", numeric=True, drop=5), Column(f"host ms {b}", numeric=True, drop=5),
+        Column("host ms change", numeric=True, drop=4),
+        Column(f"calls {a}", numeric=True, drop=6), Column(f"calls {b}", numeric=True, drop=6),
+    )
+    if not gpu:  # two CPU runs: the ops' GPU columns would be zeros that were never measured
+        op_columns = op_columns[:2] + op_columns[6:]
+        ops = [row[:2] + row[6:] for row in ops]
     tables = [
         Table("per step", (Column("metric"), Column(a, numeric=True), Column(b, numeric=True),
                            Column("change", numeric=True), Column("ratio", numeric=True, drop=1)), headline),
-        Table("ops that changed (per step)", (
-            Column("op"), Column("status", drop=1),
-            Column(f"GPU ms {a}", numeric=True, drop=3), Column(f"GPU ms {b}", numeric=True, drop=3),
-            Column("GPU ms change", numeric=True), Column("GPU ms ratio", numeric=True, drop=2),
-            Column(f"host ms {a}", numeric=True, drop=5), Column(f"host ms {b}", numeric=True, drop=5),
-            Column("host ms change", numeric=True, drop=4),
-            Column(f"calls {a}", numeric=True, drop=6), Column(f"calls {b}", numeric=True, drop=6),
-        ), ops),
+        Table("ops that changed (per step)", op_columns, ops),
     ]
     if kernels:
         tables.append(Table("kernels and copies that changed (per step)", (
@@ -162,6 +174,16 @@ def diff_tables(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> list[Table]:
             Column(f"per step {a}", numeric=True, drop=1), Column(f"per step {b}", numeric=True, drop=1),
         ), findings))
     return tables
+
+
+_GPU_METRICS = frozenset({"GPU busy %", "kernel GPU ms / step", "kernels / step", "launches / step",
+                          "memcpys / step", "syncs / step"})
+"""Headline figures of a diff that only a run with GPU work measures (`diff._headline`)."""
+
+
+def _has_gpu_work(diff: TraceDiff) -> bool:
+    """Whether either run of a diff recorded GPU work (a GPU figure of its headline is not zero)."""
+    return any(row.metric in _GPU_METRICS and (row.a or row.b) for row in diff.headline)
 
 
 def _value(metric: str, value: Any) -> str:
@@ -225,6 +247,9 @@ def _prediction_lines(result: dict[str, Any]) -> list[str]:
         f"host ms per step; fused kernels expected {_number(prediction['fused_expected_gpu_ms_per_step'], 3)}"
         " GPU ms"
     ]
+    if not prediction.get("available") and not prediction.get("gpu_ms_per_step"):
+        # Nothing to predict from (a CPU run): the reason alone, not a model of GPU time it cannot use.
+        return [_format.clean(f"no fused prediction: {prediction.get('reason')}")]
     if prediction.get("available"):
         lines.append(
             f"predicted: {_number(prediction.get('predicted_saved_ms'), 2)} ms saved, "

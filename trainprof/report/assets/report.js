@@ -86,7 +86,7 @@
     this.t0 = a - pad; this.t1 = b + pad; this.draw();
   };
   Timeline.prototype.layout = function () {
-    var labelWidth = 150;
+    var labelWidth = 190;
     return { left: labelWidth, height: HEADER + this.lanes.length * (LANE + GAP) + 4 };
   };
   Timeline.prototype.draw = function () {
