@@ -3,7 +3,7 @@
 Each mutant runs in a worker process as in CI (`trainprof analyze --json --debug`, every writer on a
 result, `trainprof diff` for one in `DIFF_EVERY`), and gets its own peak RSS: the worker resets its
 `VmHWM` (Linux: `/proc/self/clear_refs`) before the mutant and reads it after. The bound checked per
-mutant is the memory bound of README "Memory" plus a slack for the warm process's own allocations:
+mutant is the memory bound of docs/analyze.md "Memory" plus a slack for the warm process's own allocations:
 
     peak RSS growth <= 3 x the counted size of its traces + 8 x that of its sync sites files + 32 MiB
 

@@ -1,4 +1,4 @@
-"""Does `trainprof analyze` hold its memory bound (README "Memory"; trainprof/trace/budget.py)?
+"""Does `trainprof analyze` hold its memory bound (docs/analyze.md "Memory"; trainprof/trace/budget.py)?
 
 Each case is a file written into a scratch folder (deleted after its run) and analysed by a fresh
 `trainprof analyze PATH --json` in a child process, which reports its peak RSS (`VmHWM`) above the

@@ -1,4 +1,4 @@
-"""The fault matrix of issue #9 for the session, the reports and the install (README "Reliability").
+"""The fault matrix of issue #9 for the session, the reports and the install (docs/reliability.md).
 
 Each test reproduces one way trainprof used to crash, lose or clobber a file, inject text, or say
 nothing; each failed before its fix.

@@ -1,4 +1,4 @@
-"""`trainprof analyze` holds its memory bound (README "Memory", trainprof/trace/budget.py; issue #21,
+"""`trainprof analyze` holds its memory bound (docs/analyze.md "Memory", trainprof/trace/budget.py; issue #21,
 items 10-11): each case runs in a child process that reports its peak RSS above the RSS it had
 once the analysis was imported.
 

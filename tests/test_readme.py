@@ -1,9 +1,14 @@
-"""The README's Python blocks run as written, on a CPU, so that they stay true.
+"""Every Python and shell block of README.md and docs/*.md is checked, so that they stay true.
 
-A block runs when the line before it is a marker, `<!-- readme-test: cpu -->`, or
-`<!-- readme-test: cpu, needs: NAME -->` where NAME is a prelude below: the reader's own model,
-data or tensors that the README leaves to them. Each runs in a fresh interpreter in a temporary
-folder; it must exit 0 with no traceback. Also: the README names every verdict and finding kind.
+Each block carries a marker on the line before it:
+- `<!-- docs-test: cpu -->`: run as written, on a CPU, in a fresh interpreter (Python) or bash (shell)
+  in a temporary folder that holds `tests/fixtures` (a link to this checkout's), as a clone would;
+  it must exit 0 with no traceback. `<!-- docs-test: cpu, needs: NAME -->` runs PRELUDES[NAME]
+  first: the reader's own model, data or tensors that the docs leave to them. In shell blocks
+  `trainprof` is this checkout's (`python -m trainprof`).
+- `<!-- docs-test: gpu -->` (needs a GPU) or `<!-- docs-test: syntax -->` (needs what a test cannot
+  have: several machines, your own script or run folder): only parsed (`compile`, `bash -n`).
+A block without a marker fails. Also: the docs name every verdict, finding kind and threshold.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-MARKER = re.compile(r"<!-- readme-test: cpu(?:, needs: (\w+))? -->\n```python\n(.*?)```", re.S)
+DOC_PATHS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = {path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8") for path in DOC_PATHS}
+README = DOCS["README.md"]
+ALL_TEXT = "\n".join(DOCS.values())
+BLOCK = re.compile(r"(?:<!-- docs-test: (\w+)(?:, needs: (\w+))? -->\n)?```(python|sh)\n(.*?)```", re.S)
+MARKS = ("cpu", "gpu", "syntax")
 
 _TINY_GPT2 = """
 import torch
@@ -71,24 +80,70 @@ labels = torch.randint(0, 1000, (2, 16))
 """,
 }
 
-BLOCKS = [(needs, code) for needs, code in MARKER.findall(README)]
+# The shell blocks' `trainprof`: this checkout's, whatever is installed.
+SHELL_PRELUDE = f'set -e\ntrainprof() {{ "{sys.executable}" -m trainprof "$@"; }}\n'
 
 
-def test_the_readme_marks_its_runnable_blocks():
-    assert len(BLOCKS) >= 6
-    assert all(needs in PRELUDES for needs, _ in BLOCKS if needs)
+def _blocks() -> list[tuple[str, str | None, str | None, str, str]]:
+    """(where, mark, needs, language, code) of every Python and shell block."""
+    found = []
+    for name, text in DOCS.items():
+        for match in BLOCK.finditer(text):
+            mark, needs, language, code = match.groups()
+            line = text.count("\n", 0, match.start(3)) + 1
+            found.append((f"{name}:{line}", mark, needs, language, code))
+    return found
 
 
-BLOCK_IDS = [f"{index}-{needs or 'plain'}" for index, (needs, _) in enumerate(BLOCKS)]
+BLOCKS = _blocks()
+RUN = [block for block in BLOCKS if block[1] == "cpu"]
+PARSE = [block for block in BLOCKS if block[1] in ("gpu", "syntax")]
 
 
-@pytest.mark.parametrize(("needs", "code"), BLOCKS, ids=BLOCK_IDS)
-def test_readme_block_runs_on_a_cpu(tmp_path, needs, code):
-    source = textwrap.dedent(PRELUDES.get(needs, "")) + "\n" + code
+def test_every_block_is_marked():
+    unmarked = [where for where, mark, *_ in BLOCKS if mark not in MARKS]
+    assert not unmarked, f"blocks without a docs-test marker: {unmarked}"
+    assert all(needs in PRELUDES for _, _, needs, _, _ in BLOCKS if needs)
+    assert len(RUN) >= 10 and {language for *_, language, _ in RUN} == {"python", "sh"}
+
+
+def _scratch(tmp_path: Path) -> Path:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "fixtures").symlink_to(ROOT / "tests" / "fixtures")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("where", "mark", "needs", "language", "code"), RUN, ids=[b[0] for b in RUN])
+def test_block_runs_on_a_cpu(tmp_path, where, mark, needs, language, code):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([sys.executable, "-c", source], cwd=tmp_path, capture_output=True, text=True,
-                            env=env, timeout=300)
+    if language == "python":
+        argv = [sys.executable, "-c", textwrap.dedent(PRELUDES.get(needs, "")) + "\n" + code]
+    else:
+        argv = ["bash", "-c", SHELL_PRELUDE + code]
+    result = subprocess.run(argv, cwd=_scratch(tmp_path), capture_output=True, text=True, env=env,
+                            timeout=300)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("where", "mark", "needs", "language", "code"), PARSE, ids=[b[0] for b in PARSE])
+def test_block_parses(where, mark, needs, language, code):
+    if language == "python":
+        compile(code, where, "exec")
+    else:
+        result = subprocess.run(["bash", "-n", "-c", code], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+
+
+def test_the_readme_is_a_front_door():
+    """Under 250 lines, installed from a clone, with links into docs/ that resolve."""
+    assert len(README.splitlines()) < 250
+    assert "pip install trainprof" not in ALL_TEXT  # no package index has it
+    for name, text in DOCS.items():
+        base = ROOT if name == "README.md" else ROOT / "docs"
+        for target in re.findall(r"\]\(((?!https?:|#)[^)#\s]+)", text):
+            if target.startswith("img/") or target.startswith("docs/img/"):
+                continue  # screenshots, written by tests/test_browser.py
+            assert (base / target).exists(), target
 
 
 def _finding_kinds() -> set[str]:
@@ -99,10 +154,10 @@ def _finding_kinds() -> set[str]:
     return kinds
 
 
-def test_the_readme_names_every_verdict_and_finding_kind():
+def test_the_docs_name_every_verdict_and_finding_kind():
     kinds = _finding_kinds()
     assert {"sync_point", "launch_overhead", "input_bound", "one_off", "module_costs"} <= kinds
-    missing = sorted(kind for kind in kinds if f"`{kind}`" not in README)
+    missing = sorted(kind for kind in kinds if f"`{kind}`" not in ALL_TEXT)
     assert not missing
     from trainprof.analysis.causes import CAUSES
 
@@ -110,3 +165,10 @@ def test_the_readme_names_every_verdict_and_finding_kind():
         "gpu-bound", "communication-bound", "mixed", "unknown", "cpu-only", "straggler: rank R"
     }
     assert not sorted(v for v in verdicts if f"| `{v}` |" not in README)
+
+
+def test_the_thresholds_doc_lists_every_threshold_with_its_default():
+    from trainprof.analysis.thresholds import THRESHOLDS
+
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([-\d.e]+) \|", DOCS["docs/thresholds.md"], re.M))
+    assert {name: float(value) for name, value in rows.items()} == {t.name: t.value for t in THRESHOLDS}

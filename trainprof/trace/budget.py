@@ -10,7 +10,7 @@ the text's bytes, its objects, its events or its steps, whichever is most. So a 
 (objects are the `{` in the text, events its `"ph"` keys, step annotations its `ProfilerStep#`: upper
 bounds, as the same text inside a string counts too; a torch trace has 150-190 bytes per `{` and
 300-400 per event, so its counted size is its size). The size limit applies to the counted size,
-and the memory bound, stated in README.md and measured by `benchmarks/memory_bound.py`, is
+and the memory bound, stated in docs/analyze.md and measured by `benchmarks/memory_bound.py`, is
 
     peak RSS above the loaded interpreter <= TRACE_MEMORY_FACTOR x counted size   (a trace)
                                            <= SIDECAR_MEMORY_FACTOR x counted size (a sync sites file)
