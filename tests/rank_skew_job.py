@@ -15,7 +15,8 @@ times when it reaches its first forward without the profiler):
 Then the `equal` and `slowed` loops again under a plain `torch.profiler` per rank (stacks and shapes on,
 no session: no un-profiled steps), into `OUT/plain-<case>/`, as a user records traces.
 
-Each rank writes `OUT/result.rank<R>.json`: per case the session's verdict and findings (kind,
+Rank 0 prints its console report of `sleep` into `OUT/console.sleep.rank0.txt`. Each rank writes
+`OUT/result.rank<R>.json`: per case the session's verdict and findings (kind,
 severity, rank, title) as rank 0 merged them (its own report with the cross-rank one).
 """
 
@@ -25,6 +26,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 
 import torch
@@ -87,9 +89,13 @@ def worker(rank: int, world: int, out: str, port: int) -> None:
     out_dir = Path(out)
     results = {}
     for case in CASES:
-        options = dict(SESSION, with_stack=case != "slowed")
-        with trainprof.session(out_dir, run_name=case, **options) as session:
-            _loop(case, rank, world)
+        # rank 0 prints its console report of the sleep case (into a file): what a user reads live
+        console = case == "sleep" and rank == 0
+        options = dict(SESSION, with_stack=case != "slowed", console=console)
+        with open(out_dir / f"console.{case}.rank{rank}.txt", "w") if console else nullcontext() as text, \
+                redirect_stdout(text) if console else nullcontext():
+            with trainprof.session(out_dir, run_name=case, **options) as session:
+                _loop(case, rank, world)
         results[case] = {
             "verdict": session.summary.verdict,
             "findings": [

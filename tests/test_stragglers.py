@@ -110,6 +110,11 @@ def test_a_sleep_in_one_ranks_input_function_is_named_and_holds_un_profiled(job)
     assert late["unprofiled_late_ms_per_step"] == pytest.approx(SLEEP_MS, rel=0.25)
     rows = {row["rank"]: row for row in gathered["cross_rank"]["ranks"]}
     assert rows[world - 1]["unprofiled_late_ms"] == pytest.approx(SLEEP_MS, rel=0.25)
+    # rank 0's console report waits for the other ranks: its first finding is the straggler
+    console = (out / "console.sleep.rank0.txt").read_text()
+    first = console.split("Top findings", 1)[1].splitlines()[1]
+    assert f"rank {world - 1}" in first.lower() and "straggler" in first.lower(), console[:2000]
+    assert console.index("Top findings") < console.index(f"trainprof: {world} ranks")
 
 
 def test_a_larger_batch_on_one_rank_is_named_by_its_op_shapes(job):

@@ -241,6 +241,7 @@ class Session:
         self._nvtx_depth = 0
         self._nvtx_phase: str | None = None
         self._group = GroupHandle.new()
+        self._console_deferred = False  # whether rank 0's console report waits for the cross-rank merge
         self._made_run_dir = False  # whether start() made the run folder (an empty one goes at stop)
 
     @property
@@ -373,6 +374,7 @@ class Session:
             self._stop_and_report(user_error, error)
         finally:
             self._across_ranks()
+            self._print_deferred_report()  # where the gather failed or found no other rank
             self._drop_empty_run_dir()
 
     def _drop_empty_run_dir(self) -> None:
@@ -463,6 +465,7 @@ class Session:
             self.written.update(write_reports(self.analysis, self.run_dir, tensorboard_scalars=False,
                                               console=False, rank=self.rank))
         if self.config.console:
+            self._print_deferred_report()
             self._print(print_cross_rank, self.cross_rank, written["report"])
 
     def _shutdown(self) -> None:
@@ -886,10 +889,29 @@ class Session:
             rank=self.rank,
         )
         if self.config.console:
-            from trainprof.report.console import print_report
+            self._group.capture()
+            if self._gathers_here():  # printed once the other ranks' findings are merged in
+                self._console_deferred = True
+            else:
+                from trainprof.report.console import print_report
 
-            self._print(print_report, self.analysis)
+                self._print(print_report, self.analysis)
         self._say_where(analysed=True)
+
+    def _gathers_here(self) -> bool:
+        """Whether this process is rank 0 of a job whose ranks hand it their summaries: its console
+        report waits for theirs, so that it leads with what holds the job (a straggler), not with
+        what its own trace blames."""
+        return self._group.ready and self._group.rank == 0 and self.config.gather_timeout_s > 0
+
+    def _print_deferred_report(self) -> None:
+        """The console report `_report` held back on rank 0, now with the other ranks' findings."""
+        if not self._console_deferred or self.analysis is None:
+            return
+        self._console_deferred = False
+        from trainprof.report.console import print_report
+
+        self._print(print_report, self.analysis)
 
     def _write_memory(self, last_trace: str | None, traces: list[Any]) -> None:
         """`<worker>.memory.json` beside the traces (`capture.memory`), its out-of-memory error named
