@@ -1,13 +1,14 @@
 # Two entry points for a fresh clone (README.md):
 #   make demo   set up .venv, then profile a small GPT-2-shaped model and print the report
 #   make test   set up .venv, then run the test suite (CPU; Triton kernels under its interpreter)
+# and, while working, make test-fast: the tests not marked slow (tests/conftest.py says which are)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # A CPU wheel of this release lies on the development and CI machines' disk. On a GPU machine
 # that already has torch, override it: make demo TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint FORCE
+.PHONY: demo test test-fast lint FORCE
 
 # The torch spec of the last install: rewritten (and so newer than .installed) only when TORCH_SPEC
 # changes, so that `make test TORCH_SPEC=...` reinstalls torch in an existing .venv.
@@ -30,6 +31,9 @@ demo: $(VENV)/.installed
 # (tests/conftest.py); tests marked xdist_group share a worker, and so their module's fixtures.
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n auto --dist loadgroup tests
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -n auto --dist loadgroup -m "not slow" tests
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check trainprof fused_layers benchmarks examples tests

@@ -32,6 +32,73 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
+# The slow tier: `make test-fast` runs `-m "not slow"`, `make test` (what CI runs) everything. Whole
+# modules by what they do, and single test functions of otherwise quick modules that took a second
+# of CPU time or more (the process and its children; 2-core machine, 2026-11-29, measured one process
+# over the quick modules). tests/test_tiers.py holds every name here to a module or function that exists.
+SLOW_MODULES = {
+    "test_ops.py": "every fused op, odd shapes and dtypes, forward and backward under Triton's interpreter",
+    "test_rope.py": "the RoPE kernels under Triton's interpreter",
+    "test_linear_cross_entropy.py": "the fused loss under Triton's interpreter",
+    "test_causal_lm.py": "causal LMs' fused loss, trained under Triton's interpreter",
+    "test_numba_gelu.py": "numba's CUDA simulator",
+    "test_swap.py": "Hugging Face models swapped, trained and compiled under Triton's interpreter",
+    "test_fuzz.py": "300 mutants through every report writer",
+    "test_fuzz_structured.py": "300 generated mutants, each memory-checked",
+    "test_browser.py": "headless Chromium and TensorBoard",
+    "test_job_analysis.py": "torchrun jobs",
+    "test_run.py": "`trainprof run` in subprocesses",
+    "test_integrations.py": "Hugging Face Trainer, Lightning and accelerate runs under a session",
+    "test_user_loops.py": "users' loops under a session, each in a subprocess",
+    "test_session_faults.py": "sessions failing in subprocesses",
+}
+SLOW_TESTS = {
+    "test_stragglers.py::test_ranks_with_the_same_work_have_no_straggler_in_a_session",  # 58 s
+    "test_partial_runs.py::test_a_run_being_written_is_analysed_as_it_stands",  # 31 s
+    # 26 s
+    "test_distributed.py::test_ddp_cross_rank_report_is_written_by_rank_0_from_the_gathered_summaries",
+    "test_bad_input.py::test_threads_in_linear_time",  # 14 s
+    "test_native_scan.py::test_mutated_traces_give_msgspecs_result_or_its_error",  # 11 s
+    "test_quiet.py::test_quiet_run_silences_trainprofs_warnings_and_report",  # 11 s
+    "test_true_numbers.py::test_no_printed_efficiency_passes_100_percent",  # 10 s over 35 cases
+    "test_bad_input.py::test_step_annotations_in_linear_time",  # 8 s
+    "test_hardening.py::test_fused_layers_without_triton_swap_and_train_with_torch",  # 9 s
+    "test_busy.py::test_guarded_rules_search_as_re_does_on_every_fixture_name",  # 7 s
+    "test_quiet.py::test_torch_profiler_chatter_does_not_reach_stderr",  # 7 s
+    "test_hardening.py::test_warnings_as_errors_never_end_the_loop",  # 6 s
+    "test_hardening.py::test_nested_sessions_step_aside_instead_of_crashing",  # 6 s
+    "test_severity.py::test_no_finding_is_high_unless_it_costs_the_gpu_a_fifth_of_its_step",  # 6 s
+    "test_native_scan.py::test_every_fixture_trace_is_read_into_the_same_tables",  # 6 s
+    "test_quiet.py::test_the_allocators_warning_stays_off_through_a_long_run",  # 6 s
+    "test_forest.py::test_every_fixture_threads_frames_walk_alike",  # 5 s
+    "test_ab.py::test_json_shape_and_host_clock",  # 5 s
+    "test_comm.py::test_exposure_agrees_with_a_sweep_on_fixture_traces",  # 5 s
+    "test_thirdparty.py::test_every_trace_loads_and_busy_pct_is_time_weighted",  # 16 s over 11 traces
+    "test_cli.py::test_bad_input_exits_2_with_one_line_naming_the_file",  # 4 s
+    "test_ab.py::test_cli_prints_its_phases_once_per_run_unless_quiet",  # 3 s
+    "test_trace.py::test_every_third_party_trace_loads",  # 3 s
+    "test_memory_bound.py::test_dense_steps_stay_within_the_bound",  # 3 s
+    "test_analysis.py::test_a_folder_is_analysed_by_forked_workers_where_forking_is_safe",  # 3 s
+    "test_attribution.py::test_sequence_links_agree_with_kinetos_flows",  # 3 s
+    "test_partial_runs.py::test_a_cut_or_empty_window_is_skipped_with_one_warning_each",  # 3 s
+    "test_stragglers.py::test_two_h200_ranks_one_with_longer_sequences_names_it_by_its_work",  # 3 s
+    "test_stragglers.py::test_two_h200_ranks_with_the_same_work_have_no_straggler",  # 3 s
+    "test_workload.py::test_inference_traces_get_no_training_advice_and_no_session_options",  # 3 s
+    "test_hardening.py::test_repeat_zero_keeps_memory_bounded",  # 2 s
+    "test_analysis.py::test_a_folder_numbers_each_process_windows_as_load_traces_does",  # 2 s
+    "test_quiet.py::test_quiet_analyze_says_nothing_on_stderr",  # 2 s
+    "test_readme.py::test_block_runs_on_a_cpu",  # each block a fresh interpreter, models trained
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the slow tier (SLOW_MODULES, SLOW_TESTS) `slow`."""
+    for item in items:
+        module = item.path.name
+        if module in SLOW_MODULES or f"{module}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """``tests/fixtures`` (README.md there): ``traces/`` (H200 runs with planted problems),

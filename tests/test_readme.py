@@ -96,7 +96,11 @@ def _blocks() -> list[tuple[str, str | None, str | None, str, str]]:
 
 
 BLOCKS = _blocks()
-RUN = [block for block in BLOCKS if block[1] == "cpu"]
+# A block written twice (the README's and its docs page's) runs once, under its first place.
+RUN: list = []
+for _block in BLOCKS:
+    if _block[1] == "cpu" and _block[2:] not in [run[2:] for run in RUN]:
+        RUN.append(_block)
 PARSE = [block for block in BLOCKS if block[1] in ("gpu", "syntax")]
 
 

@@ -6,6 +6,7 @@ Runs the fused ops' Triton kernels (under TRITON_INTERPRET=1 without a GPU, set 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 
 import pytest
@@ -341,6 +342,20 @@ def _compile_counting(model: nn.Module) -> tuple[nn.Module, list]:
     return torch.compile(model, backend=backend), graphs
 
 
+@functools.cache
+def _compiled_bare(family: str) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
+    """The unswapped model's graph count, loss and grads under `_compile_counting`: the same for
+    both backends of the test below, so compiled once per family."""
+    import torch._dynamo
+
+    model = _build(family).train()
+    torch._dynamo.reset()
+    compiled, graphs = _compile_counting(model)
+    loss = _loss(compiled, _batches(1)[0])
+    loss.backward()
+    return len(graphs), loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("backend", [None, "triton"], ids=["default", "triton"])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_compile_swapped_model_no_more_graphs_and_same_numbers(family, backend):
@@ -352,32 +367,27 @@ def test_compile_swapped_model_no_more_graphs_and_same_numbers(family, backend):
     import torch._dynamo
 
     ids = _batches(1)[0]
-    counts, results = {}, {}
-    for variant in ("bare", "swapped"):
-        model = _build(family).train()
-        if variant == "swapped":
-            assert swap(model, backend=backend).replaced
-        torch._dynamo.reset()
-        compiled, graphs = _compile_counting(model)
-        loss = _loss(compiled, ids)
-        loss.backward()
-        counts[variant] = len(graphs)
-        results[variant] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
-        if variant == "swapped":  # every fused op went into a graph, none ran outside one
-            graph_ops = {str(node.target) for gm in graphs for node in gm.graph.nodes}
-            assert any("fused_layers" in target for target in graph_ops) == (backend == "triton"), graph_ops
-            eager_model = copy.deepcopy(model)
-            for param in eager_model.parameters():
-                param.grad = None
-            eager_loss = _loss(eager_model, ids)
-            eager_loss.backward()
-            torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=1e-5)
-            for name, param in eager_model.named_parameters():
-                torch.testing.assert_close(param.grad, results[variant][1][name], atol=1e-5, rtol=1e-4)
-    assert counts["swapped"] <= counts["bare"], counts
-    bare_loss, bare_grads = results["bare"]
-    swapped_loss, swapped_grads = results["swapped"]
-    torch.testing.assert_close(swapped_loss, bare_loss, atol=1e-4, rtol=1e-4)
+    bare_count, bare_loss, bare_grads = _compiled_bare(family)
+    model = _build(family).train()
+    assert swap(model, backend=backend).replaced
+    torch._dynamo.reset()
+    compiled, graphs = _compile_counting(model)
+    swapped_loss = _loss(compiled, ids)
+    swapped_loss.backward()
+    swapped_grads = {n: p.grad for n, p in model.named_parameters()}
+    # every fused op went into a graph, none ran outside one
+    graph_ops = {str(node.target) for gm in graphs for node in gm.graph.nodes}
+    assert any("fused_layers" in target for target in graph_ops) == (backend == "triton"), graph_ops
+    eager_model = copy.deepcopy(model)
+    for param in eager_model.parameters():
+        param.grad = None
+    eager_loss = _loss(eager_model, ids)
+    eager_loss.backward()
+    torch.testing.assert_close(swapped_loss, eager_loss, atol=1e-5, rtol=1e-5)
+    for name, param in eager_model.named_parameters():
+        torch.testing.assert_close(param.grad, swapped_grads[name], atol=1e-5, rtol=1e-4)
+    assert len(graphs) <= bare_count, (len(graphs), bare_count)
+    torch.testing.assert_close(swapped_loss.detach(), bare_loss, atol=1e-4, rtol=1e-4)
     for name, grad in bare_grads.items():
         torch.testing.assert_close(swapped_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
 
