@@ -23,6 +23,7 @@ import msgspec
 from trainprof.analysis.kernels import TopKernelsDetails
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.oom import OutOfMemoryDetails
+from trainprof.analysis.step_basis import STEP_WORDS
 from trainprof.report.names import short_kernel_names, short_names
 from trainprof.report.text import safe_text
 
@@ -89,7 +90,7 @@ class Table(msgspec.Struct):
 # Each headline row: (label, `Summary` field, unit suffix, decimals).
 HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("verdict", "verdict", "", 0),
-    ("step time", "mean_step_ms", " ms", 1),
+    ("step time", "mean_step_ms", " ms", 1),  # the judged step where known: `step_time`
     ("GPU busy", "gpu_busy_pct", " %", 1),
     ("syncs / step", "syncs_per_step", "", 1),
     ("kernels / step", "kernels_per_step", "", 0),
@@ -153,20 +154,17 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         for label, name, unit, decimals in HEADLINE_ROWS
         if getattr(summary, name) is not None
     ]
+    labels = [label for label, _ in rows]
+    if "step time" in labels and summary.judged_step_ms is not None:
+        rows[labels.index("step time")] = ("step time", step_time(summary))
+    if summary.one_off_left_out_pct is not None:
+        rows[0] = ("verdict", f"{rows[0][1]} (leaves out one-off costs, which left the GPU idle "
+                              f"{summary.one_off_left_out_pct:.0f}% of the recorded steps' time: see the "
+                              "one-off findings)")
     if summary.verdict_caveat is not None:
         rows.insert(1, ("caveat", clean(summary.verdict_caveat)))
     if summary.reason is not None:
         rows.insert(1, ("why", clean(summary.reason)))
-    if summary.gpu_step_ms is not None:
-        gpu_step = number(summary.gpu_step_ms, 1, " ms")
-        if summary.host_ran_ahead:
-            gpu_step += " (the host runs ahead: its step windows are shorter)"
-        rows.insert(2, ("GPU step time", gpu_step))
-    if summary.unprofiled_step_ms is not None and summary.profiler_slowdown_pct is not None:
-        longer = summary.profiler_slowdown_pct
-        rows.insert(2, ("un-profiled step", number(summary.unprofiled_step_ms, 1, " ms") + (
-            f" (the recorded steps are {longer:.0f}% longer)" if longer >= 0.5
-            else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
         slowed = profiler_slowed(analysis) and (summary.mfu_pct or summary.mfu_achievable_pct)
@@ -194,6 +192,26 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
 
         rows += ranks.headline(analysis.cross_rank)
     return rows
+
+
+def step_time(summary: Summary) -> str:
+    """The step that judges (`Summary.judged_step_ms`), and in words the other step lengths, only
+    where they differ from it (`Summary.other_steps`): `49.7 ms as the GPU ran it; 21.5 ms in the
+    host's step windows (the host runs ahead of the GPU)`."""
+    judged = number(summary.judged_step_ms, 1, " ms")
+    others = summary.other_steps
+    if not others:
+        return judged
+    basis = summary.judged_step_basis or "window"
+    text = f"{judged} {STEP_WORDS[basis]}; " + ", ".join(
+        f"{ms:,.1f} ms {STEP_WORDS[other]}" for other, ms in others)
+    if basis == "gpu_busy":
+        text += " (the un-profiled steps were timed shorter than the GPU's work in a step)"
+    elif basis == "unprofiled" and summary.profiler_slowdown_pct is not None:
+        text += f" (the profiler made the recorded steps {summary.profiler_slowdown_pct:.0f}% longer)"
+    elif summary.host_ran_ahead:
+        text += " (the host runs ahead of the GPU)"
+    return text
 
 
 FLOPS_ALL_KNOWN_PCT = 99.5
@@ -311,19 +329,8 @@ def step_split(analysis: Analysis) -> str | None:
     if profiler_slowed(analysis):
         unprofiled = summary.unprofiled_step_ms or summary.mean_step_ms
         text = (f"{text} (recorded); un-profiled ({unprofiled:,.1f} ms/step) GPU busy "
-                f"{unprofiled_busy_pct(analysis):.0f}%: the rest of the idle time is the profiler's")
+                f"{summary.unprofiled_gpu_busy_pct or 0.0:.0f}%: the rest of the idle time is the profiler's")
     return text
-
-
-def unprofiled_busy_pct(analysis: Analysis) -> float:
-    """The recorded GPU busy time per step (weighted by steps over the traces that know it, as
-    `Summary.unprofiled_step_ms` is) over the un-profiled step: `ProfilerCost.unprofiled_gpu_busy_pct`
-    of one trace."""
-    known = [(t.profiler, len(t.step_numbers)) for t in analysis.traces if t.profiler is not None]
-    steps = sum(n for _, n in known) or 1
-    busy = sum(cost.gpu_busy_ms_per_step * n for cost, n in known) / steps
-    unprofiled = analysis.summary.unprofiled_step_ms
-    return min(100.0, 100.0 * busy / unprofiled) if unprofiled else 0.0
 
 
 def profiler_slowed(analysis: Analysis) -> bool:
