@@ -205,10 +205,16 @@ findings[] (`Finding`), most severe first; within a severity steady-state before
 the most GPU time at stake, then the most cost (`severity.finding_order`): `kind`, `title`,
 `severity` (high, medium, low, info), `op`, `where` (`{file, line, function}` of the user's code),
 `via` (`{file, line, function, library, version}` of the library frame that made the call, or null),
-`cause` (in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`,
-`gpu_ms_per_step` (the GPU time per step the fix could win back, which sets the severity: high from
-20% of the step, medium from 5%; 0 for one-off, profiler-overhead and memory findings; null where not
-estimated, the info kinds), `window` (which profiling window of its process it is from: 0, 1, ...;
+`cause` (in words), `count` and `per_step` (`count` over the steps), with `count_of` (what it
+counts, in words: `kernels`; null where the count says nothing a reader needs), `cost_ms` with
+`cost_of` (what it measures and over what, in words: `ms of CPU time blocked in the syncs, over the
+recorded steps`; null where it is no time or the gain again: `figures.FIGURES`), `fix`, `rank`,
+`gpu_ms_per_step` (the ms of GPU time per step the fix could win back, which sets the severity
+against the trace's judged step, `traces[].step_basis.judged_ms`: high from 20% of it, medium from
+5%; 0 for one-off, profiler-overhead and memory findings; null where not estimated, the info kinds),
+`gpu_step_pct` (that time in % of the judged step; null without it, and for memory, one-off and
+profiler findings: `figures.Figures.gain`),
+`window` (which profiling window of its process it is from: 0, 1, ...;
 null for findings over all traces), `details`, by kind (a `verdict` there is its trace's verdict, as
 in `traces[].verdict`):
 - sync_point (`syncs.SyncDetails`): `sync_kind`, `cause` (a `syncs.CAUSES` key), `catalog_site`,
@@ -296,6 +302,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+
+from trainprof.analysis.figures import figures_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.attention import AttentionSite
@@ -416,6 +424,8 @@ class Finding(msgspec.Struct):
             "details": self.details.to_dict() if self.details is not None else {},
             "gpu_ms_per_step": self.gpu_ms_per_step,
             "window": self.window,
+            "count_of": figures_of(self.kind).count_of,
+            "cost_of": figures_of(self.kind).cost_of,
         }
 
 
@@ -705,5 +715,26 @@ class Analysis(msgspec.Struct):
                 "cross_rank": self.cross_rank.to_dict() if self.cross_rank is not None else None,
             },
             "steps": [step.to_dict() for step in self.steps],
-            "findings": [finding.to_dict() for finding in self.findings],
+            "findings": [{**finding.to_dict(), "gpu_step_pct": self.gpu_step_pct(finding)}
+                         for finding in self.findings],
         }
+
+    def judged_step_ms(self, finding: Finding) -> float | None:
+        """The judged step of the trace(s) a finding is from (`StepBasis.judged_ms`, weighted by
+        steps over its rank's windows), or the summary's for a finding over all traces."""
+        if finding.rank is None and finding.window is None:
+            return self.summary.judged_step_ms
+        traces = [t for t in self.traces if t.rank == finding.rank and t.step_basis is not None
+                  and (finding.window is None or t.window == finding.window)]
+        steps = sum(len(t.step_numbers) for t in traces)
+        if not steps:
+            return self.summary.judged_step_ms
+        return sum(t.step_basis.judged_ms * len(t.step_numbers) for t in traces) / steps
+
+    def gpu_step_pct(self, finding: Finding) -> float | None:
+        """A finding's GPU time at stake in % of its judged step (`judged_step_ms`); None where it has
+        none (`gpu_ms_per_step` None, or a finding about memory: `figures.Figures.gain`)."""
+        step_ms = self.judged_step_ms(finding)
+        if finding.gpu_ms_per_step is None or not figures_of(finding.kind).gain or not step_ms:
+            return None
+        return round(100.0 * finding.gpu_ms_per_step / step_ms, 2)

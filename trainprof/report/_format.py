@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trainprof.analysis.figures import figures_of
 from trainprof.analysis.kernels import TopKernelsDetails
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.oom import OutOfMemoryDetails
@@ -361,7 +362,7 @@ def where(finding: Finding) -> str:
     return text
 
 
-FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "cost ms, all steps", "fix")
+FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "GPU time at stake", "cost", "fix")
 TOP_KERNELS_KIND = "top_kernels"  # rendered as its own table, not as a findings row
 MODULE_COSTS_KIND = "module_costs"  # likewise
 
@@ -392,24 +393,53 @@ def source_of(finding: Finding | TraceInfo, findings: Sequence[Finding | TraceIn
     return " ".join(parts) or "-"
 
 
-def finding_row(finding: Finding) -> tuple[str, ...]:
-    """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts)."""
+def finding_row(finding: Finding, analysis: Analysis | None = None) -> tuple[str, ...]:
+    """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts);
+    `analysis`, when given, holds the step its GPU time is a share of (`Analysis.gpu_step_pct`)."""
     return (
         clean(finding.severity or "-", NAME_CHARS),
         clean(finding.title or finding.kind or "-"),
         clean(finding.op or "-", NAME_CHARS),
         where(finding),
-        number(finding.per_step, 1),
-        number(finding.cost_ms, 2),
+        count_per_step(finding),
+        gpu_at_stake(finding, analysis.gpu_step_pct(finding) if analysis is not None else None),
+        cost(finding),
         clean(finding.fix or "-"),
     )
 
 
-def finding_facts(finding: Finding) -> list[str]:
-    """The evidence of a finding as short facts (`op ...`, `at ...`, `2.0 per step`, `cost ... ms in
-    all`: over the profiled steps, as the HTML report says), those the finding has: any kind of
-    finding renders the same way."""
-    _, _, op, at, per_step, cost, _ = finding_row(finding)
+def count_per_step(finding: Finding) -> str:
+    """`185 kernels`: `per_step` with what it counts (`figures.FIGURES`); '-' where that says nothing."""
+    counted = figures_of(finding.kind).count_of
+    if counted is None or finding.per_step is None:
+        return "-"
+    return f"{finding.per_step:,.2f}".rstrip("0").rstrip(".") + f" {counted}"
+
+
+def gpu_at_stake(finding: Finding, step_pct: float | None) -> str:
+    """`5.27 ms of GPU time per step (11% of the step)`: what the fix could win back; '-' where the
+    finding has no such time or is about memory (`figures.Figures.gain`)."""
+    if finding.gpu_ms_per_step is None or not figures_of(finding.kind).gain:
+        return "-"
+    text = f"{finding.gpu_ms_per_step:,.2f} ms of GPU time per step"
+    if step_pct is None:
+        return text
+    return text + (f" ({step_pct:.0f}% of the step)" if step_pct >= 0.5 else " (under 1% of the step)")
+
+
+def cost(finding: Finding) -> str:
+    """`12.40 ms of CPU time blocked in the syncs, over the recorded steps`: `cost_ms` with what it
+    measures (`figures.FIGURES`); '-' where it is no time or the gain again."""
+    cost_of = figures_of(finding.kind).cost_of
+    return "-" if cost_of is None else f"{finding.cost_ms:,.2f} {cost_of}"
+
+
+def finding_facts(finding: Finding, analysis: Analysis | None = None) -> list[str]:
+    """The evidence of a finding as short facts (`op ...`, `at ...`, `185 kernels per step`, `at stake
+    5.26 ms of GPU time per step (11% of the step)`, `cost ... over the recorded steps`), those the
+    finding has, each with its unit and scope: any kind of finding renders the same way."""
+
+    _, _, op, at, per_step, at_stake, spent, _ = finding_row(finding, analysis)
     facts = []
     if op != "-":
         facts.append(f"op {op}")
@@ -419,8 +449,10 @@ def finding_facts(finding: Finding) -> list[str]:
         facts.append(f"cause {clean(finding.cause, NAME_CHARS)}")
     if per_step != "-":
         facts.append(f"{per_step} per step")
-    if cost != "-":
-        facts.append(f"cost {cost} ms in all")
+    if at_stake != "-":
+        facts.append(f"at stake {at_stake}")
+    if spent != "-":
+        facts.append(f"cost {spent}")
     return facts
 
 
