@@ -78,6 +78,9 @@ def test_ranks_whose_unprofiled_steps_were_timed_short_are_judged_by_their_gpu_w
         assert basis.judged_by == "gpu_busy" and basis.judged_ms == trace.profiler.gpu_busy_ms_per_step
         assert basis.judged_ms > basis.unprofiled_ms and "timed shorter" in basis.why
     assert result.summary.judged_step_basis == "gpu_busy"
+    # Un-profiled, the GPU is busy all of the step: the syncs' GPU idle is all the profiler's.
+    syncs = [f for f in result.findings if f.kind == "sync_point"]
+    assert syncs and all(f.gpu_ms_per_step == 0.0 and "the rest is the profiler's" in f.title for f in syncs)
     assert "(the un-profiled steps were timed shorter than the GPU's work in a step)" in \
         dict(headline(result))["step time"]
 

@@ -321,7 +321,7 @@ def compile_findings(
                 title=f"torch.compile recompiles in {stats.steps_compiling} of {n} steps: "
                 f"{stats.compile_ms_per_step:.1f} ms/step compiling ({pct:.0f}% of the step), the GPU idle "
                 f"{stats.compile_gpu_idle_ms_per_step:.1f} ms/step meanwhile"
-                + _compilations(stats.compile_ids) + basis.idle_note(idle_ms),
+                + _compilations(stats.compile_ids) + basis.idle_note(stats.compile_gpu_idle_ms_per_step),
                 severity=severity_for(idle_ms, basis.judged_ms, thresholds),
                 op=None,
                 where=_compile_site(timeline),
@@ -344,7 +344,7 @@ def compile_findings(
                 kind="graph_breaks",
                 title=f"torch.compile graph breaks: {stats.graph_breaks} ({where}); "
                 f"{stats.compiled_regions_per_step:g} compiled regions per step with the GPU idle "
-                f"{gap_ms:.2f} ms/step in the eager code between them" + basis.idle_note(gain),
+                f"{gap_ms:.2f} ms/step in the eager code between them" + basis.idle_note(gap_ms),
                 severity=severity_for(gain, basis.judged_ms, thresholds),
                 op=None,
                 where=Where(),

@@ -133,10 +133,10 @@ def fsdp_host_finding(
     by_hook = {row.hook: row for row in hooks}
     backward = by_hook.get("pre_backward")
     # Without the backward's all-gathers their hook's GPU-idle time and their kernels both go.
-    won_ms = basis.idle_gain(
-        backward.gpu_idle_ms_per_step + backward.kernel_ms_per_step if backward is not None else 0.0)
+    recorded_ms = backward.gpu_idle_ms_per_step + backward.kernel_ms_per_step if backward is not None else 0.0
+    won_ms = basis.idle_gain(recorded_ms)
     # A backward that still gathers: its hooks hold a share of the step worth a fix of its own.
-    gathers_in_backward = won_ms >= thresholds.fsdp_reshard_min_share * step_ms
+    gathers_in_backward = recorded_ms >= thresholds.fsdp_reshard_min_share * step_ms
     gathered = _forward_gathered_bytes(timeline, calls)
     listed = ", ".join(f"{row.hook} {row.gpu_idle_ms_per_step:.1f}" for row in hooks[:3])
     held = (
@@ -149,7 +149,7 @@ def fsdp_host_finding(
         title=(
             f"FSDP2's hooks hold the host {host_ms:.1f} ms/step over {units} unit(s), the GPU idle "
             f"{idle_ms:.1f} ms/step meanwhile ({listed} ms/step by hook); part of the GPU-idle time the "
-            "launch and host findings hold" + basis.idle_note(won_ms)
+            "launch and host findings hold" + basis.idle_note(recorded_ms)
         ),
         severity=severity_for(won_ms, basis.judged_ms, thresholds),
         op="FSDP::pre_backward" if backward is not None else None,

@@ -144,7 +144,8 @@ def idle_findings(
         held = [h for h in breakdown.holders if h.cause == cause]
         event, op = (held[0].event, held[0].op) if held else (None, None)
         # An un-profiled run does not pay the profiler.
-        gpu_ms_per_step = 0.0 if overhead else basis.idle_gain(ms / n)
+        recorded_ms = 0.0 if overhead else ms / n
+        gpu_ms_per_step = basis.idle_gain(recorded_ms)
         # Blocking time in the allocator's calls is named by the Python call behind them.
         named = allocator if cause == Cause.BLOCKING and allocator is not None else None
         named = named if named is not None and named.where.file else None
@@ -156,7 +157,7 @@ def idle_findings(
             Finding(
                 kind=kind,
                 title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}{what}"
-                + basis.idle_note(gpu_ms_per_step),
+                + basis.idle_note(recorded_ms),
                 severity=severity_for(gpu_ms_per_step, basis.judged_ms, thresholds),
                 op=op or event,
                 where=named.where if named is not None else Where(),
@@ -217,7 +218,7 @@ def _host_bound_finding(
     return Finding(
         kind="host_bound",
         title=f"GPU idle {host_ms / n:.1f} ms/step ({100 * share:.0f}% of the step) with no GPU work "
-        f"queued while {what}" + basis.idle_note(gain),
+        f"queued while {what}" + basis.idle_note(host_ms / n),
         severity=severity_for(gain, basis.judged_ms, thresholds),
         op=None if top is not None and top.file else (top.function if top else None),
         where=Where(file=user.file if user else None, function=user.function if user else None),

@@ -262,7 +262,7 @@ def launch_finding(
             + f", {tiny_pct:.0f}% of those launched eagerly shorter than their launch; "
             f"GPU busy {verdict.gpu_busy_pct:.0f}%"
             + (f"; most tiny kernels from {region.summary or where_fn}" if where_fn else "")
-            + basis.idle_note(basis.idle_gain(idle_launch_ms / n))
+            + basis.idle_note(idle_launch_ms / n)
         ),
         severity=severity_for(basis.idle_gain(idle_launch_ms / n), basis.judged_ms, limits),
         op=top_op,

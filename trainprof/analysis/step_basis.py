@@ -95,8 +95,8 @@ class StepBasis(Record, frozen=True):
         return round(gpu_idle_ms_per_step * self.idle_kept, 4)
 
     def idle_note(self, gpu_idle_ms_per_step: float) -> str:
-        """What a GPU-idle finding's title adds where its gain was cut to an un-profiled step's
-        (`idle_gain`); empty elsewhere."""
+        """What a GPU-idle finding's title adds, given its recorded gain, where that gain is cut to
+        an un-profiled step's (`idle_gain`); empty elsewhere."""
         if self.idle_kept >= 1.0 or gpu_idle_ms_per_step <= 0 or self.unprofiled_idle_ms is None:
             return ""
         return (f" (un-profiled steps leave the GPU idle at most {self.unprofiled_idle_ms:.1f} ms/step "

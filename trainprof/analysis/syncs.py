@@ -570,7 +570,8 @@ def sync_findings(
         cause = CAUSES[cause_key]
         blocked_ms = sum(p.blocked_us for p in group) / 1e3
         idle_ms = sum(p.gpu_idle_after_us for p in group) / 1e3
-        gpu_ms_per_step = basis.idle_gain(sum(p.gpu_cost_us for p in group) / 1e3 / steps)
+        recorded_ms = sum(p.gpu_cost_us for p in group) / 1e3 / steps
+        gpu_ms_per_step = basis.idle_gain(recorded_ms)
         per_step = len(group) / steps
         impact_pct = 100.0 * (blocked_ms + idle_ms) / max(basis.window_ms * steps, 1e-9)
         where_text = f" in {function}" if function else ""
@@ -581,7 +582,7 @@ def sync_findings(
             Finding(
                 kind="sync_point",
                 title=f"CPU waits for the GPU: {cause.words}{where_text}{via_text} ({per_step:g}/step)"
-                + basis.idle_note(gpu_ms_per_step),
+                + basis.idle_note(recorded_ms),
                 severity=severity_for(gpu_ms_per_step, basis.judged_ms, thresholds),
                 op=first.op,
                 where=Where(file=file, line=line, function=function),
