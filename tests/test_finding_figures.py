@@ -69,6 +69,9 @@ def test_a_cost_says_what_it_measures():
     facts = finding_facts(sync, result)
     assert f"cost {sync.cost_ms:,.2f} ms of CPU time blocked in the syncs, over the recorded steps" in facts
     assert f"{sync.per_step:g} syncs per step" in facts
+    trainer = _analysed("stacks/hf_trainer_session")  # an `.item()` once a step
+    once = [f for f in trainer.findings if f.kind == "sync_point" and f.per_step == 1.0]
+    assert once and all("1 sync per step" in finding_facts(f, trainer) for f in once)
     # 3.9 ms of GPU time per step of a 41.6 s step (the trace's first step holds the context creation).
     assert any(fact.endswith("(under 1% of the step)") for fact in facts)
     one_off = next(f for f in result.findings if f.kind == "one_off")

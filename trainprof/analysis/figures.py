@@ -30,38 +30,49 @@ class Figures(NamedTuple):
     gain: bool = True
     """Whether `gpu_ms_per_step` is GPU time at stake worth showing (False: a finding about memory,
     or one paid once or by the profiler alone, whose time per step is 0 by design)."""
+    count_one: str | None = None
+    """`count_of` for one (`1 sync per step`)."""
 
 
 _IDLE = "ms of GPU idle time, over the recorded steps"
-_SAVING = Figures("kernels", None)  # cost_ms = the saving per step times the steps: the gain again
+# A busy finding's cost_ms is its saving per step times the steps: the gain again, not shown.
+_SAVING = Figures("kernels", None, count_one="kernel")
 
 FIGURES: dict[str, Figures] = {
-    "sync_point": Figures("syncs", "ms of CPU time blocked in the syncs, over the recorded steps"),
+    "sync_point": Figures(
+        "syncs", "ms of CPU time blocked in the syncs, over the recorded steps", count_one="sync"),
     "host_bound": Figures(None, _IDLE),
     "input_bound": Figures(None, _IDLE),
     "blocking_runtime_call": Figures(None, _IDLE),
     "recurring_warmup": Figures(None, _IDLE),
     "communication_wait": Figures(None, _IDLE),
     "profiler_overhead": Figures(None, _IDLE, gain=False),
-    "launch_overhead": Figures("kernels shorter than their launch", "ms of GPU idle time while launching, "
-                               "over the recorded steps"),
+    "launch_overhead": Figures(
+        "kernels shorter than their launch", "ms of GPU idle time while launching, over the recorded steps",
+        count_one="kernel shorter than its launch"),
     "recompile": Figures(None, "ms of host time compiling, over the recorded steps"),
-    "graph_breaks": Figures("compiled regions", "ms of GPU idle time in the eager code between them, over "
-                            "the recorded steps"),
-    "compile_coverage": Figures("calls of the compiled model", "ms of GPU time in kernels that ran eagerly, "
-                                "over the recorded steps"),
+    "graph_breaks": Figures(
+        "compiled regions", "ms of GPU idle time in the eager code between them, over the recorded steps",
+        count_one="compiled region"),
+    "compile_coverage": Figures(
+        "calls of the compiled model", "ms of GPU time in kernels that ran eagerly, over the recorded steps",
+        count_one="call of the compiled model"),
     "fsdp_host": Figures(None, "ms of GPU idle time in FSDP2's hooks, over the recorded steps"),
     "exposed_communication": Figures(None, "ms of exposed communication, over the recorded steps"),
-    "no_sync_missing": Figures("early gradient collectives", "ms of collectives before the last "
-                               "micro-batch, over the recorded steps"),
-    "slow_collective": Figures("calls", "ms of the collective's time per step"),
+    "no_sync_missing": Figures(
+        "early gradient collectives",
+        "ms of collectives before the last micro-batch, over the recorded steps",
+        count_one="early gradient collective"),
+    "slow_collective": Figures("calls", "ms of the collective's time per step", count_one="call"),
     "straggler": Figures(None, "ms per step of its work beyond the other ranks'"),
     "profiler_skew": Figures(None, None),
     "profiler_slowdown": Figures(None, "ms the profiler added, over the recorded steps", gain=False),
     "one_off": Figures(None, "ms of GPU idle time, once", gain=False),
     "cpu_only": Figures(None, "ms of host time in the steps, over the recorded steps"),
-    "top_kernels": Figures("kernels", "ms of GPU time in kernels, over the recorded steps"),
-    "module_costs": Figures("kernels", "ms of GPU time in the modules' kernels, over the recorded steps"),
+    "top_kernels": Figures(
+        "kernels", "ms of GPU time in kernels, over the recorded steps", count_one="kernel"),
+    "module_costs": Figures(
+        "kernels", "ms of GPU time in the modules' kernels, over the recorded steps", count_one="kernel"),
     "memory_peak": Figures(None, None, gain=False),
     "memory_fragmentation": Figures(None, None, gain=False),
     "out_of_memory": Figures(None, None, gain=False),

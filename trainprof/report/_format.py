@@ -410,9 +410,10 @@ def finding_row(finding: Finding, analysis: Analysis | None = None) -> tuple[str
 
 def count_per_step(finding: Finding) -> str:
     """`185 kernels`: `per_step` with what it counts (`figures.FIGURES`); '-' where that says nothing."""
-    counted = figures_of(finding.kind).count_of
-    if counted is None or finding.per_step is None:
+    figures = figures_of(finding.kind)
+    if figures.count_of is None or finding.per_step is None:
         return "-"
+    counted = figures.count_one if finding.per_step == 1 and figures.count_one else figures.count_of
     return f"{finding.per_step:,.2f}".rstrip("0").rstrip(".") + f" {counted}"
 
 
