@@ -21,7 +21,7 @@ from trainprof.analysis import Analysis, analyze
 from trainprof.analysis.result import Finding
 from trainprof.analysis.severity import IDLE_KINDS
 from trainprof.analysis.step_basis import STEP_BASES, step_basis
-from trainprof.report._format import headline
+from trainprof.report._format import headline, step_split
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -157,3 +157,18 @@ def test_a_small_one_off_is_not_named():
     result = _analysed("busy/fp32_mlp/fp32")
     assert result.summary.one_off_left_out_pct is None
     assert dict(headline(result))["verdict"] == "gpu-bound"
+
+
+def test_the_reports_read_the_shares_of_the_step_the_analysis_computed():
+    """`_format.step_split` reads `Summary.idle_step_pct` and `unprofiled_gpu_busy_pct`: a renderer
+    computes no metric (it had divided the idle time by the step, and the traces' busy time by the
+    un-profiled step, itself)."""
+    result = _analysed("busy/small_mlp/eager")
+    summary = result.summary
+    assert summary.idle_step_pct["launch"] == pytest.approx(
+        100 * summary.idle_ms_per_step["launch"] / summary.mean_step_ms, abs=1e-3)
+    assert summary.unprofiled_gpu_busy_pct == result.traces[0].profiler.unprofiled_gpu_busy_pct
+    planted = msgspec.structs.replace(
+        summary, idle_step_pct={**summary.idle_step_pct, "launch": 42.0}, unprofiled_gpu_busy_pct=12.0)
+    line = step_split(msgspec.structs.replace(result, summary=planted))
+    assert "launch 42.0%" in line and "GPU busy 12%: the rest of the idle time is the profiler's" in line

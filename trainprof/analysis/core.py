@@ -498,13 +498,15 @@ def _summary(
     exposed_ms = sum(s.comm.comm_exposed_ms for s in steps if s.comm is not None)
     communicates = any(t.comm is not None for t in traces)
     busy = [(t.busy, len(t.step_numbers)) for t in traces if t.busy is not None]
+    idle_ms = _idle_ms_per_step(steps)
+    mean_step_ms = numpy_round(total_ms / n, 4)
     return Summary(
         verdict=headline,
         verdict_by_trace={
             (f"rank {t.rank}" if t.rank is not None else t.worker): label
             for t, label in zip(traces, verdicts, strict=True)
         },
-        mean_step_ms=numpy_round(total_ms / n, 4),
+        mean_step_ms=mean_step_ms,
         # Time-weighted: the union of GPU busy time over the total step time, not a mean of per-step %.
         gpu_busy_pct=numpy_round(100.0 * sum(s.times.gpu_busy_ms for s in steps) / total_ms, 2)
         if total_ms > 0
@@ -517,7 +519,9 @@ def _summary(
         comm_exposed_ms_per_step=round(exposed_ms / n, 4) if communicates else None,
         comm_hidden_pct=round(100 * (1 - exposed_ms / comm_ms), 2) if communicates and comm_ms > 0 else None,
         thresholds_overridden=limits.overridden(),
-        idle_ms_per_step=_idle_ms_per_step(steps),
+        idle_ms_per_step=idle_ms,
+        idle_step_pct={cause: round(100.0 * ms / mean_step_ms, 4) for cause, ms in idle_ms.items()}
+        if mean_step_ms else {},
         **_busy_summary(busy),
         **_unprofiled_summary(traces),
         verdict_caveat=None if straggler is not None else verdict_caveat(

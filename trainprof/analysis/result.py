@@ -40,7 +40,8 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 `comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
-work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`
+work; `idle_step_pct`: the same in % of `mean_step_ms`), `gpu_step_ms` (the step as the GPU runs it:
+`gpu_busy.step_ms`, time-weighted), `mfu_pct`
 (against the datasheet's dense peak of `mfu_dtype`, `mfu_peak_tflops`), `mfu_achievable_pct`
 (against the achievable peak beside it, `mfu_achievable_tflops`),
 `mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
@@ -605,6 +606,9 @@ class Summary(Record, frozen=True):
     idle_ms_per_step: dict[str, float] = {}
     """GPU-idle ms per step over every step: steady-state by cause key (`launch`, `sync`, ...), and
     `one_off`; they add up to the GPU-idle time. Empty when no trace has GPU work."""
+    idle_step_pct: dict[str, float] = {}
+    """`idle_ms_per_step` in % of `mean_step_ms` (the recorded step), by the same keys: with
+    `gpu_busy_pct`, where the recorded step went."""
     gpu_step_ms: float | None = None
     """Mean step time as the GPU runs it: the longest of the host window, the span of the step's
     kernels and their summed time (`busy`); longer than `mean_step_ms` when the host runs ahead."""

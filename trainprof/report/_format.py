@@ -313,16 +313,14 @@ def compile_line(compiled: CompileStats) -> str:
 
 def step_split(analysis: Analysis) -> str | None:
     """Where the step went, in one line: GPU busy, then GPU idle by cause, largest first, as shares
-    of the step (`Summary.gpu_busy_pct`, `Summary.idle_ms_per_step` over `mean_step_ms`)."""
+    of the step (`Summary.gpu_busy_pct`, `Summary.idle_step_pct`)."""
     summary = analysis.summary
     if summary.gpu_busy_pct is None or not summary.mean_step_ms:
         return None
     if not summary.idle_ms_per_step:
         return f"where the step went: {summary.mean_step_ms:,.1f} ms of host time, no GPU work recorded"
-    shares = sorted(
-        ((100 * ms / summary.mean_step_ms, cause) for cause, ms in summary.idle_ms_per_step.items()),
-        key=lambda share: -share[0],
-    )
+    shares = sorted(((pct, cause) for cause, pct in summary.idle_step_pct.items()),
+                    key=lambda share: -share[0])
     idle = [f"{IDLE_CAUSE_WORDS.get(cause, cause)} {pct:.1f}%" for pct, cause in shares
             if pct >= STEP_SPLIT_MIN_PCT]
     text = f"where the step went: GPU busy {summary.gpu_busy_pct:.1f}%"
