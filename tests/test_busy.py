@@ -1263,7 +1263,11 @@ def test_the_headline_says_when_the_host_runs_ahead_of_the_gpu(busy_run):
     from trainprof.report._format import headline
 
     ahead, measured = busy_run("llama_swap", "bare")  # 29.1 ms windows, 41.2 ms GPU steps
-    assert "the host runs ahead" in dict(headline(ahead))["GPU step time"]
+    step = dict(headline(ahead))["step time"]
+    assert step.startswith(f"{ahead.summary.gpu_step_ms:.1f} ms as the GPU ran it; ")
+    assert f"{ahead.summary.mean_step_ms:.1f} ms in the host's step windows" in step
+    assert step.endswith("(the host runs ahead of the GPU)")
     assert abs(ahead.summary.gpu_step_ms - measured) < abs(ahead.summary.mean_step_ms - measured)
     level, _ = busy_run("fp32_mlp", "fp32")  # syncs every step: the windows are the steps
-    assert dict(headline(level))["GPU step time"].endswith(" ms")
+    assert dict(headline(level))["step time"] == f"{level.summary.gpu_step_ms:.1f} ms"  # one length
+    assert "GPU step time" not in dict(headline(level))

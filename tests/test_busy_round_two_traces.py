@@ -73,5 +73,8 @@ def test_a_host_that_ran_ahead_is_judged_on_the_gpus_step(round_two):
     trace = analysis.traces[0]
     assert trace.verdict.step_ms < 20 and "host ran ahead" in trace.verdict.why
     assert trace.verdict.gpu_busy_pct >= 95
+    # the headline's shares are the GPU's step's too (they said "GPU busy 0.0%; launch 56.3%")
+    summary = analysis.summary
+    assert summary.gpu_busy_pct >= 95 and summary.gpu_busy_pct + sum(summary.idle_step_pct.values()) <= 100.5
     idle = [f for f in analysis.findings if f.kind in IDLE_KINDS and f.severity in ("high", "medium")]
     assert not idle, [(f.kind, f.severity, f.gpu_ms_per_step) for f in idle]

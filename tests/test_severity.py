@@ -15,6 +15,8 @@ import pytest
 from test_idle_causes import STEP_US, TraceBuilder
 
 from trainprof.analysis import Analysis, analyze
+from trainprof.analysis.severity import severity_for
+from trainprof.analysis.thresholds import Thresholds
 
 # One worker analyses each fixture once for the tests that read it (`_analysed`).
 pytestmark = pytest.mark.xdist_group("severity")
@@ -158,8 +160,27 @@ def test_no_finding_is_high_unless_it_costs_the_gpu_a_fifth_of_its_step(folder):
 
 
 def _judged_step(trace) -> float:
-    slowed = trace.profiler is not None and trace.profiler.slowed
-    return trace.profiler.judged_step_ms if slowed else trace.verdict.step_ms
+    return trace.step_basis.judged_ms
+
+
+# Judged across ranks (the ranks' median step), not by one trace's step basis.
+ACROSS_RANKS = frozenset({"straggler", "profiler_skew", "slow_collective"})
+
+
+@pytest.mark.parametrize("folder", _fixture_dirs())
+def test_one_trace_has_one_bar_for_all_its_findings(folder):
+    """Every finding of a trace is judged against its one judged step (`StepBasis.judged_ms`), idle
+    and busy findings alike: before, each module handed the rule its own step (the host's window for
+    GPU-idle findings, the GPU's step for busy ones). At the default bars that changed no fixture's
+    severities (against main's outputs, 2026-11-29): no trace whose host ran ahead has a GPU-idle
+    finding near a bar; `test_step_basis` moves the bar to show the change."""
+    result = _analysed(folder)
+    for finding in result.findings:
+        if finding.severity == "info" or finding.gpu_ms_per_step is None or finding.kind in ACROSS_RANKS:
+            continue
+        (trace,) = [t for t in result.traces if (t.rank, t.window) == (finding.rank, finding.window)]
+        expected = severity_for(finding.gpu_ms_per_step, trace.step_basis.judged_ms, Thresholds())
+        assert finding.severity == expected, (finding.kind, finding.title)
 
 
 @pytest.mark.parametrize("folder", _fixture_dirs())

@@ -22,6 +22,7 @@ import numpy as np
 from trainprof.analysis.collectives import Collective, CollectiveStats, CommTotals
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,14 +154,18 @@ class ExposedCommDetails(Record, frozen=True):
     predicted_step_ms: float | None = None
     """The step with all the exposed communication this finding holds hidden: the most its knobs can
     win (a step's last collective has no compute left to hide under)."""
+    judged_step_ms: float | None = None
+    """The trace's judged step (`StepBasis.judged_ms`): its severity is its gain over it."""
 
 
 def exposed_comm_finding(
-    comm: CommTotals, step_ms: float, comm_bound: bool, rank: int | None, steps: int, thresholds: Thresholds
+    comm: CommTotals, basis: StepBasis, comm_bound: bool, rank: int | None, steps: int, thresholds: Thresholds
 ) -> Finding | None:
     """Communication no compute hides, with the knob that hides it: from `exposed_comm_min_share`
-    of the step, or whenever the trace is `communication-bound` (`comm_bound`: then even when all of
-    it is hidden, so that the verdict never stands without its finding)."""
+    of the host's step window, or whenever the trace is `communication-bound` (`comm_bound`: then
+    even when all of it is hidden, so that the verdict never stands without its finding); judged
+    against the trace's judged step (`basis`)."""
+    step_ms = basis.window_ms
     exposed_ms_per_step, comm_ms_per_step = comm.exposed_ms_per_step, comm.comm_ms_per_step
     hidden_pct, framework, stats = comm.hidden_pct, comm.framework, comm.ops
     if step_ms <= 0 or (exposed_ms_per_step <= 0 and not comm_bound):
@@ -186,7 +191,7 @@ def exposed_comm_finding(
             f"{hidden} of {comm_ms_per_step:.1f} ms/step hidden under compute"
             + (f"; exposed {listed}" if listed else "")
         ),
-        severity=severity_for(exposed_ms_per_step, step_ms, thresholds),
+        severity=severity_for(exposed_ms_per_step, basis.judged_ms, thresholds),
         op=top,
         where=Where(),
         count=steps,
@@ -204,6 +209,7 @@ def exposed_comm_finding(
             by_op=ranked,
             framework=framework,
             predicted_step_ms=round(step_ms - exposed_ms_per_step, 4),
+            judged_step_ms=round(basis.judged_ms, 4),
         ),
     )
 
@@ -234,12 +240,13 @@ def no_sync_finding(
     timeline: Timeline,
     calls: list[Collective],
     framework: Framework | None,
-    step_ms: float,
+    basis: StepBasis,
     rank: int | None,
     thresholds: Thresholds,
 ) -> Finding | None:
     """Gradients synchronised after every micro-batch of a step that runs several forwards: the
-    framework's gradient collectives launched before the step's last forward began."""
+    framework's gradient collectives launched before the step's last forward began; judged against
+    the trace's judged step (`basis`)."""
     if framework is None or framework.micro_batch is None or not calls:
         return None
     trace = timeline.trace
@@ -270,7 +277,7 @@ def no_sync_finding(
             f"{extra_ms:.1f} ms/step of {'/'.join(framework.synced_ops)} before the last micro-batch "
             f"({exposed_ms:.1f} ms/step exposed)"
         ),
-        severity=severity_for(exposed_ms, step_ms, thresholds),
+        severity=severity_for(exposed_ms, basis.judged_ms, thresholds),
         op=framework.synced_ops[0],
         where=Where(),
         count=len(early),
@@ -441,7 +448,7 @@ def _net_of_held(
     return msgspec.structs.replace(
         finding,
         title=f"{finding.title} ({'; '.join(words)}: see {see})",
-        severity=severity_for(left, details.step_ms, thresholds),
+        severity=severity_for(left, details.judged_step_ms or details.step_ms, thresholds),
         gpu_ms_per_step=round(left, 4),
         details=msgspec.structs.replace(
             details, held_elsewhere=held, predicted_step_ms=round(details.step_ms - left, 4)

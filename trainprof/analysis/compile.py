@@ -41,6 +41,7 @@ from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernel_classes import KernelClass, Work
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import COMPILE_IDS_IN_TITLE, GRAPH_BREAK_SITES_KEPT, Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace.model import nearest_marked
@@ -297,28 +298,31 @@ COVERAGE_FIX = (
 
 
 def compile_findings(
-    stats: CompileStats | None, timeline: Timeline, step_ms: float, rank: int | None, thresholds: Thresholds
+    stats: CompileStats | None, timeline: Timeline, basis: StepBasis, rank: int | None, thresholds: Thresholds
 ) -> list[Finding]:
     """The `compile_coverage` finding when torch.compile compiled little or nothing of the model's
     GPU work, the `recompile` finding when compiling goes on in the steady state, and the
-    `graph_breaks` finding when breaks are known; severity from the GPU time each costs per step."""
+    `graph_breaks` finding when breaks are known; severity from the GPU time each costs per step
+    (the GPU idle of the last two, as much of it as an un-profiled step keeps) against the trace's
+    judged step (`basis`)."""
     if stats is None:
         return []
     findings = []
     n = max(len(timeline.steps), 1)
-    coverage = _coverage_finding(stats, timeline, step_ms, rank, thresholds)
+    coverage = _coverage_finding(stats, timeline, basis.judged_ms, rank, thresholds)
     if coverage is not None:
         findings.append(coverage)
     if stats.recompiles_every_step:
-        pct = 100.0 * stats.compile_ms_per_step / max(step_ms, 1e-9)
+        pct = 100.0 * stats.compile_ms_per_step / max(basis.window_ms, 1e-9)
+        idle_ms = basis.idle_gain(stats.compile_gpu_idle_ms_per_step)
         findings.append(
             Finding(
                 kind="recompile",
                 title=f"torch.compile recompiles in {stats.steps_compiling} of {n} steps: "
                 f"{stats.compile_ms_per_step:.1f} ms/step compiling ({pct:.0f}% of the step), the GPU idle "
                 f"{stats.compile_gpu_idle_ms_per_step:.1f} ms/step meanwhile"
-                + _compilations(stats.compile_ids),
-                severity=severity_for(stats.compile_gpu_idle_ms_per_step, step_ms, thresholds),
+                + _compilations(stats.compile_ids) + basis.idle_note(stats.compile_gpu_idle_ms_per_step),
+                severity=severity_for(idle_ms, basis.judged_ms, thresholds),
                 op=None,
                 where=_compile_site(timeline),
                 count=stats.steps_compiling,
@@ -327,20 +331,21 @@ def compile_findings(
                 fix=RECOMPILE_FIX,
                 rank=rank,
                 cause="a new compilation in every step (a shape or guard that changes each step)",
-                gpu_ms_per_step=stats.compile_gpu_idle_ms_per_step,
+                gpu_ms_per_step=idle_ms,
                 details=stats,
             )
         )
     if stats.graph_breaks:
         where = ", ".join(stats.graph_break_sites) or "TORCH_LOGS=graph_breaks names the sites"
         gap_ms = stats.eager_gap_gpu_idle_ms_per_step
+        gain = basis.idle_gain(gap_ms)
         findings.append(
             Finding(
                 kind="graph_breaks",
                 title=f"torch.compile graph breaks: {stats.graph_breaks} ({where}); "
                 f"{stats.compiled_regions_per_step:g} compiled regions per step with the GPU idle "
-                f"{gap_ms:.2f} ms/step in the eager code between them",
-                severity=severity_for(gap_ms, step_ms, thresholds),
+                f"{gap_ms:.2f} ms/step in the eager code between them" + basis.idle_note(gap_ms),
+                severity=severity_for(gain, basis.judged_ms, thresholds),
                 op=None,
                 where=Where(),
                 count=stats.graph_breaks,
@@ -349,7 +354,7 @@ def compile_findings(
                 fix=GRAPH_BREAK_FIX,
                 rank=rank,
                 cause="code Dynamo cannot trace splits the compiled function; the pieces between run eagerly",
-                gpu_ms_per_step=gap_ms,
+                gpu_ms_per_step=gain,
                 details=stats,
             )
         )

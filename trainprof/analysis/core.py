@@ -40,7 +40,7 @@ from trainprof.analysis.fragmentation import fragmentation, fragmentation_findin
 from trainprof.analysis.fsdp_host import fsdp_host_finding
 from trainprof.analysis.fusion import swap_prediction
 from trainprof.analysis.headroom import headroom
-from trainprof.analysis.host_ahead import ahead_rejudged, bound_to_gpu_step
+from trainprof.analysis.host_ahead import ahead_rejudged, gpu_step
 from trainprof.analysis.host_ops import cpu_only_finding
 from trainprof.analysis.host_work import host_work
 from trainprof.analysis.idle import host_labels, idle_breakdown
@@ -55,7 +55,6 @@ from trainprof.analysis.oom import out_of_memory_finding
 from trainprof.analysis.overlap import step_exposure
 from trainprof.analysis.peaks import device_peaks
 from trainprof.analysis.profiler_cost import (
-    bound_findings,
     profiler_cost,
     rejudged,
     slowdown_finding,
@@ -66,6 +65,7 @@ from trainprof.analysis.rank_work import rank_work
 from trainprof.analysis.recompute import recomputation
 from trainprof.analysis.result import Analysis, Finding, Step, Summary, TraceInfo
 from trainprof.analysis.severity import finding_order
+from trainprof.analysis.step_basis import StepBasis, step_basis
 from trainprof.analysis.steps import has_gpu_work, step_breakdown
 from trainprof.analysis.stragglers import named_straggler
 from trainprof.analysis.syncs import find_sync_points, join_sync_sites, step_syncs, sync_findings
@@ -350,15 +350,17 @@ def _analyze_one(
     trace_verdict = rejudged(trace_verdict, cost, limits)
     # A host that ran ahead of the GPU: its windows are not the steps; the GPU's step judges.
     trace_verdict = ahead_rejudged(trace_verdict, busy, limits)
+    # The one step every rule below judges against (and the headline shows), made once.
+    basis = step_basis(trace_verdict, busy, cost)
     # Without un-profiled steps to judge on, what the profiler's own host cost could have made.
     estimate = profiler_host_estimate(timeline, trace_verdict, limits) if cost is None and gpu_work else None
-    findings = sync_findings(points, n, trace.rank, trace_verdict.step_ms, limits, inference)
+    findings = sync_findings(points, n, trace.rank, basis, limits, inference)
     if gpu_work:
         busy = unprofiled_mfu(busy, cost)
         swap, swapped = swap_prediction(timeline, owners, work)
-        # Gains are predicted from the un-profiled step where the profiler slowed the recorded ones.
-        judged = work if cost is None or not cost.slowed else msgspec.structs.replace(
-            work, step_ms=cost.judged_step_ms)
+        # Gains are predicted from the judged step: the un-profiled one where the profiler slowed
+        # the recorded ones, else the GPU's (`work.step_ms` itself).
+        judged = work if basis.judged_by == "gpu" else msgspec.structs.replace(work, step_ms=basis.judged_ms)
         copies = copy_kernels(trace, work, owners)
         sites = attention_sites(trace, work, owners)
         known_peaks = [p for p in peaks if p is not None]
@@ -376,14 +378,15 @@ def _analyze_one(
     allocator = allocator_calls(timeline) if blocked else None
     named_host = host_work(timeline, idle.host_functions, limits) if idle.host_functions else None
     findings.extend(idle_findings(trace_verdict, idle, steps, trace.rank, limits, explained, allocator,
-                                  inference, session, named_host))
-    findings.extend(compile_findings(compiled, timeline, trace_verdict.step_ms, trace.rank, limits))
+                                  inference, session, named_host, basis=basis))
+    findings.extend(compile_findings(compiled, timeline, basis, trace.rank, limits))
     for maybe in (
-        launch_finding(trace_verdict, launch_totals, steps, trace.rank, limits, recompiling, inference),
+        launch_finding(trace_verdict, launch_totals, steps, trace.rank, basis, limits, recompiling,
+                       inference),
         top_kernels_finding(timeline, trace.rank, owners.launch_op),
         module_costs_finding(costs, trace.rank),
-        memory_finding(memory, trace_verdict.step_ms, trace.rank, limits, device_memory, inference),
-        fragmentation_finding(reserve, trace_verdict.step_ms, trace.rank, limits),
+        memory_finding(memory, basis, trace.rank, limits, device_memory, inference),
+        fragmentation_finding(reserve, basis, trace.rank, limits),
         cpu_only_finding(timeline, times, trace.rank),
         slowdown_finding(cost, n, trace.rank),
     ):
@@ -394,16 +397,13 @@ def _analyze_one(
         world = (trace.distributed_info or {}).get("world_size")
         findings.append(out_of_memory_finding(error, memory, room, tokens, reserve, trace.rank,
                                               world if type(world) is int else None))
-    comm = _communication(timeline, steps, calls, trace_verdict, findings, device_name, limits)
+    comm = _communication(timeline, steps, calls, trace_verdict, basis, findings, device_name, limits)
     if gpu_work and (comm is not None and comm.framework == "FSDP2" or comm is None and _is_fsdp2(trace)):
-        fsdp = fsdp_host_finding(timeline, calls, trace_verdict.step_ms, trace.rank, limits)
+        fsdp = fsdp_host_finding(timeline, calls, basis, trace.rank, limits)
         if fsdp is not None:
             findings.append(fsdp)
     # Ranks are compared on it (`distributed`): only a trace of a rank, or one that communicates.
     compared = rank_work(timeline, compute, gpu_work, labels) if trace.rank is not None or comm else None
-    bound_findings(findings, cost, limits)
-    if cost is None or not cost.slowed:
-        bound_to_gpu_step(findings, trace_verdict, busy, limits)
     known_peaks = [p for p in peaks if p is not None]
     drawn = None
     if views:  # imported here: an analysis without views (`trainprof analyze`) never loads them
@@ -431,6 +431,7 @@ def _analyze_one(
         comm=comm,
         busy=busy,
         profiler=cost,
+        step_basis=basis,
         work=compared,
         profiler_estimate=estimate,
         headroom=room,
@@ -448,6 +449,7 @@ def _communication(
     steps: list[Step],
     calls: list[Collective],
     trace_verdict: Verdict,
+    basis: StepBasis,
     findings: list[Finding],
     device: str | None,
     limits: Thresholds,
@@ -467,11 +469,10 @@ def _communication(
         len(trace.device_properties),
         framework.name if framework is not None else None,
     )
-    step_ms = trace_verdict.step_ms
     comm_bound = trace_verdict.label == "communication-bound"
     for maybe in (
-        exposed_comm_finding(comm, step_ms, comm_bound, trace.rank, len(steps), limits),
-        no_sync_finding(timeline, calls, framework, step_ms, trace.rank, limits),
+        exposed_comm_finding(comm, basis, comm_bound, trace.rank, len(steps), limits),
+        no_sync_finding(timeline, calls, framework, basis, trace.rank, limits),
     ):
         if maybe is not None:
             findings.append(maybe)
@@ -501,17 +502,24 @@ def _summary(
     exposed_ms = sum(s.comm.comm_exposed_ms for s in steps if s.comm is not None)
     communicates = any(t.comm is not None for t in traces)
     busy = [(t.busy, len(t.step_numbers)) for t in traces if t.busy is not None]
+    idle_ms = _idle_ms_per_step(steps)
+    mean_step_ms = numpy_round(total_ms / n, 4)
+    shares = {
+        # Time-weighted: the union of GPU busy time over the total step time, not a mean of per-step %.
+        "gpu_busy_pct": numpy_round(100.0 * sum(s.times.gpu_busy_ms for s in steps) / total_ms, 2)
+        if total_ms > 0 else 0.0,
+        "idle_step_pct": {cause: round(100.0 * ms / mean_step_ms, 4) for cause, ms in idle_ms.items()}
+        if mean_step_ms else {},
+        **_ahead_shares(traces, idle_ms),
+    }
     return Summary(
         verdict=headline,
         verdict_by_trace={
             (f"rank {t.rank}" if t.rank is not None else t.worker): label
             for t, label in zip(traces, verdicts, strict=True)
         },
-        mean_step_ms=numpy_round(total_ms / n, 4),
-        # Time-weighted: the union of GPU busy time over the total step time, not a mean of per-step %.
-        gpu_busy_pct=numpy_round(100.0 * sum(s.times.gpu_busy_ms for s in steps) / total_ms, 2)
-        if total_ms > 0
-        else 0.0,
+        mean_step_ms=mean_step_ms,
+        **shares,
         syncs_per_step=round(sum(s.syncs.count for s in steps) / n, 3),
         kernels_per_step=round(sum(s.times.kernel_count for s in steps) / n, 1),
         peak_memory_bytes=max(peaks) if peaks else None,
@@ -520,12 +528,62 @@ def _summary(
         comm_exposed_ms_per_step=round(exposed_ms / n, 4) if communicates else None,
         comm_hidden_pct=round(100 * (1 - exposed_ms / comm_ms), 2) if communicates and comm_ms > 0 else None,
         thresholds_overridden=limits.overridden(),
-        idle_ms_per_step=_idle_ms_per_step(steps),
+        idle_ms_per_step=idle_ms,
         **_busy_summary(busy),
         **_unprofiled_summary(traces),
         verdict_caveat=None if straggler is not None else verdict_caveat(
             [t.profiler_estimate for t in traces if t.profiler_estimate is not None]),
+        **_judged_step(traces),
+        one_off_left_out_pct=_one_off_left_out_pct(steps, total_ms, limits),
     )
+
+
+def _ahead_shares(traces: list[TraceInfo], idle_ms: dict[str, float]) -> dict:
+    """Where every trace's host ran ahead of its GPU (`StepBasis.gpu_step_idle_ms`): `gpu_busy_pct`
+    and `idle_step_pct` over the GPU's steps, not over the host's windows (which hold earlier steps'
+    GPU work, or none: `host_ahead`), each cause's idle cut to what the GPU's steps hold; else
+    empty (the windows' shares stand)."""
+    ahead = [t for t in traces if t.step_numbers]
+    if not ahead or any(t.busy is None or t.step_basis is None or t.step_basis.gpu_step_idle_ms is None
+                        for t in ahead):
+        return {}
+    spans = [(gpu_step(t.busy), len(t.step_numbers), t.step_basis.idle_kept) for t in ahead]
+    span_ms = sum(span * n for (span, _), n, _ in spans)
+    work_ms = sum(work * n for (_, work), n, _ in spans)
+    steps = sum(n for _, n, _ in spans)
+    if span_ms <= 0:
+        return {}
+    kept = sum(k * n for _, n, k in spans) / steps
+    step_ms = span_ms / steps
+    return {
+        "gpu_busy_pct": numpy_round(100.0 * work_ms / span_ms, 2),
+        "idle_step_pct": {cause: round(100.0 * ms * kept / step_ms, 4) for cause, ms in idle_ms.items()},
+    }
+
+
+def _judged_step(traces: list[TraceInfo]) -> dict:
+    """`Summary.judged_step_ms` (the traces' `StepBasis.judged_ms`, weighted by steps) and
+    `judged_step_basis` (that of most steps), as `Summary` fields; empty without steps."""
+    judged = [(t.step_basis, len(t.step_numbers)) for t in traces
+              if t.step_basis is not None and t.step_numbers]
+    steps = sum(n for _, n in judged)
+    if not steps:
+        return {}
+    by_basis: dict[str, int] = {}
+    for basis, n in judged:
+        by_basis[basis.judged_by] = by_basis.get(basis.judged_by, 0) + n
+    return {
+        "judged_step_ms": round(sum(basis.judged_ms * n for basis, n in judged) / steps, 4),
+        "judged_step_basis": max(sorted(by_basis), key=by_basis.__getitem__),
+    }
+
+
+def _one_off_left_out_pct(steps: list[Step], total_ms: float, limits: Thresholds) -> float | None:
+    """`Summary.one_off_left_out_pct`: the one-off GPU-idle time over the recorded steps' time, from
+    `one_off_named_share` on."""
+    one_off_ms = sum(s.idle.one_off_ms for s in steps if s.idle is not None)
+    share = one_off_ms / total_ms if total_ms > 0 else 0.0
+    return round(100.0 * share, 2) if share >= limits.one_off_named_share else None
 
 
 def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
@@ -543,17 +601,20 @@ def _idle_ms_per_step(steps: list[Step]) -> dict[str, float]:
 
 
 def _unprofiled_summary(traces: list[TraceInfo]) -> dict:
-    """The un-profiled step and how much longer the recorded steps are, over the traces that know
-    it (weighted by their steps), as `Summary` fields; empty when none does."""
+    """The un-profiled step, how much longer the recorded steps are and the recorded GPU busy time
+    over it (at most 100%), over the traces that know it (weighted by their steps), as `Summary`
+    fields; empty when none does."""
     known = [(t.profiler, len(t.step_numbers)) for t in traces if t.profiler is not None]
     steps = sum(n for _, n in known)
     if not steps:
         return {}
     unprofiled = sum(cost.unprofiled_step_ms * n for cost, n in known) / steps
     recorded = sum(cost.recorded_step_ms * n for cost, n in known) / steps
+    busy = sum(cost.gpu_busy_ms_per_step * n for cost, n in known) / steps
     return {
         "unprofiled_step_ms": round(unprofiled, 4),
         "profiler_slowdown_pct": round(100.0 * (recorded / unprofiled - 1.0), 2),
+        "unprofiled_gpu_busy_pct": round(min(100.0, 100.0 * busy / round(unprofiled, 4)), 2),
     }
 
 

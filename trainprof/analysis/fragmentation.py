@@ -26,6 +26,7 @@ from __future__ import annotations
 from trainprof.analysis.memory import MemoryProfile
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.trace.memory_file import AllocatorState
 
@@ -108,7 +109,7 @@ def fragments(facts: Fragmentation | None, thresholds: Thresholds) -> bool:
 
 
 def fragmentation_finding(
-    facts: Fragmentation | None, step_ms: float, rank: int | None, thresholds: Thresholds
+    facts: Fragmentation | None, basis: StepBasis, rank: int | None, thresholds: Thresholds
 ) -> Finding | None:
     """The `memory_fragmentation` finding (module docstring), or None."""
     if facts is None or not fragments(facts, thresholds):
@@ -128,7 +129,7 @@ def fragmentation_finding(
         kind="memory_fragmentation",
         title=title,
         # Memory buys a larger batch or model, not GPU time in this step: no time at stake.
-        severity=severity_for(0.0, step_ms, thresholds),
+        severity=severity_for(0.0, basis.judged_ms, thresholds),
         op=None,
         where=Where(),
         count=1,

@@ -27,6 +27,7 @@ import numpy as np
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.trace.model import NESTING_SLACK_US
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,13 +106,15 @@ def fsdp_hooks(timeline: Timeline) -> tuple[list[HookTime], int]:
 def fsdp_host_finding(
     timeline: Timeline,
     calls: list[Collective],
-    step_ms: float,
+    basis: StepBasis,
     rank: int | None,
     thresholds: Thresholds,
 ) -> Finding | None:
-    """A finding where FSDP2's hooks hold `fsdp_host_min_share` of the step in GPU-idle time (module
-    docstring); its gain is what `reshard_after_forward=False` wins back: the `pre_backward` hooks'
-    GPU-idle time."""
+    """A finding where FSDP2's hooks hold `fsdp_host_min_share` of the host's step window in GPU-idle
+    time (module docstring); its gain is what `reshard_after_forward=False` wins back: the
+    `pre_backward` hooks' GPU-idle time (as much of it as an un-profiled step keeps), judged against
+    the trace's judged step (`basis`)."""
+    step_ms = basis.window_ms
     hooks, units = fsdp_hooks(timeline)
     if not hooks or step_ms <= 0:
         return None
@@ -130,9 +133,10 @@ def fsdp_host_finding(
     by_hook = {row.hook: row for row in hooks}
     backward = by_hook.get("pre_backward")
     # Without the backward's all-gathers their hook's GPU-idle time and their kernels both go.
-    won_ms = backward.gpu_idle_ms_per_step + backward.kernel_ms_per_step if backward is not None else 0.0
+    recorded_ms = backward.gpu_idle_ms_per_step + backward.kernel_ms_per_step if backward is not None else 0.0
+    won_ms = basis.idle_gain(recorded_ms)
     # A backward that still gathers: its hooks hold a share of the step worth a fix of its own.
-    gathers_in_backward = won_ms >= thresholds.fsdp_reshard_min_share * step_ms
+    gathers_in_backward = recorded_ms >= thresholds.fsdp_reshard_min_share * step_ms
     gathered = _forward_gathered_bytes(timeline, calls)
     listed = ", ".join(f"{row.hook} {row.gpu_idle_ms_per_step:.1f}" for row in hooks[:3])
     held = (
@@ -145,9 +149,9 @@ def fsdp_host_finding(
         title=(
             f"FSDP2's hooks hold the host {host_ms:.1f} ms/step over {units} unit(s), the GPU idle "
             f"{idle_ms:.1f} ms/step meanwhile ({listed} ms/step by hook); part of the GPU-idle time the "
-            "launch and host findings hold"
+            "launch and host findings hold" + basis.idle_note(recorded_ms)
         ),
-        severity=severity_for(won_ms, step_ms, thresholds),
+        severity=severity_for(won_ms, basis.judged_ms, thresholds),
         op="FSDP::pre_backward" if backward is not None else None,
         where=Where(),
         count=n,

@@ -16,9 +16,9 @@ comparison judge it (two H200s, DDP, plain traces: the kernel spans were 1.06x t
 profiler slowed the host).
 
 The GPU-idle findings (`severity.IDLE_KINDS`) measured in the windows are bounded, together, by the
-idle time of the GPU's own step (its length less its kernels' time), and every finding's severity is
-judged against the GPU's step. Where the session's un-profiled steps show that the profiler slowed
-the recorded ones, `profiler_cost` judges instead (on the un-profiled step).
+idle time of the GPU's own steps, their span less their kernels' time (`StepBasis.gpu_step_idle_ms`),
+and every finding's severity is judged against the GPU's step (`step_basis`). Where the session's
+un-profiled steps show that the profiler slowed the recorded ones, those judge instead.
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from trainprof.analysis.result import HOST_AHEAD
-from trainprof.analysis.severity import IDLE_KINDS, severity_for
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.verdict import Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.busy import BusyBreakdown
-    from trainprof.analysis.result import Finding
 
 _KEPT_VERDICTS = frozenset({"gpu-bound", "cpu-only"})
 """Verdicts kept: the GPU was busy even in the host's windows, or there is no GPU."""
@@ -71,26 +69,3 @@ def ahead_rejudged(verdict: Verdict, busy: BusyBreakdown | None, thresholds: Thr
     )
     return msgspec.structs.replace(verdict, label="gpu-bound", cause=None, fix=None, why=why,
                                    gpu_busy_pct=round(busy_pct, 2))
-
-
-def bound_to_gpu_step(findings: list[Finding], verdict: Verdict, busy: BusyBreakdown | None,
-                      thresholds: Thresholds) -> None:
-    """Where the host ran ahead: the GPU-idle findings' gains, together, at most the GPU step's own
-    idle time (each scaled down alike, saying so in its title), and every finding's severity judged
-    against the GPU's step. In place, as `profiler_cost.bound_findings`."""
-    if busy is None or not ran_ahead(verdict, busy):
-        return
-    judged = [f for f in findings if f.gpu_ms_per_step is not None and f.severity != "info"]
-    span, work = gpu_step(busy)
-    bound = max(span - work, 0.0)
-    idle_ms = sum(f.gpu_ms_per_step or 0.0 for f in judged if f.kind in IDLE_KINDS)
-    scale = bound / idle_ms if idle_ms > bound else 1.0
-    for finding in judged:
-        gain = finding.gpu_ms_per_step or 0.0
-        if finding.kind in IDLE_KINDS and scale < 1.0 and gain > 0:
-            finding.gpu_ms_per_step = round(gain * scale, 4)
-            finding.title += (
-                f" (the GPU's own steps leave it idle at most {bound:.1f} ms/step in all: the host ran "
-                "ahead, and its step windows hold earlier steps' GPU work)"
-            )
-        finding.severity = severity_for(finding.gpu_ms_per_step or 0.0, span, thresholds)

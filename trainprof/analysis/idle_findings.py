@@ -23,6 +23,7 @@ from trainprof.analysis.host_work import HostWork
 from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
 from trainprof.analysis.result import Finding, Record, Step, Where
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import (
     FINDING_HOLDERS,
     HOST_FUNCTIONS_IN_TITLE,
@@ -104,13 +105,17 @@ def idle_findings(
     inference: bool = False,
     session: bool = False,
     host_work: HostWork | None = None,
+    *,
+    basis: StepBasis,
 ) -> list[Finding]:
     """The findings for the GPU-idle causes that matter (module docstring). `explained`: per cause,
     the idle ms (over all steps) that a more specific finding already holds; a cause's own finding
     comes only for what is left. `allocator`: the steps' allocator calls, which name the Python call
     behind blocking allocations (`trainprof.analysis.allocator`). `inference`, `session`: what the
     trace is (`workload`), which picks each cause's fix (`causes.fix_for`); `host_work`: what the
-    host code holding the GPU idle is, where it has a name of its own (`host_work.host_work`)."""
+    host code holding the GPU idle is, where it has a name of its own (`host_work.host_work`).
+    `basis`: the trace's step (`step_basis`): each finding's gain is as much of its idle time as an
+    un-profiled step keeps, judged against its judged step."""
     if verdict.label == "cpu-only" or not steps:
         return []
     n = len(steps)
@@ -126,7 +131,7 @@ def idle_findings(
 
     host_ms = sum(s.idle.costs[Cause.HOST] + s.idle.costs[Cause.UNKNOWN] for s in steps if s.idle is not None)
     if share(host_ms) >= thresholds.finding_min_idle_share or verdict.label == "host-bound":
-        findings.append(_host_bound_finding(verdict, breakdown, steps, rank, thresholds, host_work))
+        findings.append(_host_bound_finding(verdict, breakdown, steps, rank, thresholds, host_work, basis))
     for cause, kind, title in _CAUSE_FINDINGS:
         info = CAUSES[cause]
         overhead = info.verdict is None  # the profiler's cost, not the training's: told, never urgent
@@ -138,7 +143,9 @@ def idle_findings(
             continue
         held = [h for h in breakdown.holders if h.cause == cause]
         event, op = (held[0].event, held[0].op) if held else (None, None)
-        gpu_ms_per_step = 0.0 if overhead else ms / n  # an un-profiled run does not pay the profiler
+        # An un-profiled run does not pay the profiler.
+        recorded_ms = 0.0 if overhead else ms / n
+        gpu_ms_per_step = basis.idle_gain(recorded_ms)
         # Blocking time in the allocator's calls is named by the Python call behind them.
         named = allocator if cause == Cause.BLOCKING and allocator is not None else None
         named = named if named is not None and named.where.file else None
@@ -149,8 +156,9 @@ def idle_findings(
         findings.append(
             Finding(
                 kind=kind,
-                title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}{what}",
-                severity=severity_for(gpu_ms_per_step, step_ms / n, thresholds),
+                title=f"GPU idle {ms / n:.1f} ms/step ({100 * share(ms):.0f}% of the step) {title}{what}"
+                + basis.idle_note(recorded_ms),
+                severity=severity_for(gpu_ms_per_step, basis.judged_ms, thresholds),
                 op=op or event,
                 where=named.where if named is not None else Where(),
                 count=n,
@@ -180,6 +188,7 @@ def _host_bound_finding(
     rank: int | None,
     thresholds: Thresholds,
     host_work: HostWork | None,
+    basis: StepBasis,
 ) -> Finding:
     """GPU idle while the host runs other code: the functions that held it, ms per step; what that
     code is and its fix where it has a name of its own (`host_work`: an optimizer on the CPU)."""
@@ -205,11 +214,12 @@ def _host_bound_finding(
     else:
         what = "the host runs code the trace does not name (profile with with_stack=True to name it)"
     info = CAUSES[Cause.HOST if top is not None else Cause.UNKNOWN]
+    gain = basis.idle_gain(host_ms / n)
     return Finding(
         kind="host_bound",
         title=f"GPU idle {host_ms / n:.1f} ms/step ({100 * share:.0f}% of the step) with no GPU work "
-        f"queued while {what}",
-        severity=severity_for(host_ms / n, sum(s.times.duration_ms for s in steps) / n, thresholds),
+        f"queued while {what}" + basis.idle_note(host_ms / n),
+        severity=severity_for(gain, basis.judged_ms, thresholds),
         op=None if top is not None and top.file else (top.function if top else None),
         where=Where(file=user.file if user else None, function=user.function if user else None),
         count=n,
@@ -218,7 +228,7 @@ def _host_bound_finding(
         fix=host_work.fix if top is not None and host_work is not None else info.fix,
         rank=rank,
         cause=host_work.meaning if top is not None and host_work is not None else info.meaning,
-        gpu_ms_per_step=round(host_ms / n, 4),
+        gpu_ms_per_step=round(gain, 4),
         details=HostBoundDetails(
             idle_host_ms_per_step=round(host_ms / n, 4),
             idle_named_ms_per_step=round(named_ms / n, 4),

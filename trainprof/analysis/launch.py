@@ -14,6 +14,7 @@ from trainprof.analysis.modules import OwnerCost, OwnerCosts, TinyOp, owner_cost
 from trainprof.analysis.result import Finding, Record, Step, Where
 from trainprof.analysis.runtime_calls import kind_code
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import LAUNCH_REGIONS_KEPT, Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.analysis.verdict import Verdict
@@ -200,6 +201,7 @@ def launch_finding(
     totals: LaunchTotals,
     steps: list[Step],
     rank: int | None,
+    basis: StepBasis,
     thresholds: Thresholds | None = None,
     recompiling: bool = False,
     inference: bool = False,
@@ -211,7 +213,8 @@ def launch_finding(
     graphs for it, only for the eager kernels that remain. A step that recompiles every time
     (`recompiling`) gets no CUDA-graph advice: a graph recorded for one shape does not replay for the
     next; its recompile finding comes first. An inference loop (`inference`: no backward, no optimizer
-    step) gets no optimizer advice.
+    step) gets no optimizer advice. Its gain and severity: the GPU idle while launching, as much of
+    it as an un-profiled step keeps, against the trace's judged step (`basis`).
     """
     limits = thresholds or Thresholds()
     n = max(len(steps), 1)
@@ -259,8 +262,9 @@ def launch_finding(
             + f", {tiny_pct:.0f}% of those launched eagerly shorter than their launch; "
             f"GPU busy {verdict.gpu_busy_pct:.0f}%"
             + (f"; most tiny kernels from {region.summary or where_fn}" if where_fn else "")
+            + basis.idle_note(idle_launch_ms / n)
         ),
-        severity=severity_for(idle_launch_ms / n, verdict.step_ms, limits),
+        severity=severity_for(basis.idle_gain(idle_launch_ms / n), basis.judged_ms, limits),
         op=top_op,
         where=Where(file=region.file, line=region.line, function=where_fn),
         count=totals.tiny_kernel_count,
@@ -268,7 +272,7 @@ def launch_finding(
         cost_ms=round(idle_launch_ms, 4),
         rank=rank,
         fix=" ".join(f"{i}) {f}" for i, f in enumerate(fixes, 1)),
-        gpu_ms_per_step=round(idle_launch_ms / n, 4),
+        gpu_ms_per_step=round(basis.idle_gain(idle_launch_ms / n), 4),
         details=LaunchDetails(
             fixes=fixes,
             tiny_kernel_pct=round(tiny_pct, 2),

@@ -41,6 +41,7 @@ from trainprof.analysis.attribution import BACKWARD, OPTIMIZER, AttributionIndex
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import (
     ACTIVATION_MODULES_KEPT,
     LARGEST_ALLOCATIONS_KEPT,
@@ -410,7 +411,7 @@ def _series_points(total: np.ndarray) -> np.ndarray:
 
 def memory_finding(
     profile: MemoryProfile | None,
-    step_ms: float,
+    basis: StepBasis,
     rank: int | None,
     thresholds: Thresholds,
     device_bytes: int | None = None,
@@ -447,7 +448,7 @@ def memory_finding(
         + (f" in {top.module}" if top and top.module else "")
         + f"; the fix would save about {saved / gib:.2f} GiB",
         # Memory buys a larger batch or model, not GPU time in this step: no time at stake.
-        severity=severity_for(0.0, step_ms, thresholds),
+        severity=severity_for(0.0, basis.judged_ms, thresholds),
         op=top.op if top else None,
         where=top.user if top and top.user else Where(),
         count=1,

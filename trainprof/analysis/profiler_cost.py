@@ -8,8 +8,9 @@ verdict, that the same loop does not have un-profiled. The session times the ste
 profile (`Trace.unprofiled_step_ms`); against their median:
 
 - an un-profiled step leaves the GPU idle at most (its time - the recorded GPU busy time per step):
-  the GPU-idle findings together claim no more, each finding's severity is its gain over the
-  un-profiled step (`bound_findings`), and the findings on GPU-busy waste predict from it (`core`);
+  the trace's `step_basis.StepBasis` judges on the un-profiled step, so the GPU-idle findings
+  together claim no more, each finding's severity is its gain over the un-profiled step, and the
+  findings on GPU-busy waste predict from it (each rule reads the basis when it makes its finding);
 - the MFU is the model FLOPs over the un-profiled step (`unprofiled_mfu`);
 - a cause verdict is judged again (`rejudged`): `gpu-bound` (`communication-bound` when collectives
   hold `comm_bound_share` of the busy time) when the recorded GPU busy time is `gpu_bound_busy_pct`
@@ -30,7 +31,6 @@ import msgspec
 import numpy as np
 
 from trainprof.analysis.result import Finding, Record, Step, Where
-from trainprof.analysis.severity import IDLE_KINDS, severity_for
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.verdict import Verdict
 
@@ -163,27 +163,6 @@ def unprofiled_mfu(busy: BusyBreakdown, cost: ProfilerCost | None) -> BusyBreakd
         if busy.mfu_achievable_pct is not None
         else None,
     )
-
-
-def bound_findings(findings: list[Finding], cost: ProfilerCost | None, thresholds: Thresholds) -> None:
-    """Where the profiler slowed the steps: the GPU-idle findings' gains, together, at most what an
-    un-profiled step leaves idle (each scaled down alike where they add up to more, saying so in its
-    title: which part of the idle time the profiler added the trace cannot tell), and every
-    finding's severity judged against the un-profiled step. In place."""
-    if cost is None or not cost.slowed:
-        return
-    judged = [f for f in findings if f.gpu_ms_per_step is not None and f.severity != "info"]
-    bound = cost.unprofiled_idle_ms_per_step
-    idle_ms = sum(f.gpu_ms_per_step for f in judged if f.kind in IDLE_KINDS)
-    scale = bound / idle_ms if idle_ms > bound else 1.0
-    for finding in judged:
-        if finding.kind in IDLE_KINDS and scale < 1.0 and finding.gpu_ms_per_step > 0:
-            finding.gpu_ms_per_step = round(finding.gpu_ms_per_step * scale, 4)
-            finding.title += (
-                f" (un-profiled steps leave the GPU idle at most {bound:.1f} ms/step in all: the rest is "
-                "the profiler's)"
-            )
-        finding.severity = severity_for(finding.gpu_ms_per_step, cost.judged_step_ms, thresholds)
 
 
 def slowdown_finding(cost: ProfilerCost | None, steps: int, rank: int | None) -> Finding | None:

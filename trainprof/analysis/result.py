@@ -42,7 +42,8 @@ trace.summary (`Summary`): `verdict` (the traces' most common verdict, or `strag
 `comm_hidden_pct` (null when no trace communicates), `thresholds_overridden` (name -> value the
 caller set), `idle_ms_per_step` (GPU-idle ms per step over every step, by cause as in the step rows,
 steady-state, and `one_off`: with `gpu_busy_pct`, where the step went; empty when no trace has GPU
-work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weighted), `mfu_pct`
+work; `idle_step_pct`: the same in % of `mean_step_ms`), `gpu_step_ms` (the step as the GPU runs it:
+`gpu_busy.step_ms`, time-weighted), `mfu_pct`
 (against the datasheet's dense peak of `mfu_dtype`, `mfu_peak_tflops`), `mfu_achievable_pct`
 (against the achievable peak beside it, `mfu_achievable_tflops`),
 `mfu_dtype`, `mfu_flops_known_pct`, `peaks_source`, `peaks_label` (the source in a few words: `H200
@@ -50,16 +51,29 @@ work), `gpu_step_ms` (the step as the GPU runs it: `gpu_busy.step_ms`, time-weig
 null without FLOPs or peaks, or when the FLOPs it counts are those of less than
 `mfu_min_flops_known_share` of the compute time: `mfu_flops_known_pct`), `unprofiled_step_ms`
 and `profiler_slowdown_pct` (the session's un-profiled step and how much longer the recorded ones
-are, in % of it; null when no trace has un-profiled steps beside it), `verdict_caveat` (null, or in
-words: the profiler's estimated host cost could have made the verdict, and how to confirm).
+are, in % of it; null when no trace has un-profiled steps beside it), `unprofiled_gpu_busy_pct`
+(the recorded GPU busy time over that step; null likewise), `verdict_caveat` (null, or in
+words: the profiler's estimated host cost could have made the verdict, and how to confirm),
+`judged_step_ms` and `judged_step_basis` (the step every severity is judged against and the
+headline shows, `traces[].step_basis`, weighted by steps: `unprofiled` where the profiler slowed the
+recorded steps (`gpu_busy`: the recorded GPU busy time, where those were timed shorter), else `gpu`
+(the step as the GPU ran it) with GPU work, else `window`), `one_off_left_out_pct` (the share of the
+recorded steps' time one-off costs left the GPU idle, which the verdict leaves out; null under
+`one_off_named_share`).
 
 trace.traces[] (`TraceInfo`): `file`, `worker`, `rank`, `window` (which profiling window of its
 process: 0, 1, ...), `device` (the GPU's name), `steps` (step
 numbers), `has_step_annotations` (steps from `ProfilerStep#N` ranges), `sync_sites_file`,
 `sync_sites_matched` (sync points given their line by captured sites), `verdict`,
 `peak_memory_bytes`, `launch`, `gpu_idle_holders`, `gpu_idle_host_functions`, `gpu_idle_one_off`,
-`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `work`, `profiler_estimate`, `headroom`,
-`fragmentation`, `memory_history`, `copies`, `attention`, `recompute`.
+`compile`, `memory`, `communication`, `gpu_busy`, `profiler`, `step_basis`, `work`, `profiler_estimate`,
+`headroom`, `fragmentation`, `memory_history`, `copies`, `attention`, `recompute`.
+- step_basis (`step_basis.StepBasis`; the step that judges the trace): `window_ms` (the host's step
+  window), `gpu_ms` (the step as the GPU ran it; null without GPU work), `unprofiled_ms` (null without
+  the session's un-profiled steps), `judged_ms`, `judged_by` (which of them judges: `window`, `gpu`,
+  `unprofiled` or `gpu_busy`), `why`, `unprofiled_idle_ms` and `idle_kept` (where the profiler slowed
+  the steps: the most GPU idle an un-profiled step holds, and the share of each GPU-idle finding's
+  recorded gain it keeps).
 - profiler_estimate (`profiler_overhead.ProfilerHostEstimate`; null with un-profiled steps or no GPU
   work): `ops_per_step`, `python_calls_per_step`, `options` (`stack`, `shapes`, `none`),
   `added_ms_per_step`, `gpu_busy_pct_without`, `could_be_gpu_bound`.
@@ -194,10 +208,16 @@ findings[] (`Finding`), most severe first; within a severity steady-state before
 the most GPU time at stake, then the most cost (`severity.finding_order`): `kind`, `title`,
 `severity` (high, medium, low, info), `op`, `where` (`{file, line, function}` of the user's code),
 `via` (`{file, line, function, library, version}` of the library frame that made the call, or null),
-`cause` (in words), `count`, `per_step`, `cost_ms` (over all profiled steps), `fix`, `rank`,
-`gpu_ms_per_step` (the GPU time per step the fix could win back, which sets the severity: high from
-20% of the step, medium from 5%; 0 for one-off, profiler-overhead and memory findings; null where not
-estimated, the info kinds), `window` (which profiling window of its process it is from: 0, 1, ...;
+`cause` (in words), `count` and `per_step` (`count` over the steps), with `count_of` (what it
+counts, in words: `kernels`; null where the count says nothing a reader needs), `cost_ms` with
+`cost_of` (what it measures and over what, in words: `ms of CPU time blocked in the syncs, over the
+recorded steps`; null where it is no time or the gain again: `figures.FIGURES`), `fix`, `rank`,
+`gpu_ms_per_step` (the ms of GPU time per step the fix could win back, which sets the severity
+against the trace's judged step, `traces[].step_basis.judged_ms`: high from 20% of it, medium from
+5%; 0 for one-off, profiler-overhead and memory findings; null where not estimated, the info kinds),
+`gpu_step_pct` (that time in % of the judged step; null without it, and for memory, one-off and
+profiler findings: `figures.Figures.gain`),
+`window` (which profiling window of its process it is from: 0, 1, ...;
 null for findings over all traces), `details`, by kind (a `verdict` there is its trace's verdict, as
 in `traces[].verdict`):
 - sync_point (`syncs.SyncDetails`): `sync_kind`, `cause` (a `syncs.CAUSES` key), `catalog_site`,
@@ -256,7 +276,8 @@ in `traces[].verdict`):
   `exposed_ms_per_step`, `hidden_pct`, `step_ms`, `by_op` (`[{op, exposed_ms_per_step}]`), `framework`,
   `held_elsewhere` (`[{kind, op, ms_per_step}]`: the exposed time at stake in the straggler or a
   slow-collective finding instead; the finding's `gpu_ms_per_step` is the rest), `predicted_step_ms`
-  (the step with that rest hidden: the most the knobs can win).
+  (the step with that rest hidden: the most the knobs can win), `judged_step_ms` (its trace's
+  judged step, which its severity is against).
 - no_sync_missing (`comm_findings.NoSyncDetails`): `framework`, `micro_batches_per_step`,
   `synced_micro_batches_per_step`, `extra_comm_ms_per_step`, `extra_exposed_ms_per_step`.
 - slow_collective (`comm_findings.SlowCollectiveDetails`): `collective` (as communication.ops[]),
@@ -285,6 +306,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from trainprof.analysis.figures import figures_of
+
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.attention import AttentionSite
     from trainprof.analysis.busy import BusyBreakdown
@@ -302,6 +325,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.profiler_overhead import ProfilerHostEstimate
     from trainprof.analysis.rank_work import RankWork
     from trainprof.analysis.recompute import Recomputation
+    from trainprof.analysis.step_basis import StepBasis
     from trainprof.analysis.steps import StepTimes
     from trainprof.analysis.syncs import StepSyncs
     from trainprof.analysis.verdict import Verdict
@@ -403,6 +427,8 @@ class Finding(msgspec.Struct):
             "details": self.details.to_dict() if self.details is not None else {},
             "gpu_ms_per_step": self.gpu_ms_per_step,
             "window": self.window,
+            "count_of": figures_of(self.kind).count_of,
+            "cost_of": figures_of(self.kind).cost_of,
         }
 
 
@@ -493,6 +519,9 @@ class TraceInfo(msgspec.Struct):
     profiler: ProfilerCost | None = None
     """The recorded steps against the session's un-profiled ones (`profiler_cost`); None when the
     trace has no un-profiled steps beside it."""
+    step_basis: StepBasis | None = None
+    """Its step lengths and the one that judges it (`step_basis`): every finding's severity and the
+    headline's step time read it. None only for a `TraceInfo` built by hand."""
     work: RankWork | None = None
     """What its steps did on the measures ranks are compared on (`rank_work`); None for a trace of
     no rank that does not communicate."""
@@ -537,6 +566,7 @@ class TraceInfo(msgspec.Struct):
             "communication": self.comm.to_dict() if self.comm is not None else None,
             "gpu_busy": self.busy.to_dict() if self.busy is not None else None,
             "profiler": self.profiler.to_dict() if self.profiler is not None else None,
+            "step_basis": self.step_basis.to_dict() if self.step_basis is not None else None,
             "work": self.work.to_dict() if self.work is not None else None,
             "profiler_estimate": None if self.profiler_estimate is None else self.profiler_estimate.to_dict(),
             "headroom": self.headroom.to_dict() if self.headroom is not None else None,
@@ -578,6 +608,9 @@ class Summary(Record, frozen=True):
     idle_ms_per_step: dict[str, float] = {}
     """GPU-idle ms per step over every step: steady-state by cause key (`launch`, `sync`, ...), and
     `one_off`; they add up to the GPU-idle time. Empty when no trace has GPU work."""
+    idle_step_pct: dict[str, float] = {}
+    """`idle_ms_per_step` in % of `mean_step_ms` (the recorded step), by the same keys: with
+    `gpu_busy_pct`, where the recorded step went."""
     gpu_step_ms: float | None = None
     """Mean step time as the GPU runs it: the longest of the host window, the span of the step's
     kernels and their summed time (`busy`); longer than `mean_step_ms` when the host runs ahead."""
@@ -608,6 +641,17 @@ class Summary(Record, frozen=True):
     verdict_caveat: str | None = None
     """Where no trace has un-profiled steps and the profiler's estimated host cost could have made the
     verdict (`profiler_overhead`): that, in words, and how to confirm; else None."""
+    unprofiled_gpu_busy_pct: float | None = None
+    """The recorded GPU busy time per step over the un-profiled step (at most 100), weighted as
+    `unprofiled_step_ms`; None when no trace has un-profiled steps beside it."""
+    judged_step_ms: float | None = None
+    """The step that judges (`step_basis.StepBasis.judged_ms`), weighted by steps over the traces:
+    every finding's severity is its gain over its trace's; the headline's step time."""
+    judged_step_basis: str | None = None
+    """Which step `judged_step_ms` is (a key of `step_basis.STEP_BASES`), that of most steps."""
+    one_off_left_out_pct: float | None = None
+    """The share of the recorded steps' time that one-off costs (warm-up, context creation) left the
+    GPU idle, which the verdict leaves out; None under `one_off_named_share`."""
     reason: str | None = None
     """Why there are no figures (a session that profiled nothing); None for an analysis."""
 
@@ -617,6 +661,24 @@ class Summary(Record, frozen=True):
         of the GPU, and its windows are not the steps."""
         gpu, host = self.gpu_step_ms, self.mean_step_ms
         return bool(gpu and host and gpu > HOST_AHEAD * host)
+
+    @property
+    def other_steps(self) -> list[tuple[str, float]]:
+        """The step lengths other than the judged one, as (`STEP_BASES` key, ms): those more than
+        `HOST_AHEAD` apart from it and from each other (the host's window, then the GPU's step, then
+        the un-profiled step). A headline names the step that judges, and only these beside it."""
+        if not self.judged_step_ms:
+            return []
+        lengths = (("window", self.mean_step_ms), ("gpu", self.gpu_step_ms),
+                   ("unprofiled", self.unprofiled_step_ms))
+        named: list[tuple[str, float]] = []
+        for basis, ms in lengths:
+            if basis == self.judged_step_basis or not ms:
+                continue
+            if all(max(ms, other) > HOST_AHEAD * min(ms, other)
+                   for other in (self.judged_step_ms, *(known for _, known in named))):
+                named.append((basis, ms))
+        return named
 
     def to_dict(self) -> dict[str, Any]:
         """The `trace.summary` object (module docstring); `reason` only when set."""
@@ -659,5 +721,26 @@ class Analysis(msgspec.Struct):
                 "cross_rank": self.cross_rank.to_dict() if self.cross_rank is not None else None,
             },
             "steps": [step.to_dict() for step in self.steps],
-            "findings": [finding.to_dict() for finding in self.findings],
+            "findings": [{**finding.to_dict(), "gpu_step_pct": self.gpu_step_pct(finding)}
+                         for finding in self.findings],
         }
+
+    def judged_step_ms(self, finding: Finding) -> float | None:
+        """The judged step of the trace(s) a finding is from (`StepBasis.judged_ms`, weighted by
+        steps over its rank's windows), or the summary's for a finding over all traces."""
+        if finding.rank is None and finding.window is None:
+            return self.summary.judged_step_ms
+        traces = [t for t in self.traces if t.rank == finding.rank and t.step_basis is not None
+                  and (finding.window is None or t.window == finding.window)]
+        steps = sum(len(t.step_numbers) for t in traces)
+        if not steps:
+            return self.summary.judged_step_ms
+        return sum(t.step_basis.judged_ms * len(t.step_numbers) for t in traces) / steps
+
+    def gpu_step_pct(self, finding: Finding) -> float | None:
+        """A finding's GPU time at stake in % of its judged step (`judged_step_ms`); None where it has
+        none (`gpu_ms_per_step` None, or a finding about memory: `figures.Figures.gain`)."""
+        step_ms = self.judged_step_ms(finding)
+        if finding.gpu_ms_per_step is None or not figures_of(finding.kind).gain or not step_ms:
+            return None
+        return round(100.0 * finding.gpu_ms_per_step / step_ms, 2)

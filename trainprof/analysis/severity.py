@@ -1,4 +1,6 @@
-"""One rule for every finding's severity: the GPU time per step the finding could win back.
+"""One rule for every finding's severity: the GPU time per step the finding could win back, over the
+trace's judged step (`step_basis.StepBasis.judged_ms`: one step per trace, so one bar for "high" for
+its idle and its busy findings alike).
 
 A finding that costs the GPU nothing (a sync while the GPU is busy anyway, a one-off warm-up) ranks
 below one that holds back every step, whatever the host time involved. Cut-offs: `thresholds.py`
@@ -44,7 +46,7 @@ IDLE_KINDS = frozenset({
     "communication_wait", "sync_point", "recompile", "graph_breaks", "fsdp_host",
 })
 """Kinds whose `gpu_ms_per_step` is GPU-idle time (a GPU-idle cause, a sync point, a recompile, graph
-breaks' eager gaps): what the profiler's host cost can inflate (`profiler_cost.bound_findings`)."""
+breaks' eager gaps): what the profiler's host cost can inflate (`StepBasis.idle_gain`)."""
 
 FIRST_KINDS = frozenset({"out_of_memory"})
 """Kinds ranked before every other finding: the loop did not survive them."""
@@ -53,9 +55,10 @@ ONE_OFF_KINDS = frozenset({"one_off"})
 """Kinds whose cost is paid once: ranked after every steady-state finding of the same severity."""
 
 
-def severity_for(gpu_ms_per_step: float, step_ms: float, thresholds: Thresholds) -> str:
-    """`high`, `medium` or `low` for a finding that could win back `gpu_ms_per_step` of a `step_ms` step."""
-    share = gpu_ms_per_step / step_ms if step_ms > 0 else 0.0
+def severity_for(gpu_ms_per_step: float, judged_step_ms: float, thresholds: Thresholds) -> str:
+    """`high`, `medium` or `low` for a finding that could win back `gpu_ms_per_step` of a step: the
+    trace's `StepBasis.judged_ms` (a finding across ranks: the ranks' median step)."""
+    share = gpu_ms_per_step / judged_step_ms if judged_step_ms > 0 else 0.0
     if share >= thresholds.severity_high_step_share:
         return "high"
     if share >= thresholds.severity_medium_step_share:

@@ -38,6 +38,7 @@ from trainprof.analysis.frames import CallContext, PyFrame, call_context, is_pro
 from trainprof.analysis.result import Finding, Record, Via, Where
 from trainprof.analysis.runtime_calls import KINDS, call_kind, is_blocking_copy
 from trainprof.analysis.severity import severity_for
+from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.catalog import CatalogSite, match_sync_site
@@ -547,12 +548,13 @@ def sync_findings(
     points: list[SyncPoint],
     step_count: int,
     rank: int | None,
-    step_ms: float,
+    basis: StepBasis,
     thresholds: Thresholds,
     inference: bool = False,
 ) -> list[Finding]:
     """One finding per (cause, library call site, user frame): counts, blocked time, GPU idle after,
-    and the GPU time at stake (`SyncPoint.gpu_cost_us`), which sets the severity. Sync points inside
+    and the GPU time at stake (`SyncPoint.gpu_cost_us`, the part an un-profiled step keeps:
+    `StepBasis.idle_gain`), which sets the severity against `basis`. Sync points inside
     a warm-up are left to the warm-up's finding. `inference`: the loop is an inference loop
     (`workload.is_inference`), whose fixes differ where the cause says so (`SyncCause.inference_fix`)."""
     grouped: dict[tuple, list[SyncPoint]] = defaultdict(list)
@@ -568,9 +570,10 @@ def sync_findings(
         cause = CAUSES[cause_key]
         blocked_ms = sum(p.blocked_us for p in group) / 1e3
         idle_ms = sum(p.gpu_idle_after_us for p in group) / 1e3
-        gpu_ms_per_step = sum(p.gpu_cost_us for p in group) / 1e3 / steps
+        recorded_ms = sum(p.gpu_cost_us for p in group) / 1e3 / steps
+        gpu_ms_per_step = basis.idle_gain(recorded_ms)
         per_step = len(group) / steps
-        impact_pct = 100.0 * (blocked_ms + idle_ms) / max(step_ms * steps, 1e-9)
+        impact_pct = 100.0 * (blocked_ms + idle_ms) / max(basis.window_ms * steps, 1e-9)
         where_text = f" in {function}" if function else ""
         via = first.via
         via_text = f" via {via.library or '?'} {via.function}" if via is not None and via.library else ""
@@ -578,8 +581,9 @@ def sync_findings(
         findings.append(
             Finding(
                 kind="sync_point",
-                title=f"CPU waits for the GPU: {cause.words}{where_text}{via_text} ({per_step:g}/step)",
-                severity=severity_for(gpu_ms_per_step, step_ms, thresholds),
+                title=f"CPU waits for the GPU: {cause.words}{where_text}{via_text} ({per_step:g}/step)"
+                + basis.idle_note(recorded_ms),
+                severity=severity_for(gpu_ms_per_step, basis.judged_ms, thresholds),
                 op=first.op,
                 where=Where(file=file, line=line, function=function),
                 via=via,

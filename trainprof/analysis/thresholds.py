@@ -86,6 +86,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "One-off costs (context creation, library warm-up) under 1 ms in total are not worth a finding.",
     ),
     Threshold(
+        "one_off_named_share",
+        0.05,
+        "A verdict leaves one-off costs out (an un-profiled run pays them once, not every step); from "
+        "5% of the recorded steps' time (as `severity_medium_step_share`: what a reader would see in "
+        "the step time) the headline says that it does, and how much they took.",
+    ),
+
+    Threshold(
         "profiler_overhead_min_share",
         0.05,
         "GPU idle while the profiler's own code runs (trainprof's hooks, torch.profiler) never names the "

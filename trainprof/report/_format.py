@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trainprof.analysis.figures import figures_of
 from trainprof.analysis.kernels import TopKernelsDetails
 from trainprof.analysis.modules import ModuleCostsDetails
 from trainprof.analysis.oom import OutOfMemoryDetails
+from trainprof.analysis.step_basis import STEP_WORDS
 from trainprof.report.names import short_kernel_names, short_names
 from trainprof.report.text import safe_text
 
@@ -89,7 +91,7 @@ class Table(msgspec.Struct):
 # Each headline row: (label, `Summary` field, unit suffix, decimals).
 HEADLINE_ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("verdict", "verdict", "", 0),
-    ("step time", "mean_step_ms", " ms", 1),
+    ("step time", "mean_step_ms", " ms", 1),  # the judged step where known: `step_time`
     ("GPU busy", "gpu_busy_pct", " %", 1),
     ("syncs / step", "syncs_per_step", "", 1),
     ("kernels / step", "kernels_per_step", "", 0),
@@ -153,20 +155,17 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         for label, name, unit, decimals in HEADLINE_ROWS
         if getattr(summary, name) is not None
     ]
+    labels = [label for label, _ in rows]
+    if "step time" in labels and summary.judged_step_ms is not None:
+        rows[labels.index("step time")] = ("step time", step_time(summary))
+    if summary.one_off_left_out_pct is not None:
+        rows[0] = ("verdict", f"{rows[0][1]} (leaves out one-off costs, which left the GPU idle "
+                              f"{summary.one_off_left_out_pct:.0f}% of the recorded steps' time: see the "
+                              "one-off findings)")
     if summary.verdict_caveat is not None:
         rows.insert(1, ("caveat", clean(summary.verdict_caveat)))
     if summary.reason is not None:
         rows.insert(1, ("why", clean(summary.reason)))
-    if summary.gpu_step_ms is not None:
-        gpu_step = number(summary.gpu_step_ms, 1, " ms")
-        if summary.host_ran_ahead:
-            gpu_step += " (the host runs ahead: its step windows are shorter)"
-        rows.insert(2, ("GPU step time", gpu_step))
-    if summary.unprofiled_step_ms is not None and summary.profiler_slowdown_pct is not None:
-        longer = summary.profiler_slowdown_pct
-        rows.insert(2, ("un-profiled step", number(summary.unprofiled_step_ms, 1, " ms") + (
-            f" (the recorded steps are {longer:.0f}% longer)" if longer >= 0.5
-            else f" (the recorded steps are {-longer:.0f}% shorter)" if longer <= -0.5 else "")))
     mfu = mfu_line(summary)
     if mfu is not None:
         slowed = profiler_slowed(analysis) and (summary.mfu_pct or summary.mfu_achievable_pct)
@@ -194,6 +193,26 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
 
         rows += ranks.headline(analysis.cross_rank)
     return rows
+
+
+def step_time(summary: Summary) -> str:
+    """The step that judges (`Summary.judged_step_ms`), and in words the other step lengths, only
+    where they differ from it (`Summary.other_steps`): `49.7 ms as the GPU ran it; 21.5 ms in the
+    host's step windows (the host runs ahead of the GPU)`."""
+    judged = number(summary.judged_step_ms, 1, " ms")
+    others = summary.other_steps
+    if not others:
+        return judged
+    basis = summary.judged_step_basis or "window"
+    text = f"{judged} {STEP_WORDS[basis]}; " + ", ".join(
+        f"{ms:,.1f} ms {STEP_WORDS[other]}" for other, ms in others)
+    if basis == "gpu_busy":
+        text += " (the un-profiled steps were timed shorter than the GPU's work in a step)"
+    elif basis == "unprofiled" and summary.profiler_slowdown_pct is not None:
+        text += f" (the profiler made the recorded steps {summary.profiler_slowdown_pct:.0f}% longer)"
+    elif summary.host_ran_ahead:
+        text += " (the host runs ahead of the GPU)"
+    return text
 
 
 FLOPS_ALL_KNOWN_PCT = 99.5
@@ -294,16 +313,14 @@ def compile_line(compiled: CompileStats) -> str:
 
 def step_split(analysis: Analysis) -> str | None:
     """Where the step went, in one line: GPU busy, then GPU idle by cause, largest first, as shares
-    of the step (`Summary.gpu_busy_pct`, `Summary.idle_ms_per_step` over `mean_step_ms`)."""
+    of the step (`Summary.gpu_busy_pct`, `Summary.idle_step_pct`)."""
     summary = analysis.summary
     if summary.gpu_busy_pct is None or not summary.mean_step_ms:
         return None
     if not summary.idle_ms_per_step:
         return f"where the step went: {summary.mean_step_ms:,.1f} ms of host time, no GPU work recorded"
-    shares = sorted(
-        ((100 * ms / summary.mean_step_ms, cause) for cause, ms in summary.idle_ms_per_step.items()),
-        key=lambda share: -share[0],
-    )
+    shares = sorted(((pct, cause) for cause, pct in summary.idle_step_pct.items()),
+                    key=lambda share: -share[0])
     idle = [f"{IDLE_CAUSE_WORDS.get(cause, cause)} {pct:.1f}%" for pct, cause in shares
             if pct >= STEP_SPLIT_MIN_PCT]
     text = f"where the step went: GPU busy {summary.gpu_busy_pct:.1f}%"
@@ -311,19 +328,8 @@ def step_split(analysis: Analysis) -> str | None:
     if profiler_slowed(analysis):
         unprofiled = summary.unprofiled_step_ms or summary.mean_step_ms
         text = (f"{text} (recorded); un-profiled ({unprofiled:,.1f} ms/step) GPU busy "
-                f"{unprofiled_busy_pct(analysis):.0f}%: the rest of the idle time is the profiler's")
+                f"{summary.unprofiled_gpu_busy_pct or 0.0:.0f}%: the rest of the idle time is the profiler's")
     return text
-
-
-def unprofiled_busy_pct(analysis: Analysis) -> float:
-    """The recorded GPU busy time per step (weighted by steps over the traces that know it, as
-    `Summary.unprofiled_step_ms` is) over the un-profiled step: `ProfilerCost.unprofiled_gpu_busy_pct`
-    of one trace."""
-    known = [(t.profiler, len(t.step_numbers)) for t in analysis.traces if t.profiler is not None]
-    steps = sum(n for _, n in known) or 1
-    busy = sum(cost.gpu_busy_ms_per_step * n for cost, n in known) / steps
-    unprofiled = analysis.summary.unprofiled_step_ms
-    return min(100.0, 100.0 * busy / unprofiled) if unprofiled else 0.0
 
 
 def profiler_slowed(analysis: Analysis) -> bool:
@@ -354,7 +360,7 @@ def where(finding: Finding) -> str:
     return text
 
 
-FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "cost ms, all steps", "fix")
+FINDING_COLUMNS = ("severity", "finding", "op", "where", "per step", "GPU time at stake", "cost", "fix")
 TOP_KERNELS_KIND = "top_kernels"  # rendered as its own table, not as a findings row
 MODULE_COSTS_KIND = "module_costs"  # likewise
 
@@ -385,24 +391,54 @@ def source_of(finding: Finding | TraceInfo, findings: Sequence[Finding | TraceIn
     return " ".join(parts) or "-"
 
 
-def finding_row(finding: Finding) -> tuple[str, ...]:
-    """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts)."""
+def finding_row(finding: Finding, analysis: Analysis | None = None) -> tuple[str, ...]:
+    """The cells of one finding, in FINDING_COLUMNS order, whole (the console wraps, never cuts);
+    `analysis`, when given, holds the step its GPU time is a share of (`Analysis.gpu_step_pct`)."""
     return (
         clean(finding.severity or "-", NAME_CHARS),
         clean(finding.title or finding.kind or "-"),
         clean(finding.op or "-", NAME_CHARS),
         where(finding),
-        number(finding.per_step, 1),
-        number(finding.cost_ms, 2),
+        count_per_step(finding),
+        gpu_at_stake(finding, analysis.gpu_step_pct(finding) if analysis is not None else None),
+        cost(finding),
         clean(finding.fix or "-"),
     )
 
 
-def finding_facts(finding: Finding) -> list[str]:
-    """The evidence of a finding as short facts (`op ...`, `at ...`, `2.0 per step`, `cost ... ms in
-    all`: over the profiled steps, as the HTML report says), those the finding has: any kind of
-    finding renders the same way."""
-    _, _, op, at, per_step, cost, _ = finding_row(finding)
+def count_per_step(finding: Finding) -> str:
+    """`185 kernels`: `per_step` with what it counts (`figures.FIGURES`); '-' where that says nothing."""
+    figures = figures_of(finding.kind)
+    if figures.count_of is None or finding.per_step is None:
+        return "-"
+    counted = figures.count_one if finding.per_step == 1 and figures.count_one else figures.count_of
+    return f"{finding.per_step:,.2f}".rstrip("0").rstrip(".") + f" {counted}"
+
+
+def gpu_at_stake(finding: Finding, step_pct: float | None) -> str:
+    """`5.27 ms of GPU time per step (11% of the step)`: what the fix could win back; '-' where the
+    finding has no such time or is about memory (`figures.Figures.gain`)."""
+    if finding.gpu_ms_per_step is None or not figures_of(finding.kind).gain:
+        return "-"
+    text = f"{finding.gpu_ms_per_step:,.2f} ms of GPU time per step"
+    if step_pct is None:
+        return text
+    return text + (f" ({step_pct:.0f}% of the step)" if step_pct >= 0.5 else " (under 1% of the step)")
+
+
+def cost(finding: Finding) -> str:
+    """`12.40 ms of CPU time blocked in the syncs, over the recorded steps`: `cost_ms` with what it
+    measures (`figures.FIGURES`); '-' where it is no time or the gain again."""
+    cost_of = figures_of(finding.kind).cost_of
+    return "-" if cost_of is None else f"{finding.cost_ms:,.2f} {cost_of}"
+
+
+def finding_facts(finding: Finding, analysis: Analysis | None = None) -> list[str]:
+    """The evidence of a finding as short facts (`op ...`, `at ...`, `185 kernels per step`, `at stake
+    5.26 ms of GPU time per step (11% of the step)`, `cost ... over the recorded steps`), those the
+    finding has, each with its unit and scope: any kind of finding renders the same way."""
+
+    _, _, op, at, per_step, at_stake, spent, _ = finding_row(finding, analysis)
     facts = []
     if op != "-":
         facts.append(f"op {op}")
@@ -412,8 +448,10 @@ def finding_facts(finding: Finding) -> list[str]:
         facts.append(f"cause {clean(finding.cause, NAME_CHARS)}")
     if per_step != "-":
         facts.append(f"{per_step} per step")
-    if cost != "-":
-        facts.append(f"cost {cost} ms in all")
+    if at_stake != "-":
+        facts.append(f"at stake {at_stake}")
+    if spent != "-":
+        facts.append(f"cost {spent}")
     return facts
 
 

@@ -82,7 +82,7 @@ def render_lines(analysis: Analysis, limit: int, width: int) -> list[tuple[str, 
         more = f" ({len(findings)} of {total})" if total > len(findings) else ""
         add([f"Top findings{more}"], title=True)
         for index, finding in enumerate(findings, 1):
-            add(finding_lines(finding, index, findings, width))
+            add(finding_lines(finding, index, findings, width, analysis))
     else:
         add(["No findings."])
 
@@ -93,14 +93,17 @@ def render_lines(analysis: Analysis, limit: int, width: int) -> list[tuple[str, 
     return out
 
 
-def finding_lines(finding: Finding, index: int, findings: list[Finding], width: int) -> list[str]:
+def finding_lines(finding: Finding, index: int, findings: list[Finding], width: int,
+                  analysis: Analysis | None = None) -> list[str]:
     """One finding as a block: `N. [severity] source title` (wrapped under the title's first word),
-    its facts, and its fix. Every kind of finding renders this way."""
+    its facts (its GPU time as a share of its step where `analysis` is given), and its fix. Every
+    kind of finding renders this way."""
     severity, title, *_, fix = _format.finding_row(finding)
     source = _format.source_of(finding, findings) if _format.source_labels(findings) else "-"
     label = f"{index:>2}. [{severity}] " + (f"{source}: " if source != "-" else "")
     lines = block(label, title, width)
-    lines += items(_format.finding_facts(finding), width, "    ")
+    lines += items(_format.finding_facts(finding, analysis), width, "    ")
+
     if fix != "-":
         lines += block("fix: ", fix, width, indent="    ")
     return lines

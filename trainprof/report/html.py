@@ -233,18 +233,19 @@ def _findings(analysis: Analysis) -> str:
     if not findings:
         return '<p class="empty">No findings.</p>'
     labelled = _format.source_labels(findings)
-    return "".join(_finding(f, findings if labelled else None) for f in findings)
+    return "".join(_finding(f, findings if labelled else None, analysis) for f in findings)
 
 
-def _finding(finding: Finding, among: list[Finding] | None) -> str:
+def _finding(finding: Finding, among: list[Finding] | None, analysis: Analysis) -> str:
     """One finding's block; `among`, when given, are the findings it must be told apart from (its
-    rank or window is shown)."""
+    rank or window is shown). Its figures in the console's and Markdown's words (`_format.finding_row`)."""
     severity = finding.severity if finding.severity in ("high", "medium", "low", "info") else "info"
     facts: list[tuple[str, str]] = []
     if among is not None:
         facts.append(("from", _format.source_of(finding, among)))
-    if finding.gpu_ms_per_step is not None:
-        facts.append(("GPU time to win back", f"{finding.gpu_ms_per_step:,.2f} ms per step"))
+    _, _, _, _, per_step, at_stake, spent, _ = _format.finding_row(finding, analysis)
+    if at_stake != "-":
+        facts.append(("GPU time at stake", at_stake))
     if finding.cause:
         facts.append(("cause", finding.cause))
     if finding.op:
@@ -256,8 +257,11 @@ def _finding(finding: Finding, among: list[Finding] | None) -> str:
         via = " ".join(str(x) for x in (finding.via.library, finding.via.file, finding.via.line,
                                          finding.via.function) if x is not None)
         facts.append(("via", via))
-    seen = f"{finding.count} times, {finding.per_step:,.1f} per step, {finding.cost_ms:,.2f} ms in all"
-    facts.append(("seen", seen))
+    if per_step != "-":
+        facts.append(("per step", per_step))
+    if spent != "-":
+        facts.append(("cost", spent))
+
     if finding.fix:
         facts.append(("fix", finding.fix))
     rows = "".join(f"<dt>{esc(label)}</dt><dd>{prose(value) if label in _PROSE_FACTS else esc(value)}</dd>"

@@ -50,10 +50,11 @@ def render_markdown(analysis: Analysis, limit: int = _format.MARKDOWN_FINDINGS) 
     findings = _format.top_findings(analysis, limit)
     if findings:
         if _format.source_labels(findings):
-            rows = [(_format.source_of(f, findings), *_format.finding_row(f)) for f in findings]
+            rows = [(_format.source_of(f, findings), *_format.finding_row(f, analysis)) for f in findings]
             lines += table((_format.source_column(findings), *_format.FINDING_COLUMNS), rows)
         else:
-            lines += table(_format.FINDING_COLUMNS, [_format.finding_row(f) for f in findings])
+            lines += table(_format.FINDING_COLUMNS, [_format.finding_row(f, analysis) for f in findings])
+
     else:
         lines.append("No findings.")
     for report_table in _format.tables(analysis):
