@@ -104,7 +104,7 @@ def test_usage_errors_exit_2():
 _TERMINAL_BAR = """
 import io, json, sys
 from trainprof.analysis import folder
-from trainprof.cli import _load_and_analyze
+from trainprof.cli.analyze import _load_and_analyze
 
 class Terminal(io.StringIO):
     def isatty(self):

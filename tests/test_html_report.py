@@ -245,7 +245,7 @@ def test_demo_shows_the_shipped_gpu_run_first(tmp_path, capsys, monkeypatch):
     ran = []
     monkeypatch.setattr(trainprof.demo, "run_demo", lambda **kwargs: ran.append(kwargs))
     monkeypatch.setattr(trainprof.demo, "demo_device", lambda device=None: "cpu")
-    monkeypatch.setattr("trainprof.cli._cuda_available", lambda: False)
+    monkeypatch.setattr("trainprof.cli.analyze._cuda_available", lambda: False)
     assert main(["demo", "--log-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("No GPU here: first, trainprof's report on a real GPU run")

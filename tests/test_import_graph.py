@@ -132,3 +132,15 @@ def test_ops_pick_their_implementation_through_dispatch_only(graph):
     for module, targets in _imports_under(graph, "fused_layers.ops").items():
         assert not any(t.startswith("fused_layers.backends") for t in targets), (module, targets)
         assert "fused_layers.dispatch" in targets, module
+
+
+def test_no_trainprof_library_module_imports_a_command_module():
+    """The command line (`trainprof.cli`, one module per command family) sits on top of the library:
+    no other module of trainprof imports it, lazily or not (#34 item 5), except `python -m trainprof`."""
+    graph = import_graph("trainprof")
+    assert {"trainprof.cli", "trainprof.cli.analyze", "trainprof.cli.run", "trainprof.cli.ab",
+            "trainprof.cli.ncu", "trainprof.cli.common"} <= set(graph)
+    outside = {module: sorted(t for t in targets if t == "trainprof.cli" or t.startswith("trainprof.cli."))
+               for module, targets in graph.items()
+               if not module.startswith("trainprof.cli") and module != "trainprof.__main__"}
+    assert {module: targets for module, targets in outside.items() if targets} == {}

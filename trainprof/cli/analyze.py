@@ -1,44 +1,34 @@
-"""The command line, thin over the library: `trainprof analyze PATH [--json]`, `trainprof report PATH
---html OUT.html`, `trainprof demo`.
-
-`analyze` never imports torch (startup time is benchmarked): it loads traces with the pure-Python
-trace model. Under torchrun it splits a folder over the job's processes (`trainprof.job_analysis`),
-and only then imports torch.distributed.
-"""
+"""`trainprof analyze`, `trainprof report` and `trainprof demo`: their arguments and what they run."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import sys
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from trainprof.cli.common import (
+    ERROR_CHARS,
+    _count,
+    _size,
+    error,
+    guarded,
+    missing_extra,
+    note,
+    silenced,
+)
 from trainprof.report.text import safe_text
 
-EXIT_BAD_INPUT = 2
-ERROR_DETAIL_CHARS = 300
-"""Characters of an internal error's message in the one-line error (the traceback is --debug's)."""
-ERROR_CHARS = 2000
-"""Characters of any one-line message on stderr, at most (a path or name in it may be hostile)."""
 PROGRESS_CHARS = 60
 """Characters of the progress bar's description (`loading <file name>`)."""
 OLDER_RUNS_NAMED = 5
 """Older runs of a log folder named beside the one analysed: the most recent ones."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    from trainprof import __version__
-
-    parser = argparse.ArgumentParser(
-        prog="trainprof", description="Find out what holds a PyTorch training step back."
-    )
-    parser.add_argument("--version", action="version", version=f"trainprof {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def add_analyze_parsers(commands: argparse._SubParsersAction) -> None:
+    """Add the `analyze`, `report` and `demo` subcommands to the CLI's subparsers."""
     analyze = commands.add_parser("analyze", help="analyse a profiler trace file or folder")
     analyze.add_argument("path", help="a .pt.trace.json[.gz] file, or a folder of them (one run)")
     analyze.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
@@ -81,89 +71,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true",
                       help="nothing of trainprof's on the terminal but errors (the files are written)")
 
-    from trainprof.run import add_run_parser
-
-    add_run_parser(commands)  # `trainprof run [options] script.py [args]` (trainprof.run)
-
-    from trainprof.cli_ab import add_ab_parsers
-
-    add_ab_parsers(commands)  # `trainprof ab`, `trainprof diff` (trainprof.cli_ab)
-
-    from trainprof.ncu import add_ncu_parser
-
-    add_ncu_parser(commands)  # `trainprof ncu RUN -- command` (trainprof.ncu)
-    return parser
-
-
-def _size(text: str) -> int:
-    from trainprof.trace.load import parse_size
-
-    try:
-        size = parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if size is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or e.g. 512M, 8G)")
-    return size
-
-
-def _count(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a count (1, 2, ...)")
-    return int(text)
-
-
-def error(message: str) -> int:
-    """Say what went wrong in one line on stderr (`trainprof: error: ...`); the exit status for it."""
-    sys.stderr.write(f"trainprof: error: {safe_text(message, ERROR_CHARS).strip()}\n")
-    return EXIT_BAD_INPUT
-
-
-@contextlib.contextmanager
-def silenced() -> Iterator[None]:
-    """Inside the block nothing of trainprof's reaches the terminal: its warnings are ignored and its
-    logger is off (`--quiet` of `run` and `demo`; the files are written as always)."""
-    logger = logging.getLogger("trainprof")
-    level = logger.level
-    warnings.filterwarnings("ignore", message="trainprof", category=RuntimeWarning)
-    entry = warnings.filters[0]
-    logger.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-        if entry in warnings.filters:
-            warnings.filters.remove(entry)
-
-
-@contextlib.contextmanager
-def one_line_warnings() -> Iterator[None]:
-    """Inside the block a trainprof warning that no frame of the user's code called (the session's
-    exit under `trainprof run`: `user_code.WARNING_SOURCE`) shows as its message alone, without a
-    file, a line number or a category."""
-    from trainprof.user_code import WARNING_SOURCE
-
-    previous = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
-        if filename != WARNING_SOURCE:
-            return previous(message, category, filename, lineno, file, line)
-        with contextlib.suppress(OSError, ValueError):  # a closed stderr: as warnings itself does
-            (file or sys.stderr).write(f"{message}\n")
-        return None
-
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        if warnings.showwarning is show:
-            warnings.showwarning = previous
-
-
-def note(message: str) -> None:
-    """One line for the user on stderr (file names in it made safe, `text.safe_text`)."""
-    sys.stderr.write(f"trainprof: {safe_text(message, ERROR_CHARS).strip()}\n")
-
 
 def _load_and_analyze(
     path: str, progress: IO[str] | None, thresholds: dict | None = None, views: bool = False,
@@ -204,34 +111,6 @@ def _load_and_analyze(
             bar.refresh()
 
         return run(advance)
-
-
-def guarded(path: str, debug: bool, action: Callable[[], int]) -> int:
-    """Run `action` inside the error boundary of every command that reads traces: bad input, a
-    missing file, running out of memory or an internal error is one line on stderr and exit 2
-    (`--debug` raises an internal error with its traceback instead); Ctrl-C exits 130."""
-    from trainprof.trace import TraceLoadError
-
-    try:
-        return action()
-    except TraceLoadError as exc:
-        return error(str(exc) or f"{path}: not a profiler trace")
-    except KeyboardInterrupt:
-        sys.stderr.write("trainprof: interrupted\n")
-        return 130
-    except MemoryError:
-        return error(f"{path}: out of memory while analysing it (try a smaller trace or --max-trace-bytes)")
-    except OSError as exc:
-        if debug:
-            raise
-        return error(f"{path}: {exc.strerror or exc}")
-    except Exception as exc:  # the boundary: a bug must not greet the user with a traceback
-        if debug:
-            raise
-        return error(
-            f"{path}: internal error ({type(exc).__name__}: {str(exc)[:ERROR_DETAIL_CHARS]}); "
-            "run again with --debug for the traceback, and please report it"
-        )
 
 
 def run_analyze(
@@ -421,79 +300,3 @@ def _show_gpu_sample(log_dir: str, console: bool) -> None:
         "Now the demo's own loop, on this CPU (a CPU has no GPU time to report: its verdict is cpu-only):\n\n"
     )
     sys.stdout.flush()
-
-
-# The extra that installs each package a command may need, for the one-line error without it.
-EXTRA_OF_PACKAGE = {"torch": "train", "triton": "train", "transformers": "hf", "accelerate": "hf"}
-
-
-def missing_extra(exc: ModuleNotFoundError, command: str) -> str | None:
-    """The one-line message for a package that is not installed (`pip install 'trainprof[train]'`),
-    or None when `exc` is not about a package of an extra."""
-    package = (exc.name or "").split(".")[0]
-    extra = EXTRA_OF_PACKAGE.get(package)
-    if extra is None:
-        return None
-    return (f"{command} needs {package}, which is not installed (this install analyses traces only): "
-            f"pip install 'trainprof[{extra}]'")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `trainprof` console script."""
-    parser = _parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # a misspelled flag: the subcommand's usage, not the top level's
-        _subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
-    with one_line_warnings():
-        return _run_command(args)
-
-
-def _subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    """The parser of `trainprof <command>`."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]  # type: ignore[no-any-return]
-    return parser
-
-
-def _run_command(args: argparse.Namespace) -> int:
-    if args.command == "analyze":
-        return run_analyze(
-            args.path,
-            args.json,
-            debug=args.debug,
-            max_trace_bytes=args.max_trace_bytes,
-            thresholds=args.threshold,
-            quiet=args.quiet,
-            workers=args.workers,
-            windows=args.windows,
-        )
-    if args.command == "report":
-        return run_report(
-            args.path,
-            args.html,
-            debug=args.debug,
-            max_trace_bytes=args.max_trace_bytes,
-            thresholds=args.threshold,
-            quiet=args.quiet,
-            windows=args.windows,
-        )
-    if args.command == "demo":
-        return run_demo(args.steps, args.log_dir, args.device, quiet=args.quiet)
-    if args.command == "run":
-        from trainprof.run import run_command
-
-        return run_command(args)  # the script's exit code; its exceptions are its own (trainprof.run)
-    if args.command in ("ab", "diff"):
-        from trainprof.cli_ab import run
-
-        return run(args)
-    if args.command == "ncu":
-        from trainprof.ncu import run_ncu
-
-        return run_ncu(args)
-    raise AssertionError(args.command)  # argparse rejects unknown commands
-
-
-if __name__ == "__main__":
-    sys.exit(main())

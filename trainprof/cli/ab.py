@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainprof.cli import error, guarded, missing_extra
+from trainprof.cli.common import error, guarded, missing_extra
 
 
 def add_ab_parsers(commands: argparse._SubParsersAction) -> None:
