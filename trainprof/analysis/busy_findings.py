@@ -49,6 +49,7 @@ from trainprof.analysis.busy import BusyBreakdown, KernelWork
 from trainprof.analysis.copies import COPY_KINDS, KINDS, CopyKernels
 from trainprof.analysis.fusion import SwapPrediction
 from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
+from trainprof.analysis.kinds import FindingKind
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES
 from trainprof.analysis.recompute import Recomputation
@@ -257,7 +258,7 @@ class _Context:
 
     def finding(
         self,
-        kind: str,
+        kind: FindingKind,
         title: str,
         saved_ms: float,
         mask: np.ndarray,

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from trainprof.analysis.collectives import Collective, CollectiveStats, CommTotals
+from trainprof.analysis.kinds import FindingKind
 from trainprof.analysis.result import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import Thresholds
@@ -133,7 +134,7 @@ class ExposureHeld(Record, frozen=True):
     """Exposed communication whose GPU time is at stake in another finding: its kind (`straggler`:
     the wait for it; `slow_collective`), its op (None for the wait) and the ms per step."""
 
-    kind: str
+    kind: FindingKind
     op: str | None
     ms_per_step: float
 

@@ -21,6 +21,7 @@ from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.causes import CAUSES, Cause, fix_for
 from trainprof.analysis.host_work import HostWork
 from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
+from trainprof.analysis.kinds import FindingKind
 from trainprof.analysis.result import Finding, Record, Step, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import (
@@ -75,7 +76,7 @@ class OneOffDetails(Record, frozen=True):
 
 
 # The causes with a finding of their own here: (cause, kind, what the title says the host is doing).
-_CAUSE_FINDINGS: tuple[tuple[Cause, str, str], ...] = (
+_CAUSE_FINDINGS: tuple[tuple[Cause, FindingKind, str], ...] = (
     (Cause.INPUT, "input_bound", "waiting for input (DataLoader / data preparation on the training thread)"),
     (
         Cause.BLOCKING,

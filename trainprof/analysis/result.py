@@ -283,6 +283,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from trainprof.analysis.kinds import KINDS, FindingKind, Severity
+
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.attention import AttentionSite
     from trainprof.analysis.busy import BusyBreakdown
@@ -361,9 +363,10 @@ class Finding(msgspec.Struct):
     time it saves), None where not estimated; `severity.severity_for` turns it into the severity.
     """
 
-    kind: str
+    kind: FindingKind
+    """One of `kinds.KINDS` (any other is refused)."""
     title: str
-    severity: str  # "high" | "medium" | "low" | "info"
+    severity: Severity
     op: str | None
     where: Where
     count: int
@@ -380,6 +383,8 @@ class Finding(msgspec.Struct):
     findings of two windows of one process are told apart; None for findings over all traces."""
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unregistered finding kind {self.kind!r} (trainprof.analysis.kinds.KINDS)")
         self.count, self.per_step, self.cost_ms = plain((self.count, self.per_step, self.cost_ms))
         self.gpu_ms_per_step = plain(self.gpu_ms_per_step)
 
@@ -403,8 +408,6 @@ class Finding(msgspec.Struct):
             "window": self.window,
         }
 
-
-SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 HOST_AHEAD = 1.05
 """A GPU step this much longer than the host's step window: the host ran ahead of the GPU, and its
