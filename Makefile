@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # that already has torch, override it: make demo TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint FORCE
+.PHONY: demo test lint typecheck FORCE
 
 # The torch spec of the last install: rewritten (and so newer than .installed) only when TORCH_SPEC
 # changes, so that `make test TORCH_SPEC=...` reinstalls torch in an existing .venv.
@@ -31,5 +31,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n auto --dist loadgroup tests
 
+# ruff over the tree, then the type checker (what CI runs: .ci/run)
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check trainprof fused_layers benchmarks examples tests
+	$(MAKE) --no-print-directory typecheck
+
+# mypy over trainprof and fused_layers, as configured in pyproject.toml ([tool.mypy])
+typecheck: $(VENV)/.installed
+	$(PY) -m mypy

@@ -83,7 +83,7 @@ class Table(msgspec.Struct):
 
     title: str
     columns: tuple[Column, ...]
-    rows: list[tuple[str, ...]] = msgspec.field(default_factory=list)
+    rows: Sequence[tuple[str, ...]] = msgspec.field(default_factory=list)
 
 
 # Each headline row: (label, `Summary` field, unit suffix, decimals).

@@ -64,7 +64,7 @@ from trainprof.user_code import CodeLayout
 try:
     from trainprof.trace import _scan
 except ImportError:  # not built (no C compiler where it was installed): msgspec reads every trace
-    _scan = None
+    _scan = None  # type: ignore[assignment]  # the C module, or None where it was not built
 
 logger = logging.getLogger("trainprof")
 
