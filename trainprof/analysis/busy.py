@@ -57,7 +57,7 @@ from trainprof.analysis.kernel_classes import (
 )
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES, DevicePeaks
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import MODULE_TABLE_ROWS, Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.analysis.work import NO_WORK, OpWork, op_work

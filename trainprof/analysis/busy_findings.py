@@ -53,7 +53,7 @@ from trainprof.analysis.kinds import FindingKind
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES
 from trainprof.analysis.recompute import Recomputation
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import TOP_ROWS, Thresholds
 from trainprof.trace import Trace

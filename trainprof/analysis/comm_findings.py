@@ -21,7 +21,7 @@ import numpy as np
 
 from trainprof.analysis.collectives import Collective, CollectiveStats, CommTotals
 from trainprof.analysis.kinds import FindingKind
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import Thresholds
 

@@ -39,7 +39,7 @@ from trainprof.analysis.causes import COMPILE_FRAMES
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernel_classes import KernelClass, Work
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import COMPILE_IDS_IN_TITLE, GRAPH_BREAK_SITES_KEPT, Thresholds
 from trainprof.analysis.timeline import Timeline

@@ -33,7 +33,7 @@ import numpy as np
 from trainprof.analysis.attribution import KernelOwners, UserFrames
 from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.kernel_classes import KernelClass
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.work import DTYPE_BYTES, MATH_DTYPE
 from trainprof.trace import Trace
 

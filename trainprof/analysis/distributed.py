@@ -39,7 +39,7 @@ from trainprof.analysis.collectives import (
 from trainprof.analysis.comm_findings import slow_collective_findings
 from trainprof.analysis.links import link_for
 from trainprof.analysis.rank_work import RankWork, merged_work
-from trainprof.analysis.result import Finding, Record
+from trainprof.analysis.records import Finding, Record
 from trainprof.analysis.stragglers import named_straggler, straggler_findings, unprofiled_late
 from trainprof.analysis.thresholds import CROSS_RANK_COLLECTIVES_KEPT, Thresholds
 

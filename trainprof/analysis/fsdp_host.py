@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.trace.model import NESTING_SLACK_US
 

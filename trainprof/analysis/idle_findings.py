@@ -22,7 +22,8 @@ from trainprof.analysis.causes import CAUSES, Cause, fix_for
 from trainprof.analysis.host_work import HostWork
 from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
 from trainprof.analysis.kinds import FindingKind
-from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.records import Finding, Record, Where
+from trainprof.analysis.result import Step
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import (
     FINDING_HOLDERS,

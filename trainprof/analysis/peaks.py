@@ -19,7 +19,7 @@ import math
 import re
 from typing import NamedTuple
 
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.trace import Trace
 
 MATH_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")

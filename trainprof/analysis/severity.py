@@ -37,7 +37,7 @@ from trainprof.analysis.kinds import SEVERITY_ORDER, FindingKind, Severity
 from trainprof.analysis.thresholds import Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainprof.analysis.result import Finding
+    from trainprof.analysis.records import Finding
 
 IDLE_KINDS: frozenset[FindingKind] = frozenset({
     "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",

@@ -22,7 +22,7 @@ import msgspec
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.causes import CAUSES, Cause, CauseCosts
 from trainprof.analysis.kinds import VerdictLabel
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.steps import has_gpu_work
 from trainprof.analysis.thresholds import Thresholds
 
