@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainprof.cli import error, guarded, missing_extra
+from trainprof.cli_common import error, guarded, missing_extra
 
 
 def add_ab_parsers(commands: argparse._SubParsersAction) -> None:

@@ -188,7 +188,7 @@ class Session:
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config or SessionConfig()
-        from trainprof.run import shared_run_name
+        from trainprof.run_name import shared_run_name
 
         # Under a launcher every rank's default is the launch's shared name (`trainprof.run`): one
         # folder for the job, as `trainprof analyze` and the cross-rank report expect.
@@ -196,7 +196,7 @@ class Session:
         self._named_run = self.config.run_name is not None or shared is not None
         self.run_dir = Path(self.config.log_dir).expanduser() / (shared or self.config.resolved_run_name())
         """This run's folder: `run_name`, else the launch's shared name under torchrun (or another
-        launcher, `trainprof.run.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
+        launcher, `trainprof.run_name.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
         taken (decided at start)."""
         self.rank = process_rank()
         self.worker = _worker_name(self.rank)
