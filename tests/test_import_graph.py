@@ -7,10 +7,8 @@ the shared custom-op glue.
 trainprof: no cycle among the imports that run, at the top of a module or inside a function (a
 lazy import, there to keep torch out of `trainprof analyze`, closes a cycle as surely); imports under
 `if TYPE_CHECKING:` do not count (they never run, and only name a type for an annotation), and
-the C modules count through their `.pyi` types. `KNOWN_CYCLES` lists the cycles left, each with
-why; the test fails on any other, and on a listed one that is gone (take it off the list). Also: the
-base records (`analysis.records`) import no analysis module, and no library module imports a command
-module.
+the C modules count through their `.pyi` types. Also: the base records (`analysis.records`) import no
+analysis module, and no library module imports a command module.
 
 The graph is read from the source with ``ast`` (nothing is imported), so an import that only runs
 on a GPU, or inside a function, counts as much as one at the top of a module.
@@ -193,19 +191,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return components
 
 
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"trainprof.analysis.core", "trainprof.analysis.folder"}): (
-        "`core.analyze` hands a folder to `folder.analyze_files`, whose workers call `core.analyze_trace` "
-        "(imported inside the worker); to go when core becomes a declared pipeline (#34 item 2)"
-    ),
-    frozenset({"trainprof.report._format", "trainprof.report.ranks", "trainprof.report.markdown"}): (
-        "`_format` draws the cross-rank headline and tables with `ranks`' rows (imported inside its "
-        "functions), and `ranks` renders with `_format`'s helpers; to go when the rank rows move into "
-        "`_format`"
-    ),
-}
-"""The cycles left in trainprof, each with why and what ends it."""
-
 COMMAND_MODULES = frozenset({"trainprof.__main__", "trainprof.cli", "trainprof.cli_ab", "trainprof.run",
                              "trainprof.demo"})
 """The command line's modules: a library module (the session, the analysis, the reports) imports none."""
@@ -228,11 +213,9 @@ def test_a_type_checking_import_is_left_out_on_request(tmp_path, monkeypatch):
     assert _cycles(import_graph("pkg")) == [{"pkg.a", "pkg.b"}]
 
 
-def test_trainprof_has_no_import_cycle_but_the_known_ones(trainprof_graph):
+def test_trainprof_has_no_import_cycle(trainprof_graph):
     assert "trainprof.analysis.records" in trainprof_graph and "trainprof.trace._scan" in trainprof_graph
-    cycles = {frozenset(cycle) for cycle in _cycles(trainprof_graph)}
-    assert cycles - set(KNOWN_CYCLES) == set(), "a new import cycle"
-    assert set(KNOWN_CYCLES) - cycles == set(), "a known cycle is gone: take it off KNOWN_CYCLES"
+    assert _cycles(trainprof_graph) == []
 
 
 def test_the_base_records_import_no_analysis_module():
