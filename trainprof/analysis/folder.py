@@ -106,10 +106,10 @@ def file_outcomes(
     fork = _can_fork()
     workers = min(_default_workers(len(files), fork, cores) if workers is None else workers, len(files))
     if workers == 1:
-        return _share(analyze_one, files, 0, 1, alone, sync_sites, limits, views, report)
+        return _share(files, 0, 1, alone, sync_sites, limits, views, report, analyze_one=analyze_one)
     if fork:
-        return _forked(analyze_one, files, alone, sync_sites, limits, workers, report, views)
-    return _parallel(analyze_one, files, alone, sync_sites, limits, workers, report, views)
+        return _forked(files, alone, sync_sites, limits, workers, report, views, analyze_one=analyze_one)
+    return _parallel(files, alone, sync_sites, limits, workers, report, views, analyze_one=analyze_one)
 
 
 def folder_results(outcomes: list[Outcome], folder: Path) -> list[TraceResult]:
@@ -163,9 +163,9 @@ def _order(result: TraceResult) -> tuple:
 
 
 def _serial(
-    analyze_one: AnalyzeOne, file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None,
-    limits: Thresholds,
+    file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     report: Callable[[str, int, int], None], views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> TraceResult | Skipped | None:
     report(f"loading {file.name}", 2 * index, 2 * count)
     trace = load_candidate(file, alone)
@@ -176,9 +176,9 @@ def _serial(
 
 
 def _parallel(
-    analyze_one: AnalyzeOne, files: list[Path], alone: bool, sync_sites: list[dict] | None,
-    limits: Thresholds, workers: int,
+    files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """`file_outcomes` in `workers` processes started by forkserver (or spawn), one file each at a
     time; every file is analysed (a worker's error comes back with its file's future)."""
@@ -194,8 +194,8 @@ def _parallel(
     report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         pending = {
-            pool.submit(_analyze_file, analyze_one, str(file), alone, sync_sites, overrides, limit,
-                        views): index
+            pool.submit(_analyze_file, str(file), alone, sync_sites, overrides, limit, views,
+                        analyze_one=analyze_one): index
             for index, file in enumerate(files)
         }
         for done, future in enumerate(as_completed(pending), 1):
@@ -209,9 +209,9 @@ def _parallel(
 
 
 def _forked(
-    analyze_one: AnalyzeOne, files: list[Path], alone: bool, sync_sites: list[dict] | None,
-    limits: Thresholds, workers: int,
+    files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """`_parallel`'s outcomes where forking is safe: this process analyses every `workers`-th file from
     the first, `workers - 1` forked children the others, each child's outcomes pickled back through a
@@ -230,7 +230,8 @@ def _forked(
                 os.close(read_end)
                 status = 1
                 try:
-                    share = _share(analyze_one, files, worker, workers, alone, sync_sites, limits, views)
+                    share = _share(files, worker, workers, alone, sync_sites, limits, views,
+                                   analyze_one=analyze_one)
                     with os.fdopen(write_end, "wb") as out:
                         pickle.dump(share, out, protocol=pickle.HIGHEST_PROTOCOL)
                     status = 0
@@ -238,7 +239,8 @@ def _forked(
                     os._exit(status)
             os.close(write_end)
             children[pid] = (read_end, worker)
-        outcomes = _share(analyze_one, files, 0, workers, alone, sync_sites, limits, views, report)
+        outcomes = _share(files, 0, workers, alone, sync_sites, limits, views, report,
+                          analyze_one=analyze_one)
         for pid in list(children):
             read_end, worker = children.pop(pid)
             with os.fdopen(read_end, "rb") as received:
@@ -257,17 +259,17 @@ def _forked(
 
 
 def _share(
-    analyze_one: AnalyzeOne, files: list[Path], first: int, step: int, alone: bool,
-    sync_sites: list[dict] | None, limits: Thresholds,
+    files: list[Path], first: int, step: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     views: bool, report: Callable[[str, int, int], None] | None = None,
+    *, analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """The outcome of every `step`-th file from `first`, up to the first that raises; `report` as
     `_serial`'s (None: none)."""
     outcomes: list[Outcome] = []
     for index in range(first, len(files), step):
         try:
-            result = _serial(analyze_one, files[index], index, len(files), alone, sync_sites, limits,
-                             report or _quiet, views)
+            result = _serial(files[index], index, len(files), alone, sync_sites, limits,
+                             report or _quiet, views, analyze_one=analyze_one)
         except Exception as error:  # a TraceLoadError, raised by `folder_results` in the folder's order
             outcomes.append((index, None, error))
             break
@@ -280,9 +282,9 @@ def _quiet(what: str, done: int, total: int) -> None:
 
 
 def _analyze_file(
-    analyze_one: AnalyzeOne, file: str, alone: bool, sync_sites: list[dict] | None,
-    overrides: dict[str, float], limit: int,
+    file: str, alone: bool, sync_sites: list[dict] | None, overrides: dict[str, float], limit: int,
     views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> TraceResult | Skipped | None:
     """In a worker: load one file, analyse it, return its result (the trace is dropped here)."""
     from trainprof.analysis.thresholds import Thresholds
