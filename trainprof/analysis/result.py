@@ -14,6 +14,7 @@ Each record writes its own JSON form (`to_dict()`), under the key names document
 JSON (`schema_version` 2: `mfu_pct` is against the datasheet's dense peak since 2; 1 read it against
 the achievable one, now `mfu_achievable_pct`)
 -------------------------
+Its JSON Schema, generated from the types of `trainprof.analysis.schema`: docs/schema/analysis.schema.json.
 Units are in the names (`_ms`, `_us`, `_bytes`, `_pct` out of 100); `_per_step` is a mean over the
 profiled steps; null is unknown or not applicable. `SCHEMA_VERSION` changes when a field is renamed,
 removed or changes meaning; new fields may appear without it.
