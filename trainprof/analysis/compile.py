@@ -154,7 +154,9 @@ def compile_stats(timeline: Timeline, work: KernelWork | None = None,
     every_step = steps_compiling == len(steps) and steps_compiling > 0
     recompiles = steps_compiling >= 2 or (every_step and recompile_id)
 
-    region_in_step = timeline.step_of(np.array([r[0] for r in region_rows])) >= 0 if region_rows else []
+    region_in_step = (
+        timeline.step_of(np.array([r[0] for r in region_rows])) >= 0 if region_rows else np.zeros(0, bool)
+    )
     regions = [r for r, inside in zip(region_rows, region_in_step, strict=True) if inside]
     sites = _resume_sites(trace)
     reasons = dict(live.get("graph_break", {})) if live else {}

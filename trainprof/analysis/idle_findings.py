@@ -245,8 +245,8 @@ def _one_off_findings(breakdown: IdleBreakdown, rank: int | None, thresholds: Th
     for h in breakdown.one_off:
         what = "warmup" if h.cause == Cause.WARMUP else "context"
         key = (what, h.event if what == "context" else h.op or h.event)
-        first, idle_ms, steps = merged.get(key, (h, 0.0, set()))
-        merged[key] = (first, idle_ms + h.idle_ms, steps | set(h.steps or ()))
+        first, idle_ms, seen = merged.get(key, (h, 0.0, set()))
+        merged[key] = (first, idle_ms + h.idle_ms, seen | set(h.steps or ()))
     findings = []
     for (what, _), (h, idle_ms, step_set) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
         if idle_ms < thresholds.one_off_min_ms:

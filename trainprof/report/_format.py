@@ -181,8 +181,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
                  default=None)
     if memory is not None:
         rows.append(("memory at peak", memory_breakdown(memory)))
-    at_peak = max((t for t in analysis.traces if t.memory is not None), key=lambda t: t.memory.peak_bytes,
-                  default=None)
+    at_peak = max((t for t in analysis.traces if t.memory is not None),
+                  key=lambda t: t.memory.peak_bytes if t.memory is not None else 0, default=None)
     if at_peak is not None and at_peak.fragmentation is not None:
         rows.append(("memory reserved", reserve_line(at_peak.fragmentation)))
     if at_peak is not None and at_peak.headroom is not None:
@@ -482,7 +482,7 @@ def kernel_class_tables(analysis: Analysis) -> list[Table]:
     tables = []
     for trace in busy:
         rows = []
-        for row in trace.busy.classes[:CLASS_ROWS]:
+        for row in (trace.busy.classes if trace.busy is not None else [])[:CLASS_ROWS]:
             if row.achieved_tflops is not None:
                 achieved = number(row.achieved_tflops, 1, " TFLOP/s")
             elif row.achieved_tb_s is not None:
@@ -532,7 +532,7 @@ def copy_tables(analysis: Analysis) -> list[Table]:
                 number(row.class_pct, 0),
                 clean(row.module or "-", NAME_CHARS),
             )
-            for row in trace.copies.rows
+            for row in (trace.copies.rows if trace.copies is not None else ())
         ]
         tables.append(Table(_titled("Copies and casts by what makes them", trace, shown), COPY_COLUMNS, rows))
     return tables
