@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # that already has torch, override it: make demo TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast lint FORCE
+.PHONY: demo test test-fast lint typecheck FORCE
 
 # The torch spec of the last install: rewritten (and so newer than .installed) only when TORCH_SPEC
 # changes, so that `make test TORCH_SPEC=...` reinstalls torch in an existing .venv.
@@ -35,5 +35,11 @@ test: $(VENV)/.installed
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n auto --dist loadgroup -m "not slow" tests
 
+# ruff over the tree, then the type checker (what CI runs: .ci/run)
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check trainprof fused_layers benchmarks examples tests
+	$(MAKE) --no-print-directory typecheck
+
+# mypy over trainprof and fused_layers, as configured in pyproject.toml ([tool.mypy])
+typecheck: $(VENV)/.installed
+	$(PY) -m mypy

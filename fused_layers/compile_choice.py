@@ -102,6 +102,7 @@ def call_dims(op: str, tensors: list[Tensor]) -> tuple[int, ...] | None:
     """The dims of a call that pick its shape class, from its tensors (None: not static ints)."""
     if op == "gelu":
         return ()
+    dims: tuple[int, ...]
     if op == "linear_cross_entropy":
         dims = (tensors[0].shape[-1], tensors[1].shape[0])  # hidden (..., H), weight (V, H)
     else:

@@ -135,6 +135,7 @@ def call(op: str, backend: str | None, *args: Any) -> Any:
     tensors = [arg for arg in args if isinstance(arg, Tensor)]
     implementation = IMPLEMENTATIONS[op, _choose(op, backend, tensors)]
     if implementation.covers is not None and not implementation.covers(*args):
+        assert implementation.otherwise is not None, op  # one covering some calls names one for the rest
         implementation = IMPLEMENTATIONS[op, implementation.otherwise]
     return implementation.run(*args)
 

@@ -197,11 +197,12 @@ from trainprof.analysis import analyze, folder
 from trainprof.trace import TraceLoadError
 forks = []
 forked = folder._forked
-folder._forked = lambda *args: forks.append(args[4]) or forked(*args)
+folder._forked = lambda *args, **kw: forks.append(args[4]) or forked(*args, **kw)
 try:
     if sys.argv[2] == "die":  # the child's share: the second file
         share = folder._share
-        folder._share = lambda files, first, *rest: os._exit(3) if first else share(files, first, *rest)
+        folder._share = (lambda files, first, *rest, **kw:
+                         os._exit(3) if first else share(files, first, *rest, **kw))
     result = analyze(sys.argv[1], workers=2).to_dict()
 except (TraceLoadError, RuntimeError) as error:
     print(json.dumps({"forks": forks, "error": f"{type(error).__name__}: {error}"}))

@@ -112,7 +112,7 @@ class Terminal(io.StringIO):
 
 forks = []
 forked = folder._forked
-folder._forked = lambda *args: forks.append(args[4]) or forked(*args)
+folder._forked = lambda *args, **kwargs: forks.append(args[4]) or forked(*args, **kwargs)
 bar = Terminal()
 analysis = _load_and_analyze(sys.argv[1], bar)
 print(json.dumps({"forks": forks, "traces": len(analysis.traces), "drawn": "traces" in bar.getvalue()}))

@@ -1,6 +1,14 @@
-"""fused_layers' import graph: no cycle, lazy imports (inside functions) included, and the layers
-point one way: ops -> dispatch -> backends, a backend never reaching back up, the CUDA C++ backend
-a leaf beside the shared custom-op glue.
+"""The import contracts of fused_layers and trainprof.
+
+fused_layers: no cycle, lazy imports (inside functions) included, and the layers point one way:
+ops -> dispatch -> backends, a backend never reaching back up, the CUDA C++ backend a leaf beside
+the shared custom-op glue.
+
+trainprof: no cycle among the imports that run, at the top of a module or inside a function (a
+lazy import, there to keep torch out of `trainprof analyze`, closes a cycle as surely); imports under
+`if TYPE_CHECKING:` do not count (they never run, and only name a type for an annotation), and
+the C modules count through their `.pyi` types. Also: the base records (`analysis.records`) import no
+analysis module, and no library module imports a command module.
 
 The graph is read from the source with ``ast`` (nothing is imported), so an import that only runs
 on a GPU, or inside a function, counts as much as one at the top of a module.
@@ -20,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _modules(package: str) -> dict[str, Path]:
     """Dotted module name -> source file, for every module of ``package`` (a folder of ROOT)."""
     modules = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sorted([*(ROOT / package).rglob("*.py"), *(ROOT / package).rglob("*.pyi")]):
         parts = path.relative_to(ROOT).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
@@ -33,8 +41,21 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports anywhere in its source (lazy imports included).
+def _type_checking_blocks(tree: ast.AST) -> set[int]:
+    """The ids of the nodes inside `if TYPE_CHECKING:` blocks of `tree`."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        ):
+            inside.update(id(child) for statement in node.body for child in ast.walk(statement))
+    return inside
+
+
+def import_graph(package: str, type_checking: bool = True) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports anywhere in its source (lazy imports included;
+    those under `if TYPE_CHECKING:` only with ``type_checking``).
 
     ``from a import b`` is an edge to the module ``a.b`` where that is a module, else to ``a``.
     """
@@ -43,7 +64,11 @@ def import_graph(package: str) -> dict[str, set[str]]:
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = set() if type_checking else _type_checking_blocks(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
             if isinstance(node, ast.Import):
                 targets.update(_resolve(alias.name, modules) for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -132,6 +157,68 @@ def test_ops_pick_their_implementation_through_dispatch_only(graph):
     for module, targets in _imports_under(graph, "fused_layers.ops").items():
         assert not any(t.startswith("fused_layers.backends") for t in targets), (module, targets)
         assert "fused_layers.dispatch" in targets, module
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of ``graph`` with more than one module: its cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for start in sorted(graph):
+        if start not in index:
+            visit(start)
+    return components
+
+
+@pytest.fixture(scope="module")
+def trainprof_graph() -> dict[str, set[str]]:
+    return import_graph("trainprof", type_checking=False)
+
+
+def test_a_type_checking_import_is_left_out_on_request(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from pkg import b\n")
+    (package / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert find_cycle(import_graph("pkg")) == ["pkg.a", "pkg.b", "pkg.a"]
+    assert find_cycle(import_graph("pkg", type_checking=False)) is None
+    assert _cycles(import_graph("pkg")) == [{"pkg.a", "pkg.b"}]
+
+
+def test_trainprof_has_no_import_cycle(trainprof_graph):
+    assert "trainprof.analysis.records" in trainprof_graph and "trainprof.trace._scan" in trainprof_graph
+    assert _cycles(trainprof_graph) == []
+
+
+def test_the_base_records_import_no_analysis_module():
+    """`records` (the base types every analysis module imports) names no analysis module's types,
+    not even for annotations: only the vocabulary and what each kind's figures are."""
+    full = import_graph("trainprof")
+    assert full["trainprof.analysis.records"] == {"trainprof.analysis.kinds", "trainprof.analysis.figures"}
+    assert full["trainprof.analysis.kinds"] == set() and full["trainprof.analysis.figures"] == set()
 
 
 def test_no_trainprof_library_module_imports_a_command_module():

@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
 import pytest
@@ -150,24 +151,15 @@ def test_the_readme_is_a_front_door():
             assert (base / target).exists(), target
 
 
-def _finding_kinds() -> set[str]:
-    source = "".join(path.read_text() for path in (ROOT / "trainprof/analysis").glob("*.py"))
-    kinds = set(re.findall(r'\bkind="([a-z_]+)"', source)) - {"stable"}  # numpy's sort kind
-    kinds |= set(re.findall(r'\(\s*Cause\.\w+,\s*"([a-z_]+)"', source))  # idle_findings' table
-    kinds |= set(re.findall(r'\.finding\(\s*"([a-z_]+)"', source))  # busy_findings' `context.finding`
-    return kinds
-
-
 def test_the_docs_name_every_verdict_and_finding_kind():
-    kinds = _finding_kinds()
-    assert {"sync_point", "launch_overhead", "input_bound", "one_off", "module_costs"} <= kinds
-    missing = sorted(kind for kind in kinds if f"`{kind}`" not in ALL_TEXT)
-    assert not missing
-    from trainprof.analysis.causes import CAUSES
+    """Every kind of the registry (`trainprof.analysis.kinds`, which `Finding` holds its kind to) in
+    the docs, and every verdict the type allows in the README's verdict table."""
+    from trainprof.analysis.kinds import KINDS, VerdictLabel
 
-    verdicts = {info.verdict for info in CAUSES.values() if info.verdict} | {
-        "gpu-bound", "communication-bound", "mixed", "unknown", "cpu-only", "straggler: rank R"
-    }
+    assert len(KINDS) == 33
+    missing = sorted(kind for kind in KINDS if f"`{kind}`" not in ALL_TEXT)
+    assert not missing
+    verdicts = set(typing.get_args(VerdictLabel)) | {"straggler: rank R"}
     assert not sorted(v for v in verdicts if f"| `{v}` |" not in README)
 
 

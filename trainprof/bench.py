@@ -358,6 +358,7 @@ def _copy_bandwidth(device: str, nbytes: int) -> float:
     source = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).fill_(1.0)
     target = torch.empty_like(source)
     timing = time_fn(lambda: target.copy_(source), device=dev, bytes_per_call=2 * source.nbytes)
+    assert timing.bytes_per_s is not None  # set: bytes_per_call was given
     return timing.bytes_per_s
 
 
@@ -379,6 +380,7 @@ def _matmul_peak(device: str, dtype: torch.dtype, n: int, allow_tf32: bool) -> f
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     timing = time_fn(lambda: torch.mm(a, b), device=dev, flops_per_call=2.0 * n**3)
+    assert timing.flops_per_s is not None  # set: flops_per_call was given
     return timing.flops_per_s
 
 

@@ -26,7 +26,7 @@ class SessionConfig:
     """Subfolder of `log_dir` for this run: a plain folder name (no separator, not `.` or `..`).
 
     Default: under torchrun (or another launcher) the name all ranks of the launch share
-    (`trainprof.run.shared_run_name`); else `run-YYYYmmdd-HHMMSS` (local time at start), with `-2`,
+    (`trainprof.run_name.shared_run_name`); else `run-YYYYmmdd-HHMMSS` (local time at start), with `-2`,
     `-3`... appended when that folder exists already, so two sessions never share a default folder."""
 
     wait: int = 1

@@ -92,9 +92,9 @@ def gather_summaries(
     """
     from trainprof.analysis.distributed import RankSummary
 
-    if not handle.ready:
-        return None
     store, rank, world = handle.store, handle.rank, handle.world_size
+    if not handle.ready or rank is None or world is None:
+        return None
     if rank != 0:
         store.set(handle._key(rank), summary.to_bytes() if summary is not None else b"")
         return None

@@ -173,6 +173,7 @@ def _own_share(
 ) -> tuple[list[Path], Share]:
     """The folder's files (each process's last `windows` of them, as `analyze`'s) and this rank's
     `Share` of them (module docstring)."""
+    from trainprof.analysis.core import analyze_trace
     from trainprof.analysis.folder import file_outcomes
     from trainprof.trace.load import last_windows, trace_paths
 
@@ -184,7 +185,7 @@ def _own_share(
         alone = len(files) == 1 or not Path(path).is_dir()  # as `core.analyze`: every file must be a trace
         cores = max((os.cpu_count() or 1) // job.local_world_size, 1)
         outcomes = file_outcomes([files[index] for index in mine], alone, None, limits, workers, report,
-                                 cores=cores)
+                                 cores=cores, analyze_one=analyze_trace)
     except Exception as error:  # a folder this rank cannot list, a worker lost: rank 0 reports it
         return [], Share(0, "", [], error)
     in_folder = [(mine[index], result, error) for index, result, error in outcomes]

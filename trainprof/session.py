@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainprof.capture.arrival import ForwardMarks
     from trainprof.capture.memory import MemoryCapture
     from trainprof.capture.syncs import SyncCapture
+    from trainprof.trace.sync_sites_file import Timing
 
 logger = logging.getLogger("trainprof")
 
@@ -176,7 +177,7 @@ class Session:
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config or SessionConfig()
-        from trainprof.run import shared_run_name
+        from trainprof.run_name import shared_run_name
 
         # Under a launcher every rank's default is the launch's shared name (`trainprof.run`): one
         # folder for the job, as `trainprof analyze` and the cross-rank report expect.
@@ -184,7 +185,7 @@ class Session:
         self._named_run = self.config.run_name is not None or shared is not None
         self.run_dir = Path(self.config.log_dir).expanduser() / (shared or self.config.resolved_run_name())
         """This run's folder: `run_name`, else the launch's shared name under torchrun (or another
-        launcher, `trainprof.run.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
+        launcher, `trainprof.run_name.shared_run_name`), else a timestamp that gets `-2`, `-3`... when
         taken (decided at start)."""
         self.rank = process_rank()
         self.worker = _worker_name(self.rank)
@@ -205,7 +206,7 @@ class Session:
         """Steps ended so far (optimizer steps or manual `step()` calls)."""
         self.unprofiled_step_ms: list[float] = []
         """Set at exit: ms of the most recent steps the profiler did not touch (module docstring)."""
-        self.unprofiled_timing: str | None = None
+        self.unprofiled_timing: Timing | None = None
         """Set at exit with them: how they were timed, `cuda_events` or `host`."""
         self.unprofiled_pre_forward_ms: list[float] = []
         """Set at exit: per un-profiled step, ms from its start to its first module forward, timed as
@@ -792,26 +793,26 @@ class Session:
             self._failure = ("exporting the trace", exc)
 
     def _write_sync_sites(self) -> None:
+        """`<worker>.syncsites.json` through the type the loader reads it with (`sync_sites_file`)."""
+        from trainprof.trace import sync_sites_file as sites_file
         from trainprof.user_code import with_versions
 
         path = self.run_dir / f"{self.worker}{SYNCSITES_SUFFIX}"
         layout = self._capture.layout if self._capture is not None else None
-        layout = with_versions(layout) if layout is not None else None
-        payload = {
-            "version": 2,
-            "worker": self.worker,
+        document = sites_file.SyncSitesFile(
+            worker=self.worker,
             # where library code lived in this run, so the analysis draws the user/library line here too
-            "code_layout": layout.to_dict() if layout is not None else None,
-            "sites": self.sync_sites,
-        }
-        if self._compile_counters:  # torch.compile's graph breaks (trainprof.capture.compile)
-            payload["compile"] = self._compile_counters
-        if self.unprofiled_step_ms:  # written at exit, once the steps after the last window ran
-            payload["unprofiled_step_ms"] = [round(ms, 3) for ms in self.unprofiled_step_ms]
-            payload["unprofiled_timing"] = self.unprofiled_timing
-        if self.unprofiled_pre_forward_ms:
-            payload["unprofiled_pre_forward_ms"] = [round(ms, 3) for ms in self.unprofiled_pre_forward_ms]
-        write_text_atomically(path, json.dumps(payload, indent=1))
+            code_layout=with_versions(layout) if layout is not None else None,
+            sites=[sites_file.site_of(site) for site in self.sync_sites],
+            # torch.compile's graph breaks (trainprof.capture.compile)
+            compile=sites_file.compile_counters_of(self._compile_counters),
+            # written at exit, once the steps after the last window ran
+            unprofiled=sites_file.UnprofiledSteps(
+                self.unprofiled_step_ms or None, self.unprofiled_timing,
+                self.unprofiled_pre_forward_ms or None,
+            ),
+        )
+        write_text_atomically(path, sites_file.encode(document))
 
     def _write_peaks(self) -> None:
         """The device's measured matmul and copy rates beside the traces (`trainprof.capture.peaks`):

@@ -31,6 +31,7 @@ import re
 import sys
 import sysconfig
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,7 +224,7 @@ def with_versions(layout: CodeLayout) -> CodeLayout:
 
 
 @functools.lru_cache(maxsize=1)
-def _distributions_by_package() -> dict[str, list[str]]:
+def _distributions_by_package() -> Mapping[str, list[str]]:
     """Top-level module name -> the installed distributions that provide it."""
     import importlib.metadata  # ~10 ms of imports: only the live capture needs it
 

@@ -19,7 +19,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import UserFrames
 from trainprof.analysis.frames import parse_py_frame
-from trainprof.analysis.result import Record, Where
+from trainprof.analysis.records import Record, Where
 from trainprof.analysis.runtime_calls import KINDS
 from trainprof.analysis.timeline import Timeline
 from trainprof.trace.model import FRAME_CATEGORIES

@@ -24,7 +24,7 @@ import numpy as np
 from trainprof.analysis.attribution import FORWARD, KernelOwners
 from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.kernel_classes import CLASSES, KernelClass
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.work import MATH_DTYPE
 from trainprof.trace import Trace
 from trainprof.trace.model import nearest_marked

@@ -57,7 +57,7 @@ from trainprof.analysis.kernel_classes import (
 )
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES, DevicePeaks
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import MODULE_TABLE_ROWS, Thresholds
 from trainprof.analysis.timeline import Timeline
 from trainprof.analysis.work import NO_WORK, OpWork, op_work
@@ -81,7 +81,7 @@ def _class_table(classes) -> np.ndarray:
 _FLOPS_CLASSES = _class_table(c for c in CLASSES if c.work is Work.FLOPS)
 _BYTES_CLASSES = _class_table(c for c in CLASSES if c.work is Work.BYTES)
 _GEMM = _class_table(GEMM_CLASSES)
-_DTYPE_CODE = {dtype: code for code, dtype in enumerate(MATH_DTYPES)}
+_DTYPE_CODE: dict[str | None, int] = {dtype: code for code, dtype in enumerate(MATH_DTYPES)}
 
 
 class ClassRow(Record, frozen=True):

@@ -49,10 +49,11 @@ from trainprof.analysis.busy import BusyBreakdown, KernelWork
 from trainprof.analysis.copies import COPY_KINDS, KINDS, CopyKernels
 from trainprof.analysis.fusion import SwapPrediction
 from trainprof.analysis.kernel_classes import GEMM_CLASSES, SDPA_MATH_OP, KernelClass, Work
+from trainprof.analysis.kinds import FindingKind
 from trainprof.analysis.modules import OwnerCosts
 from trainprof.analysis.peaks import MATH_DTYPES
 from trainprof.analysis.recompute import Recomputation
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.thresholds import TOP_ROWS, Thresholds
 from trainprof.trace import Trace
@@ -257,7 +258,7 @@ class _Context:
 
     def finding(
         self,
-        kind: str,
+        kind: FindingKind,
         title: str,
         saved_ms: float,
         mask: np.ndarray,

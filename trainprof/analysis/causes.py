@@ -46,10 +46,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from enum import IntEnum
+from typing import cast
 
 import msgspec
 
 from trainprof.analysis.frames import PROFILER_FILES
+from trainprof.analysis.kinds import CauseKey, VerdictLabel
 
 
 class Cause(IntEnum):
@@ -67,16 +69,16 @@ class Cause(IntEnum):
     PROFILER = 8
 
     @property
-    def key(self) -> str:
+    def key(self) -> CauseKey:
         """`"launch"`, `"sync"`, ...: the cause's name in JSON keys and reports."""
-        return self.name.lower()
+        return cast("CauseKey", self.name.lower())  # the members' names are CauseKey's, upper-cased
 
 
 class CauseInfo(msgspec.Struct, frozen=True):
     """One cause of GPU idle time: what it means, the verdict it names, how to remove it."""
 
     cause: Cause
-    verdict: str | None  # None: never the verdict (the profiler's own cost, not the training's)
+    verdict: VerdictLabel | None  # None: never the verdict (the profiler's own cost, not the training's)
     meaning: str
     fix: str
     one_off: bool = False  # a cost paid once (first use), never the steady-state verdict

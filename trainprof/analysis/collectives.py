@@ -36,7 +36,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct, median
 from trainprof.analysis.links import Link
 from trainprof.analysis.name_patterns import GuardedSearch
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import COLLECTIVES_KEPT
 from trainprof.trace.model import NESTING_SLACK_US
 

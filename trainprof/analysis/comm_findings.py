@@ -20,7 +20,8 @@ import msgspec
 import numpy as np
 
 from trainprof.analysis.collectives import Collective, CollectiveStats, CommTotals
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.kinds import FindingKind
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import Thresholds
@@ -134,7 +135,7 @@ class ExposureHeld(Record, frozen=True):
     """Exposed communication whose GPU time is at stake in another finding: its kind (`straggler`:
     the wait for it; `slow_collective`), its op (None for the wait) and the ms per step."""
 
-    kind: str
+    kind: FindingKind
     op: str | None
     ms_per_step: float
 

@@ -39,7 +39,7 @@ from trainprof.analysis.causes import COMPILE_FRAMES
 from trainprof.analysis.frames import parse_py_frame
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernel_classes import KernelClass, Work
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import COMPILE_IDS_IN_TITLE, GRAPH_BREAK_SITES_KEPT, Thresholds
@@ -155,7 +155,9 @@ def compile_stats(timeline: Timeline, work: KernelWork | None = None,
     every_step = steps_compiling == len(steps) and steps_compiling > 0
     recompiles = steps_compiling >= 2 or (every_step and recompile_id)
 
-    region_in_step = timeline.step_of(np.array([r[0] for r in region_rows])) >= 0 if region_rows else []
+    region_in_step = (
+        timeline.step_of(np.array([r[0] for r in region_rows])) >= 0 if region_rows else np.zeros(0, bool)
+    )
     regions = [r for r, inside in zip(region_rows, region_in_step, strict=True) if inside]
     sites = _resume_sites(trace)
     reasons = dict(live.get("graph_break", {})) if live else {}

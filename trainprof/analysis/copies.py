@@ -33,7 +33,7 @@ import numpy as np
 from trainprof.analysis.attribution import KernelOwners, UserFrames
 from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.kernel_classes import KernelClass
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.work import DTYPE_BYTES, MATH_DTYPE
 from trainprof.trace import Trace
 
@@ -300,7 +300,9 @@ def _casts_weights(trace: Trace, products: np.ndarray, sources: list) -> np.ndar
         if key not in decoded:
             decoded[key] = trace.op_inputs.decode(np.asarray([slot]))[0][0]
         dims = decoded[key]
-        found[position] = bool(dims) and len(dims) > operand and dims[operand] == sources[position]
+        found[position] = (
+            dims is not None and bool(dims) and len(dims) > operand and dims[operand] == sources[position]
+        )
     return found
 
 

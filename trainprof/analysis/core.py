@@ -123,7 +123,8 @@ def analyze(
         if windows is not None:
             files = last_windows(files, windows)
         in_folder = Path(path_or_traces).is_dir()
-        results = analyze_files(files, in_folder, sync_sites, limits, workers, report, views)
+        results = analyze_files(files, in_folder, sync_sites, limits, workers, report, views,
+                                analyze_one=analyze_trace)
     else:
         traces = list(path_or_traces)
         if not traces or not all(isinstance(t, Trace) for t in traces):

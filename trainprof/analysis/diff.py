@@ -333,7 +333,8 @@ def _finding_changes(a: Analysis, b: Analysis) -> list[FindingChange]:
     changes = []
     for key in list(found_a) + [k for k in found_b if k not in found_a]:
         fa, fb = found_a.get(key), found_b.get(key)
-        either = fb or fa
+        either = fb if fb is not None else fa
+        assert either is not None  # the key is a finding's of a or of b
         status = REMOVED if fb is None else ADDED if fa is None else CHANGED
         changes.append(
             FindingChange(

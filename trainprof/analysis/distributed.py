@@ -39,8 +39,13 @@ from trainprof.analysis.collectives import (
 from trainprof.analysis.comm_findings import slow_collective_findings
 from trainprof.analysis.links import link_for
 from trainprof.analysis.rank_work import RankWork, merged_work
-from trainprof.analysis.result import Finding, Record
-from trainprof.analysis.stragglers import named_straggler, straggler_findings, unprofiled_late
+from trainprof.analysis.records import Finding, Record
+from trainprof.analysis.stragglers import (
+    StragglerDetails,
+    named_straggler,
+    straggler_findings,
+    unprofiled_late,
+)
 from trainprof.analysis.thresholds import CROSS_RANK_COLLECTIVES_KEPT, Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -271,7 +276,10 @@ def cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> tuple[Cr
         step_skew_ms=skew_ms,
         step_skew_pct=skew_pct,
         straggler_rank=straggler.rank if straggler is not None else None,
-        straggler_doing=straggler.details.doing if straggler is not None else None,
+        straggler_doing=(
+            straggler.details.doing
+            if straggler is not None and isinstance(straggler.details, StragglerDetails) else None
+        ),
         collectives=stats,
         matched=sorted(matched, key=lambda m: -m.max_wait_us)[:CROSS_RANK_COLLECTIVES_KEPT],
         exposed_wait_ms=exposed_wait_by_step,

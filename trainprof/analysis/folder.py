@@ -38,6 +38,11 @@ from trainprof.trace.load import (
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.core import TraceResult
     from trainprof.analysis.thresholds import Thresholds
+    from trainprof.trace import Trace
+
+AnalyzeOne = Callable[["Trace", "list[dict] | None", "Thresholds", bool], "TraceResult"]
+"""What analyses one loaded trace: `core.analyze_trace`, which the caller hands in (this module is
+below `core`, which reaches a folder through it; a worker process unpickles the function by name)."""
 
 PARALLEL_MIN_FILES = 4
 """Files from which a folder is analysed in worker processes by default where workers cannot be forked:
@@ -57,14 +62,17 @@ def analyze_files(
     workers: int | None,
     report: Callable[[str, int, int], None],
     views: bool = False,
+    *,
+    analyze_one: AnalyzeOne,
 ) -> list[TraceResult]:
     """The `TraceResult` of each file that is a trace with a finished step (`trace.load.load_candidate`),
     in the order `load_traces` sorts traces (by rank, then file name) and with their windows numbered as
     it numbers them. `workers` None: one per core from `FORKED_MIN_FILES` files on where workers
     can be forked (`_can_fork`), else from `PARALLEL_MIN_FILES`; 1: this process. `views`: as
-    `analyze`'s."""
+    `analyze`'s; `analyze_one`: `core.analyze_trace`."""
     alone = len(files) == 1 or not in_folder
-    outcomes = file_outcomes(files, alone, sync_sites, limits, workers, report, views)
+    outcomes = file_outcomes(files, alone, sync_sites, limits, workers, report, views,
+                             analyze_one=analyze_one)
     return folder_results(outcomes, files[0].parent)
 
 
@@ -83,6 +91,8 @@ def file_outcomes(
     report: Callable[[str, int, int], None],
     views: bool = False,
     cores: int | None = None,
+    *,
+    analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """The outcome of each of `files` (indexes into `files`), analysed in this process or in `workers`
     (as `analyze_files`'). A process that reads files in turn stops at its first error: the folder
@@ -96,10 +106,10 @@ def file_outcomes(
     fork = _can_fork()
     workers = min(_default_workers(len(files), fork, cores) if workers is None else workers, len(files))
     if workers == 1:
-        return _share(files, 0, 1, alone, sync_sites, limits, views, report)
+        return _share(files, 0, 1, alone, sync_sites, limits, views, report, analyze_one=analyze_one)
     if fork:
-        return _forked(files, alone, sync_sites, limits, workers, report, views)
-    return _parallel(files, alone, sync_sites, limits, workers, report, views)
+        return _forked(files, alone, sync_sites, limits, workers, report, views, analyze_one=analyze_one)
+    return _parallel(files, alone, sync_sites, limits, workers, report, views, analyze_one=analyze_one)
 
 
 def folder_results(outcomes: list[Outcome], folder: Path) -> list[TraceResult]:
@@ -155,20 +165,20 @@ def _order(result: TraceResult) -> tuple:
 def _serial(
     file: Path, index: int, count: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     report: Callable[[str, int, int], None], views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> TraceResult | Skipped | None:
-    from trainprof.analysis.core import analyze_trace
-
     report(f"loading {file.name}", 2 * index, 2 * count)
     trace = load_candidate(file, alone)
     if trace is None or isinstance(trace, TraceLoadError):
         return trace
     report(f"analysing {file.name}", 2 * index + 1, 2 * count)
-    return analyze_trace(trace, sync_sites, limits, views)
+    return analyze_one(trace, sync_sites, limits, views)
 
 
 def _parallel(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """`file_outcomes` in `workers` processes started by forkserver (or spawn), one file each at a
     time; every file is analysed (a worker's error comes back with its file's future)."""
@@ -184,7 +194,8 @@ def _parallel(
     report(f"analysing {len(files)} traces in {workers} processes", 0, 2 * len(files))
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         pending = {
-            pool.submit(_analyze_file, str(file), alone, sync_sites, overrides, limit, views): index
+            pool.submit(_analyze_file, str(file), alone, sync_sites, overrides, limit, views,
+                        analyze_one=analyze_one): index
             for index, file in enumerate(files)
         }
         for done, future in enumerate(as_completed(pending), 1):
@@ -200,6 +211,7 @@ def _parallel(
 def _forked(
     files: list[Path], alone: bool, sync_sites: list[dict] | None, limits: Thresholds, workers: int,
     report: Callable[[str, int, int], None], views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """`_parallel`'s outcomes where forking is safe: this process analyses every `workers`-th file from
     the first, `workers - 1` forked children the others, each child's outcomes pickled back through a
@@ -218,7 +230,8 @@ def _forked(
                 os.close(read_end)
                 status = 1
                 try:
-                    share = _share(files, worker, workers, alone, sync_sites, limits, views)
+                    share = _share(files, worker, workers, alone, sync_sites, limits, views,
+                                   analyze_one=analyze_one)
                     with os.fdopen(write_end, "wb") as out:
                         pickle.dump(share, out, protocol=pickle.HIGHEST_PROTOCOL)
                     status = 0
@@ -226,7 +239,8 @@ def _forked(
                     os._exit(status)
             os.close(write_end)
             children[pid] = (read_end, worker)
-        outcomes = _share(files, 0, workers, alone, sync_sites, limits, views, report)
+        outcomes = _share(files, 0, workers, alone, sync_sites, limits, views, report,
+                          analyze_one=analyze_one)
         for pid in list(children):
             read_end, worker = children.pop(pid)
             with os.fdopen(read_end, "rb") as received:
@@ -247,6 +261,7 @@ def _forked(
 def _share(
     files: list[Path], first: int, step: int, alone: bool, sync_sites: list[dict] | None, limits: Thresholds,
     views: bool, report: Callable[[str, int, int], None] | None = None,
+    *, analyze_one: AnalyzeOne,
 ) -> list[Outcome]:
     """The outcome of every `step`-th file from `first`, up to the first that raises; `report` as
     `_serial`'s (None: none)."""
@@ -254,7 +269,7 @@ def _share(
     for index in range(first, len(files), step):
         try:
             result = _serial(files[index], index, len(files), alone, sync_sites, limits,
-                             report or _quiet, views)
+                             report or _quiet, views, analyze_one=analyze_one)
         except Exception as error:  # a TraceLoadError, raised by `folder_results` in the folder's order
             outcomes.append((index, None, error))
             break
@@ -269,13 +284,13 @@ def _quiet(what: str, done: int, total: int) -> None:
 def _analyze_file(
     file: str, alone: bool, sync_sites: list[dict] | None, overrides: dict[str, float], limit: int,
     views: bool,
+    *, analyze_one: AnalyzeOne,
 ) -> TraceResult | Skipped | None:
     """In a worker: load one file, analyse it, return its result (the trace is dropped here)."""
-    from trainprof.analysis.core import analyze_trace
     from trainprof.analysis.thresholds import Thresholds
 
     with trace_size_limit(limit):
         trace = load_candidate(Path(file), alone)
     if trace is None or isinstance(trace, TraceLoadError):
         return trace
-    return analyze_trace(trace, sync_sites, Thresholds(overrides), views)
+    return analyze_one(trace, sync_sites, Thresholds(overrides), views)

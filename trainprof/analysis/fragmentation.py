@@ -24,7 +24,7 @@ it saves are at most `cached`.
 from __future__ import annotations
 
 from trainprof.analysis.memory import MemoryProfile
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import Thresholds

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis
 from trainprof.trace.model import NESTING_SLACK_US
@@ -80,7 +80,8 @@ def fsdp_hooks(timeline: Timeline) -> tuple[list[HookTime], int]:
     units = set()
     for row in rows.tolist():
         name = trace.names[int(marks.name[row])]
-        hook = _HOOK.match(name).group(1)
+        match = _HOOK.match(name)  # every row's name starts with FSDP:: (`is_hook`)
+        hook = match.group(1) if match is not None else ""
         spans[hook][0].append(float(marks.start_us[row]))
         spans[hook][1].append(float(marks.end_us[row]))
         if hook == "pre_forward":  # the root's carries no module name

@@ -25,7 +25,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import BACKWARD, FORWARD, MODULE_PREFIX, KernelOwners
 from trainprof.analysis.busy import KernelWork
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.timeline import Timeline
 from trainprof.analysis.work import DTYPE_BYTES
 from trainprof.trace.model import FRAME_CATEGORIES

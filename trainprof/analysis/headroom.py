@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from trainprof.analysis.memory import MemoryProfile
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.tokens import StepTokens
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.attribution import BACKWARD, FORWARD, OPTIMIZER, AttributionIndex, attribute_sites
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.steps import StepTimes, has_gpu_work
 from trainprof.analysis.thresholds import TOP_ROWS
 from trainprof.analysis.timeline import Timeline

@@ -41,7 +41,7 @@ from trainprof.analysis.causes import (
 )
 from trainprof.analysis.frames import PyFrame, parse_py_frame
 from trainprof.analysis.name_patterns import NamePattern, NameText
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.runtime_calls import KINDS, blocking_copies
 from trainprof.analysis.thresholds import (
     HOLDERS_KEPT,

@@ -21,7 +21,9 @@ from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.causes import CAUSES, Cause, fix_for
 from trainprof.analysis.host_work import HostWork
 from trainprof.analysis.idle import HostFunction, IdleBreakdown, IdleHolder
-from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.kinds import FindingKind
+from trainprof.analysis.records import Finding, Record, Where
+from trainprof.analysis.result import Step
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import (
@@ -76,7 +78,7 @@ class OneOffDetails(Record, frozen=True):
 
 
 # The causes with a finding of their own here: (cause, kind, what the title says the host is doing).
-_CAUSE_FINDINGS: tuple[tuple[Cause, str, str], ...] = (
+_CAUSE_FINDINGS: tuple[tuple[Cause, FindingKind, str], ...] = (
     (Cause.INPUT, "input_bound", "waiting for input (DataLoader / data preparation on the training thread)"),
     (
         Cause.BLOCKING,
@@ -253,8 +255,8 @@ def _one_off_findings(breakdown: IdleBreakdown, rank: int | None, thresholds: Th
     for h in breakdown.one_off:
         what = "warmup" if h.cause == Cause.WARMUP else "context"
         key = (what, h.event if what == "context" else h.op or h.event)
-        first, idle_ms, steps = merged.get(key, (h, 0.0, set()))
-        merged[key] = (first, idle_ms + h.idle_ms, steps | set(h.steps or ()))
+        first, idle_ms, seen = merged.get(key, (h, 0.0, set()))
+        merged[key] = (first, idle_ms + h.idle_ms, seen | set(h.steps or ()))
     findings = []
     for (what, _), (h, idle_ms, step_set) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
         if idle_ms < thresholds.one_off_min_ms:

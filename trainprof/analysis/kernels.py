@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainprof.analysis.arrays import distinct
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.thresholds import TOP_ROWS
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -11,7 +11,8 @@ from trainprof.analysis.arrays import median
 from trainprof.analysis.attribution import attribute_kernels
 from trainprof.analysis.causes import Cause
 from trainprof.analysis.modules import OwnerCost, OwnerCosts, TinyOp, owner_costs
-from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.records import Finding, Record, Where
+from trainprof.analysis.result import Step
 from trainprof.analysis.runtime_calls import kind_code
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis

@@ -18,7 +18,7 @@ import re
 
 import msgspec
 
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 
 
 class LinkSpec(msgspec.Struct, frozen=True):

@@ -39,7 +39,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct
 from trainprof.analysis.attribution import BACKWARD, OPTIMIZER, AttributionIndex, attribute_sites
 from trainprof.analysis.frames import parse_py_frame
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis
 from trainprof.analysis.thresholds import (

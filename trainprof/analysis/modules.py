@@ -24,7 +24,7 @@ from trainprof.analysis.attribution import (
     UserFrames,
 )
 from trainprof.analysis.frames import parse_py_frame
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.thresholds import MODULE_TABLE_ROWS, TOP_OPS_PER_OWNER
 from trainprof.analysis.timeline import Timeline
 

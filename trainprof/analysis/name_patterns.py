@@ -138,7 +138,8 @@ def required_literals(pattern: str) -> tuple[str, ...] | None:
     class (`\\w`) ends a run; `?` and `*` take their character out of it, `+` ends the run after
     it; anything else (a set, `{n}`, inline flags) gives None."""
     tokens = _TOKEN.findall(pattern)
-    literals, runs, run, depth, skip_to = [], [], "", 0, None
+    literals: list[str] = []
+    runs, run, depth, skip_to = [], "", 0, None
     group_at, groups = 0, []  # where the group being skipped opens; the groups every match holds
     for at, token in enumerate(tokens + ["|"]):  # a final `|` closes the last alternative
         quantified = at + 1 < len(tokens) and tokens[at + 1] in ("?", "*")
@@ -168,7 +169,7 @@ def required_literals(pattern: str) -> tuple[str, ...] | None:
             inner = None if longest else next(filter(None, map(required_literals, groups)), None)
             if not longest and inner is None:
                 return None
-            literals.extend(inner if not longest else (longest,))
+            literals.extend((longest,) if longest else inner or ())
             runs, run, groups = [], "", []
         elif literal[0].isalnum() or literal[0] in _PLAIN or literal is not token:
             if quantified:  # the last character is optional: it ends the run

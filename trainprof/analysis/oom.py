@@ -31,7 +31,7 @@ from trainprof.analysis.fragmentation import FIX as EXPANDABLE_FIX
 from trainprof.analysis.fragmentation import Fragmentation
 from trainprof.analysis.headroom import Headroom
 from trainprof.analysis.memory import ACTIVATIONS_FIX, FAMILIES, MemoryProfile, ModuleBytes
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.thresholds import OPTIMIZER_SHARDS_QUOTED
 from trainprof.analysis.tokens import StepTokens
 from trainprof.trace.memory_file import AllocatorStats, CodeLine, OutOfMemory, SegmentSummary, TensorInput

@@ -19,7 +19,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct, unique_inverse
 from trainprof.analysis.attribution import KernelOwners
 from trainprof.analysis.busy import KernelWork
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import KERNEL_TABLE_ROWS, OP_TABLE_ROWS
 from trainprof.analysis.timeline import Timeline, _join_correlation
 from trainprof.analysis.timeline_view import CATEGORIES, kernel_categories

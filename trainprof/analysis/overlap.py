@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.timeline import Timeline

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.trace import Trace
 
 MATH_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -305,7 +305,7 @@ def datasheet_tflops(device: str, dtype: str, memory_bytes: float | None = None)
     return row.matmul_tflops.get(dtype) if row is not None else None
 
 
-def _positive(value) -> bool:
+def _positive(value: object) -> TypeGuard[float]:
     return (
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     )

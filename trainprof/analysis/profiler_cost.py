@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from trainprof.analysis.result import Finding, Record, Step, Where
+from trainprof.analysis.records import Finding, Record, Where
+from trainprof.analysis.result import Step
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.analysis.verdict import Verdict
 

@@ -29,7 +29,7 @@ from trainprof.analysis.causes import Cause
 from trainprof.analysis.idle import HostLabels, loop_thread_time
 from trainprof.analysis.intervals import Coverage
 from trainprof.analysis.kernel_classes import ATTENTION_OPS
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import RANK_OPS_KEPT
 from trainprof.analysis.work import op_work
 from trainprof.trace.model import FRAME_CATEGORIES, NESTING_SLACK_US

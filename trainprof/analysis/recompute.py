@@ -28,7 +28,7 @@ import numpy as np
 from trainprof.analysis.attribution import BACKWARD_PREFIX, MODULE_PREFIX, KernelOwners
 from trainprof.analysis.busy import KernelWork
 from trainprof.analysis.memory import pair_by_address
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.thresholds import Thresholds
 from trainprof.trace import Trace
 from trainprof.trace.model import nearest_marked

@@ -35,27 +35,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainprof.analysis.result import SEVERITY_ORDER
+from trainprof.analysis.kinds import SEVERITY_ORDER, FindingKind, Severity
 from trainprof.analysis.thresholds import Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainprof.analysis.result import Finding
+    from trainprof.analysis.records import Finding
 
-IDLE_KINDS = frozenset({
+IDLE_KINDS: frozenset[FindingKind] = frozenset({
     "host_bound", "launch_overhead", "input_bound", "blocking_runtime_call", "recurring_warmup",
     "communication_wait", "sync_point", "recompile", "graph_breaks", "fsdp_host",
 })
 """Kinds whose `gpu_ms_per_step` is GPU-idle time (a GPU-idle cause, a sync point, a recompile, graph
 breaks' eager gaps): what the profiler's host cost can inflate (`StepBasis.idle_gain`)."""
 
-FIRST_KINDS = frozenset({"out_of_memory"})
+FIRST_KINDS: frozenset[FindingKind] = frozenset({"out_of_memory"})
 """Kinds ranked before every other finding: the loop did not survive them."""
 
-ONE_OFF_KINDS = frozenset({"one_off"})
+ONE_OFF_KINDS: frozenset[FindingKind] = frozenset({"one_off"})
 """Kinds whose cost is paid once: ranked after every steady-state finding of the same severity."""
 
 
-def severity_for(gpu_ms_per_step: float, judged_step_ms: float, thresholds: Thresholds) -> str:
+def severity_for(gpu_ms_per_step: float, judged_step_ms: float, thresholds: Thresholds) -> Severity:
     """`high`, `medium` or `low` for a finding that could win back `gpu_ms_per_step` of a step: the
     trace's `StepBasis.judged_ms` (a finding across ranks: the ranks' median step)."""
     share = gpu_ms_per_step / judged_step_ms if judged_step_ms > 0 else 0.0
@@ -66,13 +66,13 @@ def severity_for(gpu_ms_per_step: float, judged_step_ms: float, thresholds: Thre
     return "low"
 
 
-def finding_order(finding: Finding) -> tuple:
+def finding_order(finding: Finding) -> tuple[bool, int, bool, float, float]:
     """The findings' sort key: `FIRST_KINDS` first; then the most severe; within a severity,
     steady-state findings before one-off ones, then the most GPU time per step at stake, then the
     most cost."""
     return (
         finding.kind not in FIRST_KINDS,
-        SEVERITY_ORDER.get(finding.severity, len(SEVERITY_ORDER)),
+        SEVERITY_ORDER[finding.severity],
         finding.kind in ONE_OFF_KINDS,
         -(finding.gpu_ms_per_step or 0.0),
         -finding.cost_ms,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainprof.analysis.intervals import Coverage
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.timeline import Timeline
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from trainprof.analysis.arrays import median, numpy_round
 from trainprof.analysis.frames import parse_py_frame
-from trainprof.analysis.result import Finding, Record, Where
+from trainprof.analysis.records import Finding, Record, Where
 from trainprof.analysis.severity import severity_for
 
 if TYPE_CHECKING:  # pragma: no cover

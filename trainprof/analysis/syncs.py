@@ -35,7 +35,7 @@ import numpy as np
 from trainprof.analysis.arrays import distinct, numpy_round
 from trainprof.analysis.causes import FRAME_RULES, WARMUP_OPS, Cause
 from trainprof.analysis.frames import CallContext, PyFrame, call_context, is_profiler_file, parse_py_frame
-from trainprof.analysis.result import Finding, Record, Via, Where
+from trainprof.analysis.records import Finding, Record, Via, Where
 from trainprof.analysis.runtime_calls import KINDS, call_kind, is_blocking_copy
 from trainprof.analysis.severity import severity_for
 from trainprof.analysis.step_basis import StepBasis

@@ -100,6 +100,7 @@ def build_timeline(trace: Trace) -> Timeline:
     )
     gpu = [ev["kernel"], ev["gpu_memcpy"], ev["gpu_memset"]]
     gpu_busy = Coverage(np.concatenate([t.start_us for t in gpu]), np.concatenate([t.end_us for t in gpu]))
+    main_thread: int | None
     if step_threads:
         main_thread = max(set(step_threads), key=step_threads.count)
     else:

@@ -153,8 +153,8 @@ def timeline_view(
         kernels, rows, kernel_categories(timeline, rows, work),
         owners.op[rows], owners.module[rows], owners.phase[rows],
     ))
-    for category, code in _COPY_CATEGORY.items():
-        table = trace.events[category]
+    for kind, code in _COPY_CATEGORY.items():
+        table = trace.events[kind]
         rows = np.flatnonzero((table.end_us > origin) & (table.start_us < end))
         unknown = np.full(len(rows), -1, dtype=np.int64)
         no_phase = np.zeros(len(rows), np.int8)

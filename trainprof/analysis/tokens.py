@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from trainprof.analysis.result import Record
+from trainprof.analysis.records import Record
 from trainprof.analysis.timeline import Timeline
 
 EMBEDDING_OPS = ("aten::embedding",)

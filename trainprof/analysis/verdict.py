@@ -21,7 +21,8 @@ import msgspec
 
 from trainprof.analysis.arrays import numpy_round
 from trainprof.analysis.causes import CAUSES, Cause, CauseCosts
-from trainprof.analysis.result import Record
+from trainprof.analysis.kinds import VerdictLabel
+from trainprof.analysis.records import Record
 from trainprof.analysis.steps import has_gpu_work
 from trainprof.analysis.thresholds import Thresholds
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class RankedVerdict(Record, frozen=True):
     """A verdict a cause group would name, with its steady-state GPU-idle ms per step."""
 
-    verdict: str
+    verdict: VerdictLabel
     idle_ms_per_step: float
 
 
@@ -56,7 +57,7 @@ class Verdict(msgspec.Struct, frozen=True):
     `fix` its fix. `idle` is None for `cpu-only` (no GPU to be idle). JSON: `trainprof.analysis.result`.
     """
 
-    label: str
+    label: VerdictLabel
     cause: Cause | None
     why: str
     fix: str | None
@@ -98,7 +99,7 @@ class Verdict(msgspec.Struct, frozen=True):
         }
 
 
-WAIT_VERDICT = "rank-wait-bound"
+WAIT_VERDICT: VerdictLabel = "rank-wait-bound"
 """The verdict of a rank whose GPU waits inside collectives for later ranks more than anything else
 holds it (`collectives.CommWait`): its cause is on another rank."""
 WAIT_FIX = (
@@ -137,15 +138,16 @@ def verdict(
     by_cause = {c: per_step(s.idle.costs[c] if s.idle is not None else None for s in steps) for c in Cause}
     one_off = per_step(s.idle.one_off_ms if s.idle is not None else None for s in steps)
     # The per-cause figures leave one-off costs out; profiler overhead names no verdict.
-    by_verdict: dict[str, float] = defaultdict(float)
-    for cause, info in CAUSES.items():
+    by_verdict: dict[VerdictLabel, float] = defaultdict(float)
+    for each, info in CAUSES.items():
         if info.verdict is not None:
-            by_verdict[info.verdict] += by_cause[cause]
+            by_verdict[info.verdict] += by_cause[each]
     by_verdict[WAIT_VERDICT] = wait_ms
     ranked = sorted(by_verdict.items(), key=lambda kv: -kv[1])
     (top, top_ms), (second, second_ms) = ranked[0], ranked[1]
     cause: Cause | None = None
     fix: str | None = None
+    label: VerdictLabel
     if working_pct >= thresholds.gpu_bound_busy_pct:
         gpu_busy = max(per_step(s.times.gpu_busy_ms for s in steps) - wait_ms, 1e-9)
         transfer_ms = comm_ms - wait_ms

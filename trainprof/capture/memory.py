@@ -195,10 +195,12 @@ def segment_summary(segments: Iterable[Mapping[str, Any]], device: int | None = 
     )
 
 
-_ALLOCATED_DELTA = {"alloc": 1, "free_completed": -1}
+_ALLOCATED_DELTA: dict[str | None, int] = {"alloc": 1, "free_completed": -1}
 """How each history entry's `action` changes the allocated total (the size counts as freed once the
 allocator may reuse it, as `torch.cuda.memory_allocated` counts it)..."""
-_RESERVED_DELTA = {"segment_alloc": 1, "segment_free": -1, "segment_map": 1, "segment_unmap": -1}
+_RESERVED_DELTA: dict[str | None, int] = {
+    "segment_alloc": 1, "segment_free": -1, "segment_map": 1, "segment_unmap": -1,
+}
 """...and the reserved total (expandable segments map and unmap pages instead)."""
 
 

@@ -17,6 +17,7 @@ and the capture stops recording (`failed`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from trainprof.user_code import CodeLayout, current_layout, is_user_file, warn
@@ -60,7 +62,7 @@ def current_stack(skip: int = 1) -> list[_FrameTuple]:
 
     Walks frames directly rather than `traceback.extract_stack()`, which reads source lines.
     """
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     stack: list[_FrameTuple] = []
     while frame is not None:
         code = frame.f_code
@@ -238,7 +240,7 @@ class SyncCapture:
         for pattern in (SYNC_WARNING_RE.pattern, _PROTOTYPE_WARNING_RE.pattern):
             warnings.filterwarnings("always", message=f".*{pattern}")
             entry = warnings.filters[0]
-            self._undo.append(lambda entry=entry: _remove_filter(entry))
+            self._undo.append(functools.partial(_remove_filter, entry))
 
         if torch.cuda.is_available():
             previous_mode = torch.cuda.get_sync_debug_mode()
@@ -281,7 +283,7 @@ def _restore(owner: Any, attribute: str, ours: Any, original: Any) -> None:
 
 def _remove_filter(entry: tuple[Any, ...]) -> None:
     try:
-        warnings.filters.remove(entry)
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]  # a list; typeshed says Sequence
     except ValueError:
         return
     mutated = getattr(warnings, "_filters_mutated", None)

@@ -110,7 +110,7 @@ def ignore_cycle_warning() -> Any:
 def restore(entry: Any) -> None:
     """Remove one warnings filter entry that `ignore_cycle_warning` added (the others stay as they are)."""
     if entry is not None and entry in warnings.filters:
-        warnings.filters.remove(entry)
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]  # a list; typeshed says Sequence
 
 
 C10_WARNING_EVERY = 1000

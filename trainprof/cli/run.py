@@ -7,7 +7,8 @@ import contextlib
 import sys
 from typing import Any
 
-from trainprof.run import RUN_NAME_VARIABLE, run_script
+from trainprof.run import run_script
+from trainprof.run_name import RUN_NAME_VARIABLE
 
 
 def add_run_parser(commands: Any) -> None:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainprof.run import shared_run_name
+from trainprof.run_name import shared_run_name
 from trainprof.session import Session, session, warn
 
 logger = logging.getLogger("trainprof")

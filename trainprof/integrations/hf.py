@@ -7,7 +7,7 @@
     trainer.train()   # the report is printed and written when training ends
 
 A step is one optimizer step (`on_step_end`): with `gradient_accumulation_steps=N` it spans N
-micro-batches. Every rank writes its own files into one run folder (`trainprof.run.shared_run_name`).
+micro-batches. Every rank writes its own files into one run folder (`trainprof.run_name.shared_run_name`).
 When the Trainer logs to TensorBoard, rank 0 also writes trainprof's per-step scalars into the
 Trainer's TensorBoard folder, on the Trainer's `global_step` axis.
 

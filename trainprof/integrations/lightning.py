@@ -7,7 +7,7 @@
 
 A step is one optimizer step: a batch ends a step only when `trainer.global_step` moved, so with
 `accumulate_grad_batches=N` a step spans N batches. Every rank writes its own files into one run
-folder (`trainprof.run.shared_run_name`). With a `TensorBoardLogger`, rank 0 also writes
+folder (`trainprof.run_name.shared_run_name`). With a `TensorBoardLogger`, rank 0 also writes
 trainprof's per-step scalars into the logger's folder. The callback is a subclass of the
 `Callback` of each Lightning package installed, so either package's `Trainer` accepts it.
 """

@@ -30,6 +30,7 @@ from trainprof.report.text import safe_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainprof.analysis.compile import CompileStats
+    from trainprof.analysis.distributed import CrossRank
     from trainprof.analysis.fragmentation import Fragmentation
     from trainprof.analysis.headroom import Headroom
     from trainprof.analysis.memory import MemoryProfile
@@ -85,7 +86,7 @@ class Table(msgspec.Struct):
 
     title: str
     columns: tuple[Column, ...]
-    rows: list[tuple[str, ...]] = msgspec.field(default_factory=list)
+    rows: Sequence[tuple[str, ...]] = msgspec.field(default_factory=list)
 
 
 # Each headline row: (label, `Summary` field, unit suffix, decimals).
@@ -179,8 +180,8 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
                  default=None)
     if memory is not None:
         rows.append(("memory at peak", memory_breakdown(memory)))
-    at_peak = max((t for t in analysis.traces if t.memory is not None), key=lambda t: t.memory.peak_bytes,
-                  default=None)
+    at_peak = max((t for t in analysis.traces if t.memory is not None),
+                  key=lambda t: t.memory.peak_bytes if t.memory is not None else 0, default=None)
     if at_peak is not None and at_peak.fragmentation is not None:
         rows.append(("memory reserved", reserve_line(at_peak.fragmentation)))
     if at_peak is not None and at_peak.headroom is not None:
@@ -189,9 +190,7 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
     if compiled is not None:
         rows.append(("torch.compile", compile_line(compiled)))
     if analysis.cross_rank is not None:
-        from trainprof.report import ranks  # ranks renders with this module's helpers
-
-        rows += ranks.headline(analysis.cross_rank)
+        rows += rank_headline(analysis.cross_rank)
     return rows
 
 
@@ -521,7 +520,7 @@ def kernel_class_tables(analysis: Analysis) -> list[Table]:
     tables = []
     for trace in busy:
         rows = []
-        for row in trace.busy.classes[:CLASS_ROWS]:
+        for row in (trace.busy.classes if trace.busy is not None else [])[:CLASS_ROWS]:
             if row.achieved_tflops is not None:
                 achieved = number(row.achieved_tflops, 1, " TFLOP/s")
             elif row.achieved_tb_s is not None:
@@ -571,7 +570,7 @@ def copy_tables(analysis: Analysis) -> list[Table]:
                 number(row.class_pct, 0),
                 clean(row.module or "-", NAME_CHARS),
             )
-            for row in trace.copies.rows
+            for row in (trace.copies.rows if trace.copies is not None else ())
         ]
         tables.append(Table(_titled("Copies and casts by what makes them", trace, shown), COPY_COLUMNS, rows))
     return tables
@@ -672,12 +671,10 @@ def out_of_memory_tables(analysis: Analysis) -> list[Table]:
 
 def cross_rank_tables(analysis: Analysis) -> list[Table]:
     """With several ranks: the ranks' table, then the collectives across ranks and the longest waits
-    (`report.ranks.tables`); the console shows the first, the ranks'."""
+    (`rank_tables`); the console shows the first, the ranks'."""
     if analysis.cross_rank is None:
         return []
-    from trainprof.report import ranks
-
-    return ranks.tables(analysis.cross_rank)
+    return rank_tables(analysis.cross_rank)
 
 
 TABLES: tuple[tuple[str | None, Callable[[Analysis], list[Table]]], ...] = (
@@ -707,3 +704,128 @@ def trace_name(analysis: Analysis) -> str:
     names = [os.path.basename(clean(f, NAME_CHARS)) for f in files]
     text = names[0] if len(names) == 1 else f"{len(names)} traces in {os.path.dirname(clean(files[0]))}"
     return clean(text, NAME_CHARS)
+
+
+# The cross-rank report's tables and headline rows (`trainprof.analysis.distributed.CrossRank`): every
+# report's with several ranks, and report.ranks.md's (`report.ranks`).
+RANK_COLUMNS = (
+    Column("rank"),
+    Column("step ms", numeric=True),
+    Column("comm ms", numeric=True, drop=3),
+    Column("exposed comm ms", numeric=True, drop=1),
+    Column("non-comm ms", numeric=True, drop=2),
+    Column("waited ms", numeric=True),
+    Column("exposed wait ms", numeric=True, drop=5),
+    Column("arrived last %", numeric=True, drop=4),
+    Column("compute ms", numeric=True, drop=7),
+    Column("un-profiled late ms", numeric=True, drop=8),
+    Column("verdict"),
+    Column("each step ms", drop=6),
+)
+COLLECTIVE_COLUMNS = (
+    Column("op"),
+    Column("library", drop=5),
+    Column("ranks", numeric=True, drop=6),
+    Column("calls / step", numeric=True, drop=4),
+    Column("median MiB", numeric=True, drop=3),
+    Column("ms / step", numeric=True),
+    Column("exposed ms / step", numeric=True, drop=1),
+    Column("bus GB/s", numeric=True),
+    Column("link", drop=2),
+    Column("% of link", numeric=True),
+)
+WAIT_COLUMNS = (
+    Column("step"),
+    Column("#", numeric=True, drop=3),
+    Column("op"),
+    Column("MiB", numeric=True, drop=2),
+    Column("transfer µs", numeric=True, drop=1),
+    Column("arrived last", numeric=True),
+    Column("longest wait µs", numeric=True),
+)
+WAIT_ROWS = 10
+"""Rows of the longest-waits table in report.md (summary.ranks.json keeps them all)."""
+STRAGGLER_MARK = " (straggler)"
+"""After the straggler's rank in the ranks' table."""
+
+
+def _mib(value: Any) -> str:
+    return number(value / 2**20, 2) if value else "-"
+
+
+def rank_rows(cross: CrossRank) -> list[tuple[str, ...]]:
+    """The rows of the ranks' table; the straggler's rank says so."""
+    return [
+        (
+            clean(row.rank) + (STRAGGLER_MARK if row.rank == cross.straggler_rank else ""),
+            number(row.step_ms, 1),
+            number(row.comm_ms, 1),
+            number(row.comm_exposed_ms, 1),
+            number(row.non_comm_ms, 1),
+            number(row.waited_ms_per_step, 1),
+            number(row.exposed_wait_ms_per_step, 1),
+            number(row.last_arrival_pct, 0),
+            number(row.compute_ms, 1),
+            number(row.unprofiled_late_ms, 1),
+            clean(row.verdict),
+            " ".join(number(ms, 1) for ms in row.step_ms_by_step),
+        )
+        for row in cross.ranks
+    ]
+
+
+def collective_rows(cross: CrossRank) -> list[tuple[str, ...]]:
+    """The rows of the collectives' table (bus bandwidth from the transfer times across ranks)."""
+    return [
+        (
+            clean(row.op),
+            clean(row.library),
+            number(row.group_size, 0),
+            number(row.calls_per_step, 1),
+            _mib(row.median_bytes),
+            number(row.ms_per_step, 2),
+            number(row.exposed_ms_per_step, 2),
+            number(row.busbw_gbps, 1),
+            f"{row.link.kind} {row.link.gbps:.0f} GB/s" if row.link is not None else "-",
+            number(row.link_pct, 0),
+        )
+        for row in cross.collectives
+    ]
+
+
+def wait_rows(cross: CrossRank, limit: int = WAIT_ROWS) -> list[tuple[str, ...]]:
+    """The rows of the longest-waits table: collectives where some rank waited longest."""
+    return [
+        (
+            str(match.step),
+            str(match.index),
+            clean(match.op),
+            _mib(match.bytes),
+            number(match.transfer_us, 1),
+            clean(match.last_rank),
+            number(match.max_wait_us, 1),
+        )
+        for match in cross.matched[:limit]
+    ]
+
+
+def rank_tables(cross: CrossRank) -> list[Table]:
+    """The ranks' table, then (when known) the collectives across ranks and the longest waits."""
+    found = [Table("Ranks", RANK_COLUMNS, rank_rows(cross))]
+    if cross.collectives:
+        title = "Collectives across ranks (bus bandwidth from the last arriver's time)"
+        found.append(Table(title, COLLECTIVE_COLUMNS, collective_rows(cross)))
+    if cross.matched:
+        found.append(Table("Longest waits inside collectives", WAIT_COLUMNS, wait_rows(cross)))
+    return found
+
+
+def rank_headline(cross: CrossRank) -> list[tuple[str, str]]:
+    """(label, value) rows: the skew and the straggler."""
+    rows = [("step skew", f"{cross.step_skew_ms:.1f} ms ({cross.step_skew_pct:.1f}% of the median step)")]
+    if cross.straggler_rank is not None:
+        doing = clean(cross.straggler_doing)
+        rows.append(("straggler", f"rank {clean(cross.straggler_rank)}: {doing}"))
+    else:
+        rows.append(("straggler", "none"))
+    return rows

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ def escape(text: Any, max_chars: int = _format.TEXT_CHARS) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
-def table(columns: tuple[str | _format.Column, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def table(columns: tuple[str | _format.Column, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     """A Markdown table; every header and cell escaped."""
     names = [column.name if isinstance(column, _format.Column) else column for column in columns]
     lines = ["| " + " | ".join(escape(name) for name in names) + " |", "|" + "---|" * len(names)]

@@ -4,9 +4,12 @@ beside them (``trainprof.ncu`` computes; this only formats)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from trainprof.ncu import NcuRow
 from trainprof.report import _format
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainprof.ncu import NcuRow  # only its type: trainprof.ncu renders with this module
 
 HINT_CHARS = 160
 """A rule's description in the hints under the table."""

@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, NamedTuple, TypeVar, Union
+from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 import numpy as np
@@ -48,7 +48,7 @@ from trainprof.files import (
     file_kind,
     open_to_read,
 )
-from trainprof.trace import budget, memory_file
+from trainprof.trace import budget, memory_file, sync_sites_file
 from trainprof.trace.model import (
     CATEGORY_ALIASES,
     FRAME_CATEGORIES,
@@ -64,7 +64,7 @@ from trainprof.user_code import CodeLayout
 try:
     from trainprof.trace import _scan
 except ImportError:  # not built (no C compiler where it was installed): msgspec reads every trace
-    _scan = None
+    _scan = None  # type: ignore[assignment]  # the C module, or None where it was not built
 
 logger = logging.getLogger("trainprof")
 
@@ -408,13 +408,13 @@ def load_trace(path: str | Path) -> Trace:
         device_properties=[d for d in _as_list(metadata.get("deviceProperties")) if isinstance(d, dict)],
         distributed_info=distributed,
         metadata=metadata,
-        sync_sites=sidecar.sites if sidecar is not None else None,
+        sync_sites=[site.to_dict() for site in sidecar.sites] if sidecar is not None else None,
         sync_sites_path=sites_path if sidecar is not None else None,
-        code_layout=sidecar.layout if sidecar is not None else None,
-        compile_counters=sidecar.compile_counters if sidecar is not None else None,
-        unprofiled_step_ms=sidecar.unprofiled_step_ms if sidecar is not None else None,
-        unprofiled_timing=sidecar.unprofiled_timing if sidecar is not None else None,
-        unprofiled_pre_forward_ms=sidecar.unprofiled_pre_forward_ms if sidecar is not None else None,
+        code_layout=sidecar.code_layout if sidecar is not None else None,
+        compile_counters=sidecar.compile.to_dict() if sidecar is not None and sidecar.compile else None,
+        unprofiled_step_ms=sidecar.unprofiled.step_ms if sidecar is not None else None,
+        unprofiled_timing=sidecar.unprofiled.timing if sidecar is not None else None,
+        unprofiled_pre_forward_ms=sidecar.unprofiled.pre_forward_ms if sidecar is not None else None,
         op_inputs=op_inputs,
         device_peaks=read_device_peaks(peaks_file) if peaks_file.is_file() else None,
         memory_file=read_memory_file(allocator_file) if allocator_file.is_file() else None,
@@ -765,36 +765,15 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-# The typed fields of a captured site and of its stack frames (DEVELOPING.md); a value of another
-# type (a string step, a list for a file) is dropped as if absent, so the analyses can trust them.
-_SITE_FIELDS = {"step": int, "call": str, "file": str, "line": int, "function": str}
-_FRAME_FIELDS = {"file": str, "line": int, "function": str}
-
-
 def read_sync_sites(path: Path) -> list[dict]:
-    """The `sites` list of a `<worker>.syncsites.json` file (contract in DEVELOPING.md).
-
-    Wrong-typed fields of a site or stack frame are removed; a site that is not an object is an error.
-    """
-    return _read_sync_sites_file(path).sites
+    """The `sites` list of a `<worker>.syncsites.json` file (`sync_sites_file.Site`, contract in
+    DEVELOPING.md): each site's fields of the contract's type; a site that is not an object is an error."""
+    return [site.to_dict() for site in _read_sync_sites_file(path).sites]
 
 
-class SyncSitesFile(NamedTuple):
-    """What a `<worker>.syncsites.json` holds, checked (DEVELOPING.md): the sites, the run's code
-    layout, Dynamo's counters, and the ms of the steps the session did not profile and how they
-    were timed (`cuda_events`, `host`, or None: not said)."""
-
-    sites: list[dict]
-    layout: CodeLayout | None
-    compile_counters: dict | None
-    unprofiled_step_ms: list[float] | None
-    unprofiled_timing: str | None
-    unprofiled_pre_forward_ms: list[float] | None = None
-
-
-def _read_sync_sites_file(path: Path) -> SyncSitesFile:
-    """A sync sites file's parts (`SyncSitesFile`), decoded once. Empty, it is bad input like any
-    other (not `CutShort`: its trace is whole, and skipping it is not the fix)."""
+def _read_sync_sites_file(path: Path) -> sync_sites_file.SyncSitesFile:
+    """A sync sites file's parts (`sync_sites_file.SyncSitesFile`), decoded once. Empty, it is bad input
+    like any other (not `CutShort`: its trace is whole, and skipping it is not the fix)."""
     try:
         text = _read_json(path, MAX_SYNC_SITES_BYTES, budget.SIDECAR_MEMORY_FACTOR, _sync_sites_too_large)
     except CutShort as cut:
@@ -808,36 +787,10 @@ def _read_sync_sites_file(path: Path) -> SyncSitesFile:
     except RecursionError:
         raise TraceLoadError(f"{path}: JSON nested too deeply to be a sync sites file") from None
     del text
-    sites = document.get("sites") if isinstance(document, dict) else None
-    if not isinstance(sites, list) or not all(isinstance(s, dict) for s in sites):
+    parts = sync_sites_file.decode(document)
+    if parts is None:
         raise TraceLoadError(f"{path}: not a sync sites file (no 'sites' list of objects)")
-    layout = CodeLayout.from_dict(document.get("code_layout"))
-    return SyncSitesFile(
-        [_typed_site(site) for site in sites],
-        layout,
-        _compile_counters(document),
-        *_step_times(document),
-        _times(document.get("unprofiled_pre_forward_ms"), allow_zero=True),
-    )
-
-
-def _typed_fields(record: dict, fields: dict[str, type]) -> dict:
-    return {
-        key: value
-        for key, value in record.items()
-        if key not in fields or (isinstance(value, fields[key]) and not isinstance(value, bool))
-    }
-
-
-def _typed_site(site: dict) -> dict:
-    clean = _typed_fields(site, _SITE_FIELDS)
-    if "stack" in clean:
-        stack = clean["stack"]
-        if isinstance(stack, list):
-            clean["stack"] = [_typed_fields(f, _FRAME_FIELDS) for f in stack if isinstance(f, dict)]
-        else:
-            del clean["stack"]
-    return clean
+    return parts
 
 
 def read_device_peaks(path: Path) -> dict | None:
@@ -884,52 +837,14 @@ def memory_files_without_trace(folder: Path) -> list[memory_file.MemoryFile]:
 
 def read_code_layout(path: Path) -> CodeLayout | None:
     """The run's `code_layout` recorded in a version-2 sync sites file (None in version 1)."""
-    return _read_sync_sites_file(path).layout
+    return _read_sync_sites_file(path).code_layout
 
 
 def read_compile_counters(path: Path) -> dict | None:
-    """Dynamo's counters recorded in a sync sites file (`_compile_counters`); None when absent."""
-    return _read_sync_sites_file(path).compile_counters
-
-
-def _step_times(document: dict) -> tuple[list[float] | None, str | None]:
-    """The `unprofiled_step_ms` of a decoded sync sites file, its positive finite numbers (booleans,
-    strings and the like dropped; None when absent or none is left), and `unprofiled_timing`."""
-    kept = _times(document.get("unprofiled_step_ms"))
-    timing = document.get("unprofiled_timing")
-    return kept, timing if timing in ("cuda_events", "host") and kept else None
-
-
-def _times(values: Any, allow_zero: bool = False) -> list[float] | None:
-    """A list's finite numbers above 0 (from 0 with `allow_zero`) as floats (booleans, strings and
-    the like dropped); None when it is not a list or none is left."""
-    if not isinstance(values, list):
-        return None
-    low = 0.0 if allow_zero else math.ulp(0.0)
-    kept = [
-        float(value) for value in values
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value < math.inf
-    ]
-    return kept or None
-
-
-def _compile_counters(document: Any) -> dict | None:
-    """Dynamo's counters recorded in a decoded sync sites file (`compile`: `graph_breaks`,
-    `frames_total`, `frames_ok`, `unique_graphs`, ints, and `graph_break`, reason -> count),
-    wrong-typed entries dropped; None when absent."""
-    counters = document.get("compile") if isinstance(document, dict) else None
-    if not isinstance(counters, dict):
-        return None
-    out: dict = {}
-    for key in ("graph_breaks", "frames_total", "frames_ok", "unique_graphs"):
-        if isinstance(counters.get(key), int) and not isinstance(counters[key], bool):
-            out[key] = counters[key]
-    reasons = counters.get("graph_break")
-    if isinstance(reasons, dict):
-        out["graph_break"] = {
-            str(reason): count for reason, count in reasons.items() if isinstance(count, int) and count >= 0
-        }
-    return out or None
+    """Dynamo's counters recorded in a sync sites file (`sync_sites_file.CompileCounters`); None when
+    absent."""
+    counters = _read_sync_sites_file(path).compile
+    return counters.to_dict() if counters is not None else None
 
 
 def _trace_too_large(path: Path, what: str) -> str:

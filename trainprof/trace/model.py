@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 try:
     from trainprof.trace import _forest
 except ImportError:  # not built (no C compiler where it was installed): numpy walks the forest
-    _forest = None
+    _forest = None  # type: ignore[assignment]  # the C module, or None where it was not built
 
 # Categories of complete ("X") events kept by the loader. Everything else (flows, metadata) is dropped:
 # GPU events carry `args.correlation`, which joins them to their runtime call without the flow events.

@@ -1,0 +1,6 @@
+"""Types of the C module `trainprof/trace/_forest.c` (built by setup.py)."""
+
+import numpy as np
+
+def nearest_marked(parents: np.ndarray, marked: np.ndarray, out: np.ndarray) -> None: ...
+def enclosing_parents(ends: np.ndarray, slack: float, out: np.ndarray) -> bool: ...
