@@ -628,12 +628,13 @@ class Analysis(msgspec.Struct):
         steps over its rank's windows), or the summary's for a finding over all traces."""
         if finding.rank is None and finding.window is None:
             return self.summary.judged_step_ms
-        traces = [t for t in self.traces if t.rank == finding.rank and t.step_basis is not None
+        judged = [(t.step_basis.judged_ms, len(t.step_numbers)) for t in self.traces
+                  if t.rank == finding.rank and t.step_basis is not None
                   and (finding.window is None or t.window == finding.window)]
-        steps = sum(len(t.step_numbers) for t in traces)
+        steps = sum(n for _, n in judged)
         if not steps:
             return self.summary.judged_step_ms
-        return sum(t.step_basis.judged_ms * len(t.step_numbers) for t in traces) / steps
+        return sum(ms * n for ms, n in judged) / steps
 
     def gpu_step_pct(self, finding: Finding) -> float | None:
         """A finding's GPU time at stake in % of its judged step (`judged_step_ms`); None where it has

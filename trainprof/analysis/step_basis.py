@@ -142,14 +142,15 @@ def step_basis(verdict: Verdict, busy: BusyBreakdown | None, cost: ProfilerCost 
 
         if cost is not None:
             why += f"; the profiler did not slow the steps ({cost.slowdown_pct:+.0f}% against un-profiled)"
-        bound = kept = None
-        if ran_ahead(verdict, busy):  # the windows' GPU-idle time is no more than the GPU's steps hold
+        # Where the host ran ahead, the windows' GPU-idle time counts no more than the GPU's steps hold.
+        held: float | None = None
+        kept = 1.0
+        if busy is not None and ran_ahead(verdict, busy):
             span, work = gpu_step(busy)
-            bound = round(max(span - work, 0.0), 4)
+            held = round(max(span - work, 0.0), 4)
             recorded_idle = sum(verdict.idle.by_cause.ms) if verdict.idle is not None else 0.0
-            kept = round(min(1.0, bound / recorded_idle), 6) if recorded_idle > 0 else 1.0
+            kept = round(min(1.0, held / recorded_idle), 6) if recorded_idle > 0 else 1.0
         return StepBasis(window_ms=window, gpu_ms=gpu, unprofiled_ms=unprofiled, judged_ms=gpu,
-                         judged_by="gpu", why=why, gpu_step_idle_ms=bound,
-                         idle_kept=kept if kept is not None else 1.0)
+                         judged_by="gpu", why=why, gpu_step_idle_ms=held, idle_kept=kept)
     return StepBasis(window_ms=window, gpu_ms=None, unprofiled_ms=unprofiled, judged_ms=window,
                      judged_by="window", why="no GPU work: the host's step is the step")

@@ -58,7 +58,7 @@ def _subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argpars
     """The parser of `trainprof <command>`."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]  # type: ignore[no-any-return]
+            return action.choices[command]
     return parser
 
 

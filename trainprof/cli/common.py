@@ -57,7 +57,7 @@ def silenced() -> Iterator[None]:
     finally:
         logger.setLevel(level)
         if entry in warnings.filters:
-            warnings.filters.remove(entry)
+            warnings.filters.remove(entry)  # type: ignore[attr-defined]  # typeshed: a Sequence
 
 
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ def one_line_warnings() -> Iterator[None]:
 
     previous = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    def show(message, category, filename, lineno, file=None, line=None):
         if filename != WARNING_SOURCE:
             return previous(message, category, filename, lineno, file, line)
         with contextlib.suppress(OSError, ValueError):  # a closed stderr: as warnings itself does

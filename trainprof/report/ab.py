@@ -54,7 +54,7 @@ def ab_tables(result: dict[str, Any], limit: int = _format.AB_DIFF_ROWS) -> list
     """Every table of an A/B report: variants, then each variant's diff against the first."""
     variants = result["variants"]
     reference = _name(variants[0]["name"]) if variants else "reference"
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for v in variants:
         mfu = v.get("mfu")
         coverage = _number(100 * v["ci_coverage"], 0)
@@ -107,7 +107,7 @@ def diff_tables(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> list[Table]:
         if (gpu or row.metric not in _GPU_METRICS) and (row.a is not None or row.b is not None)
     ]
     changed_ops = [r for r in diff.ops if r.status != "same"][:limit]
-    ops = [
+    ops: list[tuple[str, ...]] = [
         (
             name, r.status,
             _number(r.gpu_ms_a, 3), _number(r.gpu_ms_b, 3), _format.signed(r.gpu_ms_delta, 3),
@@ -142,7 +142,7 @@ def diff_tables(diff: TraceDiff, limit: int = _format.DIFF_ROWS) -> list[Table]:
         )
         for title, c in zip(titles, diff.findings, strict=True)
     ]
-    op_columns = (
+    op_columns: tuple[Column, ...] = (
         Column("op"), Column("status", drop=1),
         Column(f"GPU ms {a}", numeric=True, drop=3), Column(f"GPU ms {b}", numeric=True, drop=3),
         Column("GPU ms change", numeric=True), Column("GPU ms ratio", numeric=True, drop=2),
