@@ -148,7 +148,8 @@ def test_full_disk_leaves_the_old_summary_whole(tmp_path):
     """A write that fails half way (here: a file size limit, as a full disk) must not truncate."""
     path = tmp_path / "summary.json"
     path.write_text('{"old": true}\n')
-    findings = [Finding("x", f"finding {i}", "low", None, Where(), 1, 1.0, 1.0, None) for i in range(2000)]
+    findings = [Finding("sync_point", f"finding {i}", "low", None, Where(), 1, 1.0, 1.0, None)
+                for i in range(2000)]
     big = Analysis(summary=Summary(verdict="gpu-bound"), findings=findings)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -38,8 +38,8 @@ ANALYSIS = Analysis(
         Finding(kind="sync_point", title="GPU sync in the loop", severity="high", op="aten::item",
                 where=Where("/home/me/train.py", 49, "train"), count=6, per_step=2.0, cost_ms=3.25,
                 fix="keep the loss on the GPU; log every N steps"),
-        Finding(kind="host_bound", title="idle GPU", severity="low", op=None, where=Where(), count=1,
-                per_step=None, cost_ms=None, fix="overlap input"),
+        Finding(kind="memory_fragmentation", title="idle GPU", severity="low", op=None, where=Where(),
+                count=1, per_step=None, cost_ms=None, fix="overlap input"),
     ],
 )
 
