@@ -51,12 +51,12 @@ SLOW_MODULES = {
     "test_integrations.py": "Hugging Face Trainer, Lightning and accelerate runs under a session",
     "test_user_loops.py": "users' loops under a session, each in a subprocess",
     "test_session_faults.py": "sessions failing in subprocesses",
+    "test_stragglers.py": "2- and 4-rank gloo jobs run as module fixtures (60 s)",
+    "test_distributed.py": "DDP and FSDP2 gloo jobs run as module fixtures (30 s)",
+    "test_memory_bound.py": "each input's peak memory measured in a fresh process",
 }
 SLOW_TESTS = {
-    "test_stragglers.py::test_ranks_with_the_same_work_have_no_straggler_in_a_session",  # 58 s
     "test_partial_runs.py::test_a_run_being_written_is_analysed_as_it_stands",  # 31 s
-    # 26 s
-    "test_distributed.py::test_ddp_cross_rank_report_is_written_by_rank_0_from_the_gathered_summaries",
     "test_bad_input.py::test_threads_in_linear_time",  # 14 s
     "test_native_scan.py::test_mutated_traces_give_msgspecs_result_or_its_error",  # 11 s
     "test_quiet.py::test_quiet_run_silences_trainprofs_warnings_and_report",  # 11 s
@@ -77,18 +77,44 @@ SLOW_TESTS = {
     "test_cli.py::test_bad_input_exits_2_with_one_line_naming_the_file",  # 4 s
     "test_ab.py::test_cli_prints_its_phases_once_per_run_unless_quiet",  # 3 s
     "test_trace.py::test_every_third_party_trace_loads",  # 3 s
-    "test_memory_bound.py::test_dense_steps_stay_within_the_bound",  # 3 s
     "test_analysis.py::test_a_folder_is_analysed_by_forked_workers_where_forking_is_safe",  # 3 s
     "test_attribution.py::test_sequence_links_agree_with_kinetos_flows",  # 3 s
     "test_partial_runs.py::test_a_cut_or_empty_window_is_skipped_with_one_warning_each",  # 3 s
-    "test_stragglers.py::test_two_h200_ranks_one_with_longer_sequences_names_it_by_its_work",  # 3 s
-    "test_stragglers.py::test_two_h200_ranks_with_the_same_work_have_no_straggler",  # 3 s
     "test_workload.py::test_inference_traces_get_no_training_advice_and_no_session_options",  # 3 s
     "test_hardening.py::test_repeat_zero_keeps_memory_bounded",  # 2 s
     "test_analysis.py::test_a_folder_numbers_each_process_windows_as_load_traces_does",  # 2 s
     "test_quiet.py::test_quiet_analyze_says_nothing_on_stderr",  # 2 s
     "test_readme.py::test_block_runs_on_a_cpu",  # each block a fresh interpreter, models trained
+    # sweeps over every fixture, and single tests of about a second each
+    "test_console.py::test_console_fits_the_terminal",  # 10 s over 102 cases
+    "test_severity.py::test_the_findings_of_a_step_never_put_more_gpu_time_at_stake_than_it_has",  # 8 s
+    "test_thirdparty.py::test_xdit_graph_replays_are_counted_and_never_tiny",  # 2 s
+    "test_bad_input.py::test_times_near_the_largest_float_print_no_numpy_warning",  # 2 s
+    "test_hostile_output.py::test_progress_bar_shows_file_names_as_text",
+    "test_native_scan.py::test_every_trace_torch_wrote_is_read_by_the_scanner",
+    "test_thirdparty.py::test_mi300_hip_launches_counted_and_comm_heavy",
+    "test_compile_choice.py::test_under_compile_the_recorded_choice_runs_else_inductors_code",
+    "test_compile.py::test_a_session_records_dynamos_graph_break_count_and_reasons",
+    "test_ab.py::test_prediction_ranges_rope_forward_and_backward",
+    "test_comm.py::test_every_communication_bound_fixture_has_a_finding_with_a_fix",
+    "test_idle_causes.py::test_name_rules_at_once_agree_with_one_search_per_name",
+    "test_session.py::test_failure_inside_trainprof_warns_once_and_training_goes_on",
+    "test_cli.py::test_analyze_imports_only_what_it_needs",
+    "test_out_of_memory.py::test_a_second_out_of_memory_session_in_the_process_reports_its_own",
+    "test_cli.py::test_a_terminals_progress_bar_leaves_the_folder_to_forked_workers",
+    "test_shared_folder.py::test_report_to_a_device_the_user_named_is_written_through",
+    "test_hardening.py::test_analysis_runs_where_torch_cannot_be_imported",
+    "test_profiler_cost.py::test_a_diff_of_two_runs_compares_their_unprofiled_steps",
 }
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m "not slow"` (`make test-fast`) a slow module is not even imported: each of its tests
+    would be deselected, and its imports (transformers, Triton's interpreter, numba's simulator) are
+    most of the collection's time."""
+    if config.getoption("markexpr") == "not slow" and collection_path.name in SLOW_MODULES:
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import SLOW_MODULES, SLOW_TESTS, pytest_collection_modifyitems
+from conftest import SLOW_MODULES, SLOW_TESTS, pytest_collection_modifyitems, pytest_ignore_collect
 
 TESTS = Path(__file__).resolve().parent
 
@@ -39,3 +39,13 @@ def test_the_listed_modules_and_functions_are_marked_slow_and_no_other():
 
 def test_this_module_is_in_the_fast_tier(request):
     assert request.node.get_closest_marker("slow") is None
+
+
+def test_only_the_fast_tier_leaves_slow_modules_uncollected():
+    def config(markexpr: str) -> SimpleNamespace:
+        return SimpleNamespace(getoption=lambda name: markexpr if name == "markexpr" else None)
+
+    assert pytest_ignore_collect(TESTS / "test_ops.py", config("not slow")) is True
+    assert pytest_ignore_collect(TESTS / "test_ops.py", config("")) is None  # `make test`
+    assert pytest_ignore_collect(TESTS / "test_ops.py", config("slow")) is None
+    assert pytest_ignore_collect(TESTS / "test_tiers.py", config("not slow")) is None
