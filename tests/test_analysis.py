@@ -144,7 +144,7 @@ def test_trainprof_demo_loop_counts_as_user_code():
     from trainprof.analysis.frames import is_user_file
 
     assert is_user_file("/home/me/src/trainprof/trainprof/demo.py")
-    assert not is_user_file("/home/me/src/trainprof/trainprof/session.py")
+    assert not is_user_file("/home/me/src/trainprof/trainprof/session/lifecycle.py")
     assert not is_user_file("torch/nn/modules/module.py")
     assert is_user_file("make_traces.py")
 

@@ -297,8 +297,8 @@ def test_nvtx_ranges_per_phase_and_step(tmp_path, monkeypatch):
         def range_pop():
             events.append(("pop",))
 
-    real_nvtx_module = session_module._nvtx_module
-    monkeypatch.setattr(session_module, "_nvtx_module", lambda: FakeNvtx)
+    real_nvtx_module = session_module.lifecycle._nvtx_module  # the session starts NVTX there
+    monkeypatch.setattr(session_module.lifecycle, "_nvtx_module", lambda: FakeNvtx)
     model, optimizer = model_and_optimizer()
     with trainprof.session(log_dir=tmp_path, run_name="run", wait=1, warmup=1, active=2, analyze=False,
                            **FAST):

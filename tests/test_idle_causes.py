@@ -337,6 +337,7 @@ def test_backward_thread_lends_its_cause_to_the_waiting_loop(tmp_path):
     [
         ("trainprof/capture/syncs.py(62): current_stack", "profiler"),
         ("/venv/lib/python3.12/site-packages/trainprof/session.py(377): _advance", "profiler"),
+        ("/venv/lib/python3.12/site-packages/trainprof/session/hooks.py(60): _advance", "profiler"),
         ("torch/profiler/profiler.py(884): step", "profiler"),
         ("torch/autograd/profiler.py(854): __enter__", "profiler"),
         ("trainprof/demo.py(60): train_loop", "host"),  # the demo's loop is the user's code

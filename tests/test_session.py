@@ -58,7 +58,7 @@ def _assert_clean_exit() -> None:
     # One step hook per process, installed once and never removed (removing it could raise in another
     # thread's optimizer.step()); inert outside a session.
     hooks = list(torch_optimizer._global_optimizer_post_hooks.values())
-    assert hooks == [session_module._dispatch_optimizer_step] and session_module._ACTIVE is None
+    assert hooks == [session_module._dispatch_optimizer_step] and session_module.hooks._ACTIVE is None
     assert not torch.autograd._profiler_enabled()
     assert warnings.showwarning is _ORIGINAL_SHOWWARNING
     assert not getattr(torch.cuda.synchronize, "__wrapped__", None)

@@ -114,7 +114,7 @@ def test_the_step_hook_is_installed_once_and_inert_outside_a_session(tmp_path):
 
     ours = [h for h in torch_optimizer._global_optimizer_post_hooks.values()
             if h is session_module._dispatch_optimizer_step]
-    assert len(ours) == 1 and session_module._ACTIVE is None
+    assert len(ours) == 1 and session_module.hooks._ACTIVE is None
     train(model, optimizer, 2)  # outside a session the hook does nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
 

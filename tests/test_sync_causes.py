@@ -530,7 +530,7 @@ def test_user_files_are_not_fooled_by_folder_names(file):
         "dataclasses.py",
         "<frozen runpy>",
         "torch/nn/modules/module.py",
-        "/home/me/src/trainprof/trainprof/session.py",
+        "/home/me/src/trainprof/trainprof/session/lifecycle.py",
     ],
 )
 def test_library_files(file):

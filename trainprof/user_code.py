@@ -316,7 +316,7 @@ def is_user_file(file: str, layout: CodeLayout | None = None) -> bool:
         roots = layout.roots if layout is not None else current_layout().roots
         if path.startswith(roots) or path.startswith(_installation_roots()):
             return False
-        # trainprof's own modules checked out elsewhere (`/src/trainprof/trainprof/session.py`)
+        # trainprof's own modules checked out elsewhere (`/src/trainprof/trainprof/session/lifecycle.py`)
         return not any(path.endswith("/" + own) for own in _own_file_candidates(path))
     top = _top_level(path)
     if layout is not None and top in layout.user_packages:

@@ -229,8 +229,9 @@ class FrameRule(msgspec.Struct, frozen=True):
 # hooks, the sync call-site capture, the framework callbacks that end steps, and what they call
 # there (the schedule in config.py, the code layout in user_code.py). trainprof's drivers of a
 # training loop (the demo, `trainprof ab`, `trainprof.bench`, `trainprof run`) are not among them:
-# there they hold the loop, as a user's script would. A folder (ending in `/`) names all its modules.
-PROFILER_MODULES = ("session.py", "config.py", "user_code.py", "capture/", "integrations/")
+# there they hold the loop, as a user's script would. A folder (ending in `/`) names all its modules;
+# `session.py` is the session of traces recorded before it became the `session/` package.
+PROFILER_MODULES = ("session.py", "session/", "config.py", "user_code.py", "capture/", "integrations/")
 _PROFILER_MODULE_PATTERN = "|".join(
     re.escape(module) + r"[\w/]+\.py" if module.endswith("/") else re.escape(module)
     for module in PROFILER_MODULES

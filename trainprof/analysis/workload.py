@@ -29,8 +29,9 @@ def is_inference(trace: Trace) -> bool:
     return not any(marker in text for marker in TRAINING_MARKERS)
 
 
-SESSION_FRAMES = ("trainprof/session.py", "trainprof/capture/")
-"""The session's own Python frames: a trace that records them was recorded by a session."""
+SESSION_FRAMES = ("trainprof/session/", "trainprof/session.py", "trainprof/capture/")
+"""The session's own Python frames (`session.py` before it was a package): a trace that records them
+was recorded by a session."""
 
 
 def recorded_by_session(trace: Trace) -> bool:

@@ -44,8 +44,12 @@ def render_cross_rank(
     own = [(_format.clean(row.rank), _format.clean(row.top_finding))
            for row in cross.ranks if row.top_finding]
     if own:  # each rank's own report holds the rest
-        lines += ["", "## Each rank's costliest finding of its own", "",
-                  *table((_format.Column("rank"), _format.Column("finding")), own)]
+        lines += ["", "## Each rank's costliest finding of its own", ""]
+        if cross.straggler_rank is not None:
+            lines += [f"As each rank's own trace saw it: a rank's wait for rank "
+                      f"{escape(cross.straggler_rank)} shows there as exposed communication, which the "
+                      "straggler finding above explains.", ""]
+        lines += table((_format.Column("rank"), _format.Column("finding")), own)
     for found in tables(cross):
         lines += ["", f"## {escape(found.title)}", "", *table(found.columns, found.rows)]
     return "\n".join(lines) + "\n"
