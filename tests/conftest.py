@@ -133,6 +133,21 @@ def fixtures_dir() -> Path:
     return FIXTURES_DIR
 
 
+@pytest.fixture
+def cpu_only_trace(fixtures_dir, tmp_path) -> Path:
+    """``busy/llama_swap/bare`` with its GPU events removed, in ``tmp_path``: what a CPU run records."""
+    import gzip
+    import json
+
+    source = next((fixtures_dir / "busy" / "llama_swap" / "bare").glob("*.pt.trace.json.gz"))
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    gpu = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime", "cuda_driver"}
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("cat") not in gpu]
+    path = tmp_path / "cpu.1.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(document).encode(), 1))
+    return path
+
+
 @pytest.fixture(scope="session")
 def busy_run():
     """`busy_run(scenario, variant)`: what ``fixtures/busy/timings.json`` measured for one variant of a

@@ -61,8 +61,9 @@ def _raw_chars(text: str) -> list[str]:
 # -- trainprof diff and ab --markdown -----------------------------------------------------------------
 
 
-def test_diff_shows_markup_and_escapes_as_text(tmp_path, capsys):
+def test_diff_shows_markup_and_escapes_as_text(tmp_path, capsys, monkeypatch):
     """rich read trace names as markup (`[/x]`: MarkupError, exit 1) and let escape sequences through."""
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for the names' column (a pipe's width is $COLUMNS)
     a = _trace(tmp_path / f"a{ESCAPES}", kernel=f"{MARKUP}{ESCAPES}{FORMAT_CHARS}", op=f"aten::{MARKUP}")
     b = _trace(tmp_path / "b", kernel="plain_kernel", op="aten::plain")
     markdown = tmp_path / "diff.md"

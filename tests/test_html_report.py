@@ -264,16 +264,8 @@ def test_demo_that_cannot_run_writes_nothing(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out == "" and not (tmp_path / "log").exists()
 
 
-def test_cpu_only_run_draws_no_gpu_timeline(tmp_path, fixtures_dir):
-    import gzip
-
-    source = next((fixtures_dir / "busy" / "llama_swap" / "bare").glob("*.pt.trace.json.gz"))
-    document = json.loads(gzip.decompress(source.read_bytes()))
-    gpu = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime", "cuda_driver"}
-    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("cat") not in gpu]
-    path = tmp_path / "cpu.1.pt.trace.json.gz"
-    path.write_bytes(gzip.compress(json.dumps(document).encode(), 1))
-    analysis = analyze(path, views=True)
+def test_cpu_only_run_draws_no_gpu_timeline(cpu_only_trace):
+    analysis = analyze(cpu_only_trace, views=True)
     assert analysis.summary.verdict == "cpu-only"
     assert len(analysis.traces[0].views.timeline.idle.start_us) == 0  # no GPU to be idle
     page = render_html(analysis)

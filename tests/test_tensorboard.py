@@ -226,12 +226,12 @@ def test_ranks_sort_by_number_and_a_run_folder_by_its_newest_file(tmp_path):
         ("run-torchrun-1", 0), ("run-torchrun-1", 2), ("run-torchrun-1", 10), ("run-20991231-000000", None)]
 
 
-def test_a_cpu_run_writes_no_scalar_it_did_not_measure(tmp_path, fixtures_dir):
+def test_a_cpu_run_writes_no_scalar_it_did_not_measure(tmp_path, cpu_only_trace):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from trainprof.report.tensorboard import GPU_TAGS
 
-    analysis = analyze(_cpu_only_trace(fixtures_dir, tmp_path))
+    analysis = analyze(cpu_only_trace)
     assert analysis.summary.verdict == "cpu-only"
     assert write_scalars(analysis, tmp_path / "tb")
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
@@ -241,19 +241,6 @@ def test_a_cpu_run_writes_no_scalar_it_did_not_measure(tmp_path, fixtures_dir):
     assert not any(tag.startswith(IDLE_TAG) for tag in tags)
     for tag in tags:  # what is charted was measured: no flat line of zeros
         assert any(event.value != 0 for event in events.Scalars(tag)), tag
-
-
-def _cpu_only_trace(fixtures_dir, tmp_path):
-    """A fixture trace with its GPU events removed: what a CPU run records."""
-    import gzip
-
-    source = next((fixtures_dir / "busy" / "llama_swap" / "bare").glob("*.pt.trace.json.gz"))
-    document = json.loads(gzip.decompress(source.read_bytes()))
-    gpu = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime", "cuda_driver"}
-    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("cat") not in gpu]
-    path = tmp_path / "cpu.1.pt.trace.json.gz"
-    path.write_bytes(gzip.compress(json.dumps(document).encode(), 1))
-    return path
 
 
 def test_session_scalars_and_text(tmp_path, fixtures_dir):
