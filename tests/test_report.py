@@ -101,3 +101,15 @@ def test_reports_render_a_real_analysis(tmp_path):
         assert summary.verdict == "cpu-only" and "cpu-only" in text
         assert f"{summary.mean_step_ms:,.1f} ms" in text  # the headline's step time, as computed
         assert "w.1234567890123.pt.trace.json" in text
+
+
+def test_a_cpu_run_headline_has_no_gpu_rows(cpu_only_trace):
+    """Issue #37: a CPU run's headline said "GPU busy 0.0 %" and "kernels / step 0": zeros that
+    nothing measured."""
+    from trainprof.analysis import analyze
+    from trainprof.report._format import headline
+
+    analysis = analyze(cpu_only_trace)
+    labels = [label for label, _ in headline(analysis)]
+    assert analysis.summary.verdict == "cpu-only" and "step time" in labels
+    assert "GPU busy" not in labels and "kernels / step" not in labels

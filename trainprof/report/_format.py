@@ -148,6 +148,10 @@ def signed(value: float | None, decimals: int = 2) -> str:
     return "-" if value is None else f"{value:+,.{decimals}f}"
 
 
+GPU_ONLY_ROWS = frozenset({"GPU busy", "kernels / step"})
+"""Headline rows a run without GPU work leaves out: they would be zeros nothing measured."""
+
+
 def headline(analysis: Analysis) -> list[tuple[str, str]]:
     """(label, value) rows of the headline; rows whose value the analysis lacks are left out."""
     summary = analysis.summary
@@ -155,6 +159,7 @@ def headline(analysis: Analysis) -> list[tuple[str, str]]:
         (label, number(getattr(summary, name), decimals, unit))
         for label, name, unit, decimals in HEADLINE_ROWS
         if getattr(summary, name) is not None
+        and not (summary.verdict == "cpu-only" and label in GPU_ONLY_ROWS)
     ]
     labels = [label for label, _ in rows]
     if "step time" in labels and summary.judged_step_ms is not None:
