@@ -155,11 +155,12 @@ GPU_ONLY_ROWS = frozenset({"GPU busy", "kernels / step"})
 def headline(analysis: Analysis) -> list[tuple[str, str]]:
     """(label, value) rows of the headline; rows whose value the analysis lacks are left out."""
     summary = analysis.summary
+    no_gpu = summary.verdict == "cpu-only" or (
+        bool(analysis.traces) and all(t.verdict.label == "cpu-only" for t in analysis.traces))
     rows = [
         (label, number(getattr(summary, name), decimals, unit))
         for label, name, unit, decimals in HEADLINE_ROWS
-        if getattr(summary, name) is not None
-        and not (summary.verdict == "cpu-only" and label in GPU_ONLY_ROWS)
+        if getattr(summary, name) is not None and not (no_gpu and label in GPU_ONLY_ROWS)
     ]
     labels = [label for label, _ in rows]
     if "step time" in labels and summary.judged_step_ms is not None:
