@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -216,28 +215,13 @@ def run_variant(habit: str, variant: str, out: Path) -> dict:
     import torch
 
     import trainprof
+    from benchmarks.busy_scenarios import timed_steps
 
     step = build(habit, variant)
-    for i in range(WARMUP_STEPS):
-        step(i)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(WARMUP_STEPS, WARMUP_STEPS + TIMED_STEPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    quartiles = statistics.quantiles(times, n=4)
     row = {
         "habit": habit,
         "variant": variant,
-        "step_ms_median": round(statistics.median(times), 3),
-        "step_ms_q1": round(quartiles[0], 3),
-        "step_ms_q3": round(quartiles[2], 3),
-        "step_ms": [round(t, 3) for t in times],
+        **timed_steps(step, WARMUP_STEPS, TIMED_STEPS),
         "peak_memory_bytes": torch.cuda.max_memory_allocated(),
     }
     first = WARMUP_STEPS + TIMED_STEPS

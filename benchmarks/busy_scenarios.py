@@ -200,32 +200,40 @@ def build(scenario: str, variant: str) -> tuple[Callable[[int], None], dict]:
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
-def run_variant(scenario: str, variant: str, out: Path) -> dict:
-    """Time the variant's steps without the profiler, then record a session window of it."""
-    import trainprof
-
-    step, notes = build(scenario, variant)
-    for i in range(WARMUP_STEPS):
+def timed_steps(step: Callable[[int], None], warmup: int = WARMUP_STEPS, timed: int = TIMED_STEPS) -> dict:
+    """Steps 0 .. `warmup` - 1 untimed, then `timed` steps each timed with CUDA events, peak memory
+    counted from the first timed step: a result row's `step_ms_median`, `step_ms_q1`, `step_ms_q3`
+    and `step_ms` (each step, ms)."""
+    for i in range(warmup):
         step(i)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = []
-    for i in range(WARMUP_STEPS, WARMUP_STEPS + TIMED_STEPS):
+    for i in range(warmup, warmup + timed):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step(i)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    peak = torch.cuda.max_memory_allocated()
     quartiles = statistics.quantiles(times, n=4)
-    row = {
-        **notes,
+    return {
         "step_ms_median": round(statistics.median(times), 3),
         "step_ms_q1": round(quartiles[0], 3),
         "step_ms_q3": round(quartiles[2], 3),
         "step_ms": [round(t, 3) for t in times],
-        "peak_memory_bytes": peak,
+    }
+
+
+def run_variant(scenario: str, variant: str, out: Path) -> dict:
+    """Time the variant's steps without the profiler, then record a session window of it."""
+    import trainprof
+
+    step, notes = build(scenario, variant)
+    row = {
+        **notes,
+        **timed_steps(step),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
     }
